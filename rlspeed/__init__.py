@@ -1,0 +1,1 @@
+"""rlspeed: fast RL training tool."""

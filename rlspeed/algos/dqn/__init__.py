@@ -1,0 +1,61 @@
+"""DQN (Mnih et al. 2015) as CleanRL users know it: replay buffer, target network,
+linear epsilon schedule. All step counts are environment steps, whatever ``num_envs``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlspeed.algos import AlgoSpec
+from rlspeed.errors import ConfigError
+
+
+@dataclass
+class DQNConfig:
+    name: str = "dqn"
+    learning_rate: float = 1e-3
+    optimizer: str = "adam"
+    buffer_size: int = 50_000
+    batch_size: int = 128
+    gamma: float = 0.99
+    # Target update: 1.0 copies the online network, < 1 is Polyak averaging.
+    tau: float = 1.0
+    target_network_frequency: int = 1_000
+    # Env steps per gradient update (4 -> one update every 4 env steps).
+    train_frequency: int = 4
+    learning_starts: int = 5_000
+    start_e: float = 1.0
+    end_e: float = 0.05
+    # Fraction of total_steps over which epsilon decays linearly from start_e to end_e.
+    exploration_fraction: float = 0.3
+    hidden_sizes: list[int] = field(default_factory=lambda: [128, 128])
+
+
+OPTIMIZERS = ("adam", "sgd")
+
+
+def validate(algo: Any, cfg: Any) -> None:
+    if algo.optimizer not in OPTIMIZERS:
+        raise ConfigError("algo.optimizer", algo.optimizer, f"one of {', '.join(OPTIMIZERS)}")
+    for key in ("buffer_size", "batch_size", "train_frequency", "target_network_frequency"):
+        if algo[key] < 1:
+            raise ConfigError(f"algo.{key}", algo[key], "an integer >= 1")
+    if algo.batch_size > algo.buffer_size:
+        raise ConfigError("algo.batch_size", algo.batch_size, f"<= algo.buffer_size ({algo.buffer_size})")
+    for key in ("gamma", "tau", "start_e", "end_e", "exploration_fraction"):
+        if not 0.0 <= algo[key] <= 1.0:
+            raise ConfigError(f"algo.{key}", algo[key], "a number in [0, 1]")
+    if algo.learning_rate <= 0:
+        raise ConfigError("algo.learning_rate", algo.learning_rate, "a number > 0")
+
+
+SPEC = AlgoSpec(
+    name="dqn",
+    schema=DQNConfig,
+    action_kinds=("discrete",),
+    implementations={
+        "torch": "rlspeed.algos.dqn.torch:train",
+        "flax": "rlspeed.algos.dqn.flax:train",
+    },
+    validate=validate,
+)

@@ -1,0 +1,293 @@
+"""DQN in Flax + Optax.
+
+With a Gymnasium engine the Python loop of ``loop.py`` calls jitted ``act`` and
+``update``. With ``env=jax-vmap`` everything is fused: ``make_train`` builds pure
+functions in which acting, stepping, storing and updating run inside one jitted
+``lax.scan`` with the replay buffer in JAX arrays; Python only sees each chunk's
+statistics. ``DQNTrainer.train(key)`` runs a whole training as one pure function,
+so ``jax.vmap`` over keys trains several seeds in one program.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from functools import partial
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import flax.linen as nn
+import flax.serialization
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from rlspeed.algos.dqn.loop import epsilon_at, train_host
+from rlspeed.algos.encoding import one_hot_classes
+from rlspeed.algos.replay import Batch
+from rlspeed.algos.schedule import multiples_between
+from rlspeed.engines.jax_vmap import VmapEnv, VmapState, make_vmap_env
+from rlspeed.run import RunContext, TrainResult
+
+
+class QNetwork(nn.Module):
+    n_actions: int
+    hidden_sizes: Sequence[int]
+    classes: int  # one-hot classes of a Discrete observation, 0 otherwise
+
+    @nn.compact
+    def __call__(self, obs: jax.Array) -> jax.Array:
+        batch = obs.shape[0]
+        if self.classes:
+            x = jax.nn.one_hot(obs, self.classes)
+        else:
+            x = obs.reshape(batch, -1).astype(jnp.float32)
+        for size in self.hidden_sizes:
+            x = nn.relu(nn.Dense(size)(x))
+        return nn.Dense(self.n_actions)(x)
+
+
+class Agent(NamedTuple):
+    params: Any
+    target_params: Any
+    opt_state: Any
+
+
+class DQNFunctions:
+    """Pure functions of one DQN configuration: init, act, update, target sync."""
+
+    def __init__(self, obs_space: Any, action_space: Any, algo: Any) -> None:
+        self.algo = algo
+        self.n_actions = int(action_space.n)
+        self.network = QNetwork(self.n_actions, tuple(algo.hidden_sizes), one_hot_classes(obs_space))
+        optimizer = optax.adam if algo.optimizer == "adam" else optax.sgd
+        self.optimizer = optimizer(algo.learning_rate)
+        self._dummy_obs = jnp.zeros((1, *obs_space.shape), dtype=obs_space.dtype)
+
+    def init(self, key: jax.Array) -> Agent:
+        params = self.network.init(key, self._dummy_obs)
+        return Agent(params, params, self.optimizer.init(params))
+
+    def act(self, params: Any, obs: jax.Array, key: jax.Array, epsilon: jax.Array) -> jax.Array:
+        greedy = self.network.apply(params, obs).argmax(axis=1).astype(jnp.int32)
+        explore_key, action_key = jax.random.split(key)
+        n = obs.shape[0]
+        explore = jax.random.uniform(explore_key, (n,)) < epsilon
+        random = jax.random.randint(action_key, (n,), 0, self.n_actions, dtype=jnp.int32)
+        return jnp.where(explore, random, greedy)
+
+    def greedy(self, params: Any, obs: jax.Array) -> jax.Array:
+        return self.network.apply(params, obs).argmax(axis=1)
+
+    def update(self, agent: Agent, batch: Batch) -> tuple[Agent, jax.Array, jax.Array]:
+        gamma = self.algo.gamma
+        next_q = self.network.apply(agent.target_params, batch.next_obs).max(axis=1)
+        td_target = batch.rewards + gamma * next_q * (1.0 - batch.dones)
+
+        def loss_fn(params: Any) -> tuple[jax.Array, jax.Array]:
+            q_all = self.network.apply(params, batch.obs)
+            q = jnp.take_along_axis(q_all, batch.actions.astype(jnp.int32)[:, None], axis=1)[:, 0]
+            return jnp.mean((q - td_target) ** 2), q.mean()
+
+        (loss, q_mean), grads = jax.value_and_grad(loss_fn, has_aux=True)(agent.params)
+        updates, opt_state = self.optimizer.update(grads, agent.opt_state, agent.params)
+        params = optax.apply_updates(agent.params, updates)
+        return Agent(params, agent.target_params, opt_state), loss, q_mean
+
+    def sync_target(self, agent: Agent) -> Agent:
+        target = optax.incremental_update(agent.params, agent.target_params, self.algo.tau)
+        return agent._replace(target_params=target)
+
+
+def save_agent(agent: Agent, path: Path) -> Path:
+    path.write_bytes(flax.serialization.to_bytes(jax.device_get(agent._asdict())))
+    return path
+
+
+class FlaxLearner:
+    """Jitted act/update for the Python-driven loop (Gymnasium engines)."""
+
+    def __init__(self, obs_space: Any, action_space: Any, algo: Any, seed: int) -> None:
+        self.fns = DQNFunctions(obs_space, action_space, algo)
+        init_key, self.key = jax.random.split(jax.random.key(seed))
+        self.agent = self.fns.init(init_key)
+        self._act = jax.jit(self.fns.act)
+        self._greedy = jax.jit(self.fns.greedy)
+        self._update = jax.jit(self.fns.update)
+        self._sync = jax.jit(self.fns.sync_target)
+
+    def act(self, obs: Any, epsilon: float) -> jax.Array:
+        self.key, key = jax.random.split(self.key)
+        return self._act(self.agent.params, obs, key, epsilon)
+
+    def greedy(self, obs: np.ndarray) -> np.ndarray:
+        return np.asarray(self._greedy(self.agent.params, obs))
+
+    def update(self, batch: Batch) -> tuple[jax.Array, jax.Array]:
+        self.agent, loss, q_mean = self._update(self.agent, batch)
+        return loss, q_mean
+
+    def sync_target(self) -> None:
+        self.agent = self._sync(self.agent)
+
+    def save(self, path: Path) -> Path:
+        return save_agent(self.agent, path)
+
+
+# ---------------------------------------------------------------- fused jax-vmap path
+
+
+class ReplayState(NamedTuple):
+    obs: jax.Array
+    next_obs: jax.Array
+    actions: jax.Array
+    rewards: jax.Array
+    dones: jax.Array
+    position: jax.Array
+    size: jax.Array
+
+
+class TrainState(NamedTuple):
+    agent: Agent
+    replay: ReplayState
+    env: VmapState
+    key: jax.Array
+    step: jax.Array
+    updates: jax.Array
+
+
+class ChunkStats(NamedTuple):
+    """Per iteration of a chunk: finished episodes [iters, num_envs] and update stats [iters]."""
+
+    done: jax.Array
+    episode_return: jax.Array
+    episode_length: jax.Array
+    loss_sum: jax.Array
+    q_sum: jax.Array
+    n_updates: jax.Array
+    epsilon: jax.Array
+
+
+class DQNTrainer(NamedTuple):
+    init: Callable[[jax.Array], TrainState]
+    # (state, iterations) -> (state, stats); iterations is static.
+    run: Callable[[TrainState, int], tuple[TrainState, ChunkStats]]
+    total_iterations: int
+    fns: DQNFunctions
+
+    def train(self, key: jax.Array) -> tuple[TrainState, ChunkStats]:
+        """The whole training as one pure function of the key (jit/vmap it freely)."""
+        return self.run(self.init(key), self.total_iterations)
+
+
+def make_train(cfg: Any, env: VmapEnv) -> DQNTrainer:
+    algo, n = cfg.algo, env.num_envs
+    fns = DQNFunctions(env.single_observation_space, env.single_action_space, algo)
+    obs_space = env.single_observation_space
+    capacity = algo.buffer_size
+    total_iterations = math.ceil(cfg.total_steps / n)
+
+    def init(key: jax.Array) -> TrainState:
+        agent_key, env_key, key = jax.random.split(key, 3)
+        replay = ReplayState(
+            obs=jnp.zeros((capacity, *obs_space.shape), obs_space.dtype),
+            next_obs=jnp.zeros((capacity, *obs_space.shape), obs_space.dtype),
+            actions=jnp.zeros(capacity, jnp.int32),
+            rewards=jnp.zeros(capacity, jnp.float32),
+            dones=jnp.zeros(capacity, jnp.float32),
+            position=jnp.int32(0),
+            size=jnp.int32(0),
+        )
+        return TrainState(fns.init(agent_key), replay, env.init(env_key), key, jnp.int32(0), jnp.int32(0))
+
+    def store(replay: ReplayState, obs, next_obs, actions, rewards, terminated) -> ReplayState:  # noqa: ANN001
+        index = (replay.position + jnp.arange(n)) % capacity
+        return ReplayState(
+            replay.obs.at[index].set(obs),
+            replay.next_obs.at[index].set(next_obs),
+            replay.actions.at[index].set(actions),
+            replay.rewards.at[index].set(rewards),
+            replay.dones.at[index].set(terminated.astype(jnp.float32)),
+            (replay.position + n) % capacity,
+            jnp.minimum(replay.size + n, capacity),
+        )
+
+    def iteration(state: TrainState, _: None) -> tuple[TrainState, ChunkStats]:
+        key, act_key, update_key = jax.random.split(state.key, 3)
+        epsilon = epsilon_at(state.step, algo, cfg.total_steps, xp=jnp)
+        actions = fns.act(state.agent.params, state.env.obs, act_key, epsilon)
+        env_state, result = env.step(state.env, actions)
+        replay = store(state.replay, state.env.obs, result.final_obs, actions, result.reward, result.terminated)
+        step = state.step + n
+        n_updates = multiples_between(state.step, step, algo.train_frequency, algo.learning_starts, jnp)
+
+        def one_update(i: jax.Array, carry: tuple) -> tuple:
+            agent, loss_sum, q_sum = carry
+            index = jax.random.randint(jax.random.fold_in(update_key, i), (algo.batch_size,), 0, replay.size)
+            batch = Batch(
+                replay.obs[index], replay.next_obs[index], replay.actions[index],
+                replay.rewards[index], replay.dones[index],
+            )  # fmt: skip
+            agent, loss, q_mean = fns.update(agent, batch)
+            return agent, loss_sum + loss, q_sum + q_mean
+
+        agent, loss_sum, q_sum = jax.lax.fori_loop(
+            0, n_updates, one_update, (state.agent, jnp.float32(0), jnp.float32(0))
+        )
+        sync = multiples_between(state.step, step, algo.target_network_frequency, algo.learning_starts, jnp) > 0
+        agent = jax.lax.cond(sync, fns.sync_target, lambda a: a, agent)
+        stats = ChunkStats(
+            result.terminated | result.truncated,
+            result.episode_return,
+            result.episode_length,
+            loss_sum,
+            q_sum,
+            n_updates,
+            epsilon,
+        )
+        return TrainState(agent, replay, env_state, key, step, state.updates + n_updates), stats
+
+    @partial(jax.jit, static_argnums=1, donate_argnums=0)
+    def run(state: TrainState, iterations: int) -> tuple[TrainState, ChunkStats]:
+        return jax.lax.scan(iteration, state, None, length=iterations)
+
+    return DQNTrainer(init, run, total_iterations, fns)
+
+
+def train_fused(ctx: RunContext) -> TrainResult:
+    cfg = ctx.cfg
+    env = make_vmap_env(ctx.task, cfg.task, cfg.num_envs)
+    trainer = make_train(cfg, env)
+    greedy = jax.jit(trainer.fns.greedy)
+    state = jax.jit(trainer.init)(jax.random.key(cfg.seed))
+    latest = {"state": state}
+    ctx.save_checkpoint = lambda: save_agent(latest["state"].agent, ctx.out_dir / "checkpoint.msgpack")
+    chunk = max(1, math.ceil(cfg.log_every / cfg.num_envs))
+    done_iterations = 0
+    while done_iterations < trainer.total_iterations:
+        iterations = min(chunk, trainer.total_iterations - done_iterations)
+        state, stats = trainer.run(state, iterations)
+        latest["state"] = state
+        done_iterations += iterations
+        stats = jax.device_get(stats)
+        ctx.monitor.episodes(stats.done, stats.episode_return, stats.episode_length)
+        metrics = {"charts/epsilon": float(stats.epsilon[-1])}
+        n_updates = int(stats.n_updates.sum())
+        if n_updates:
+            metrics["losses/td_loss"] = float(stats.loss_sum.sum()) / n_updates
+            metrics["losses/q_values"] = float(stats.q_sum.sum()) / n_updates
+        params = state.agent.params
+        ctx.monitor.log(
+            int(state.step), int(state.updates), metrics, lambda obs: np.asarray(greedy(params, obs))
+        )
+    return TrainResult(steps=int(state.step), updates=int(state.updates))
+
+
+def train(ctx: RunContext) -> TrainResult:
+    if ctx.engine.needs_functional_env:
+        return train_fused(ctx)
+    probe = ctx.task.make_env(ctx.cfg.task)
+    learner = FlaxLearner(probe.observation_space, probe.action_space, ctx.cfg.algo, ctx.cfg.seed)
+    probe.close()
+    return train_host(ctx, learner, "checkpoint.msgpack")

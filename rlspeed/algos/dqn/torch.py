@@ -1,0 +1,109 @@
+"""DQN in PyTorch, on any engine (Gymnasium or JAX through DLPack)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from rlspeed.algos.dqn.loop import train_host
+from rlspeed.algos.encoding import input_size, one_hot_classes
+from rlspeed.algos.replay import Batch
+from rlspeed.run import RunContext, TrainResult
+
+
+def lecun_normal_(layer: nn.Linear) -> nn.Linear:
+    """Flax's default init (truncated LeCun normal, zero bias), so both stacks start alike."""
+    std = math.sqrt(1.0 / layer.in_features) / 0.87962566103423978
+    nn.init.trunc_normal_(layer.weight, std=std, a=-2 * std, b=2 * std)
+    nn.init.zeros_(layer.bias)
+    return layer
+
+
+class QNetwork(nn.Module):
+    def __init__(self, obs_space: Any, n_actions: int, hidden_sizes: Sequence[int]) -> None:
+        super().__init__()
+        self.classes = one_hot_classes(obs_space)
+        sizes = [input_size(obs_space), *hidden_sizes]
+        layers: list[nn.Module] = []
+        for fan_in, fan_out in zip(sizes[:-1], sizes[1:], strict=True):
+            layers += [lecun_normal_(nn.Linear(fan_in, fan_out)), nn.ReLU()]
+        layers.append(lecun_normal_(nn.Linear(sizes[-1], n_actions)))
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        if self.classes:
+            x = F.one_hot(obs.long(), self.classes).float()
+        else:
+            x = obs.flatten(1).float()
+        return self.net(x)
+
+
+class TorchLearner:
+    def __init__(self, obs_space: Any, action_space: Any, algo: Any, seed: int) -> None:
+        self.n_actions = int(action_space.n)
+        self.q_network = QNetwork(obs_space, self.n_actions, algo.hidden_sizes)
+        self.target_network = QNetwork(obs_space, self.n_actions, algo.hidden_sizes)
+        self.target_network.load_state_dict(self.q_network.state_dict())
+        optimizer = torch.optim.Adam if algo.optimizer == "adam" else torch.optim.SGD
+        self.optimizer = optimizer(self.q_network.parameters(), lr=algo.learning_rate)
+        self.gamma, self.tau = algo.gamma, algo.tau
+        self.generator = torch.Generator().manual_seed(seed)
+
+    @torch.no_grad()
+    def act(self, obs: Any, epsilon: float) -> torch.Tensor:
+        # DLPack: NumPy arrays and JAX arrays become tensors without a copy.
+        obs = torch.from_dlpack(obs)
+        greedy = self.q_network(obs).argmax(dim=1)
+        n = obs.shape[0]
+        explore = torch.rand(n, generator=self.generator) < epsilon
+        random = torch.randint(self.n_actions, (n,), generator=self.generator)
+        # int32 is what the JAX engine takes with x64 disabled.
+        return torch.where(explore, random, greedy).to(torch.int32)
+
+    @torch.no_grad()
+    def greedy(self, obs: np.ndarray) -> np.ndarray:
+        return self.q_network(torch.from_numpy(obs)).argmax(dim=1).numpy()
+
+    def update(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        obs, next_obs, actions, rewards, dones = (torch.from_numpy(x) for x in batch)
+        with torch.no_grad():
+            next_q = self.target_network(next_obs).max(dim=1).values
+            td_target = rewards + self.gamma * next_q * (1.0 - dones)
+        q = self.q_network(obs).gather(1, actions.long().unsqueeze(1)).squeeze(1)
+        loss = F.mse_loss(q, td_target)
+        self.optimizer.zero_grad()
+        loss.backward()
+        self.optimizer.step()
+        return loss.detach(), q.detach().mean()
+
+    @torch.no_grad()
+    def sync_target(self) -> None:
+        for target, online in zip(
+            self.target_network.parameters(), self.q_network.parameters(), strict=True
+        ):
+            target.lerp_(online, self.tau)
+
+    def save(self, path: Path) -> Path:
+        torch.save(
+            {
+                "q_network": self.q_network.state_dict(),
+                "target_network": self.target_network.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+            },
+            path,
+        )
+        return path
+
+
+def train(ctx: RunContext) -> TrainResult:
+    probe = ctx.task.make_env(ctx.cfg.task)
+    learner = TorchLearner(probe.observation_space, probe.action_space, ctx.cfg.algo, ctx.cfg.seed)
+    probe.close()
+    return train_host(ctx, learner, "checkpoint.pt")

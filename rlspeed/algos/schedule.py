@@ -1,0 +1,21 @@
+"""Step arithmetic shared by the host loops (``xp=numpy``) and the jitted ones (``xp=jax.numpy``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+
+def multiples_between(prev: Any, step: Any, every: int, start: int, xp: Any = np) -> Any:
+    """How many multiples of ``every`` lie in ``(max(prev, start), step]``.
+
+    Env steps advance ``num_envs`` at a time; counting the multiples crossed makes
+    "one update every k env steps" mean the same thing for any ``num_envs``.
+    """
+    return xp.maximum(step // every - xp.maximum(prev, start) // every, 0)
+
+
+def linear_schedule(step: Any, start: float, end: float, duration: float, xp: Any = np) -> Any:
+    """``start`` at step 0, linearly to ``end`` at ``duration``, then ``end``."""
+    return start + (end - start) * xp.minimum(step / max(duration, 1.0), 1.0)

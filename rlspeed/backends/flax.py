@@ -1,0 +1,19 @@
+"""``backend=flax`` (JAX + Flax + Optax)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from rlspeed.backends import BackendSpec
+
+
+def setup(cfg: Any, seed: int) -> None:
+    # JAX is seeded through explicit keys; threads must be fixed before JAX starts.
+    if cfg.threads > 0 and "XLA_FLAGS" not in os.environ:
+        os.environ["XLA_FLAGS"] = (
+            f"--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads={cfg.threads}"
+        )
+
+
+SPEC = BackendSpec(name="flax", setup=setup)

@@ -1,0 +1,121 @@
+"""Typed schemas of the config tree and the checks that run before any work starts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from rlspeed.errors import ConfigError
+from rlspeed.registry import ALGOS, BACKENDS, ENGINES, TASKS, TRACKERS
+
+
+@dataclass
+class BackendConfig:
+    name: str = MISSING
+    # Deterministic kernels and seeded RNGs, so the same seed gives the same run.
+    deterministic: bool = True
+    # CPU threads for the backend's math (0: library default).
+    threads: int = 0
+
+
+@dataclass
+class EngineConfig:
+    name: str = MISSING
+    # AsyncVectorEnv only: observations travel through shared memory.
+    shared_memory: bool = True
+
+
+@dataclass
+class TrackingConfig:
+    name: str = MISSING
+    # MLflow tracking URI; None means MLFLOW_TRACKING_URI or MLflow's default local store.
+    uri: str | None = None
+    experiment: str = "rlspeed"
+
+
+@dataclass
+class TaskConfig:
+    """Fields every task has; each task's schema extends it."""
+
+    name: str = MISSING
+    # Training episode length (time-limit truncation).
+    max_steps: int = MISSING
+
+
+@dataclass
+class RunConfig:
+    backend: BackendConfig = field(default_factory=BackendConfig)
+    env: EngineConfig = field(default_factory=EngineConfig)
+    algo: Any = MISSING
+    task: Any = MISSING
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    seed: int = 1
+    # Parallel copies of the task; each engine option sets its own default.
+    num_envs: int = MISSING
+    total_steps: int = 300_000
+    # Env steps between metric logs (and between returns to Python on the fused path).
+    log_every: int = 10_000
+    # Env steps between greedy evaluations (eval/score).
+    eval_every: int = 50_000
+    # auto: rich progress on a terminal, plain log lines otherwise.
+    progress: str = "auto"
+
+
+def register_configs() -> None:
+    """Store the schemas in Hydra's ConfigStore; YAML options build on them."""
+    store = ConfigStore.instance()
+    store.store(name="rlspeed_schema", node=RunConfig)
+    for registry in (ALGOS, TASKS):
+        for spec in registry:
+            store.store(group=f"schema/{registry.group}", name=spec.name, node=spec.schema)
+
+
+def validate(cfg: DictConfig) -> None:
+    """Reject bad or incompatible values with one clear line before any work starts."""
+    for key in ("num_envs", "total_steps", "log_every", "eval_every"):
+        if cfg[key] < 1:
+            raise ConfigError(key, cfg[key], "an integer >= 1")
+    if cfg.progress not in ("auto", "rich", "plain", "none"):
+        raise ConfigError("progress", cfg.progress, "one of auto, rich, plain, none")
+    backend = BACKENDS.get(cfg.backend.name)
+    engine = ENGINES.get(cfg.env.name)
+    algo = ALGOS.get(cfg.algo.name)
+    task = TASKS.get(cfg.task.name)
+    if task.action_kind not in algo.action_kinds:
+        fits = [a.name for a in ALGOS if task.action_kind in a.action_kinds]
+        raise ConfigError(
+            "algo",
+            algo.name,
+            f"an algorithm for {task.action_kind} actions on task={task.name}: {', '.join(fits)}",
+        )
+    if backend.name not in algo.backends:
+        raise ConfigError("backend", backend.name, f"one of {', '.join(algo.backends)}")
+    if engine.needs_functional_env and task.make_functional is None:
+        fits = [e.name for e in ENGINES if not e.needs_functional_env]
+        raise ConfigError(
+            "env", engine.name, f"one of {', '.join(fits)} (task={task.name} has no JAX version)"
+        )
+    algo.validate(cfg.algo, cfg)
+    TRACKERS.get(cfg.tracking.name).check(cfg.tracking)
+
+
+def to_yaml(cfg: DictConfig) -> str:
+    return OmegaConf.to_yaml(cfg, resolve=True)
+
+
+def flatten(cfg: DictConfig) -> dict[str, Any]:
+    """Dotted keys to leaf values, as MLflow params."""
+    flat: dict[str, Any] = {}
+
+    def walk(node: Any, prefix: str) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                walk(value, f"{prefix}{key}.")
+        else:
+            flat[prefix[:-1]] = node
+
+    walk(OmegaConf.to_container(cfg, resolve=True), "")
+    return flat

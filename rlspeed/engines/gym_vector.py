@@ -1,0 +1,64 @@
+"""Gymnasium vector envs (sync or async) behind the common engine interface."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.vector import AutoresetMode
+
+from rlspeed.engines import StepResult
+
+
+class GymVectorEngine:
+    """Wraps a Gymnasium vector env that resets finished envs in the same step."""
+
+    def __init__(self, vector_env: gym.vector.VectorEnv, seed: int) -> None:
+        self.envs = vector_env
+        self.seed = seed
+        self.num_envs = vector_env.num_envs
+        self.single_observation_space = vector_env.single_observation_space
+        self.single_action_space = vector_env.single_action_space
+        self._returns = np.zeros(self.num_envs, dtype=np.float64)
+        self._lengths = np.zeros(self.num_envs, dtype=np.int64)
+
+    def reset(self) -> np.ndarray:
+        obs, _ = self.envs.reset(seed=self.seed)
+        self._returns[:] = 0.0
+        self._lengths[:] = 0
+        return obs
+
+    def step(self, actions: Any) -> StepResult:
+        # np.asarray shares memory with CPU torch tensors and JAX arrays (no copy).
+        obs, reward, terminated, truncated, info = self.envs.step(np.asarray(actions))
+        done = terminated | truncated
+        final_obs = obs
+        if done.any():
+            final_obs = obs.copy()
+            for i in np.flatnonzero(info["_final_obs"]):
+                final_obs[i] = info["final_obs"][i]
+        self._returns += reward
+        self._lengths += 1
+        episode_return, episode_length = self._returns.copy(), self._lengths.copy()
+        self._returns[done] = 0.0
+        self._lengths[done] = 0
+        return StepResult(
+            obs, reward.astype(np.float32), terminated, truncated, final_obs, episode_return, episode_length
+        )
+
+    def close(self) -> None:
+        self.envs.close()
+
+
+def make_vector_engine(
+    task: Any, task_cfg: Any, engine_cfg: Any, num_envs: int, seed: int, asynchronous: bool
+) -> GymVectorEngine:
+    env_fns = [lambda: task.make_env(task_cfg) for _ in range(num_envs)]
+    if asynchronous:
+        envs: gym.vector.VectorEnv = gym.vector.AsyncVectorEnv(
+            env_fns, shared_memory=engine_cfg.shared_memory, autoreset_mode=AutoresetMode.SAME_STEP
+        )
+    else:
+        envs = gym.vector.SyncVectorEnv(env_fns, autoreset_mode=AutoresetMode.SAME_STEP)
+    return GymVectorEngine(envs, seed)

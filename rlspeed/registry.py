@@ -1,0 +1,57 @@
+"""One registry per config group, filled by discovering the modules of a package.
+
+Each module of a registered package exposes ``SPEC``: an object with a ``name``
+equal to the config option that selects it. Adding an algorithm, task, engine,
+backend or tracker is therefore one module plus one YAML file.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Iterator
+from typing import Any, Generic, TypeVar
+
+from rlspeed.errors import ConfigError
+
+SpecT = TypeVar("SpecT")
+
+
+class Registry(Generic[SpecT]):
+    """Maps option names of one config group to the specs that build them."""
+
+    def __init__(self, group: str, package: str) -> None:
+        self.group = group
+        self.package = package
+        self._specs: dict[str, SpecT] | None = None
+
+    def _discover(self) -> dict[str, SpecT]:
+        if self._specs is None:
+            specs: dict[str, SpecT] = {}
+            pkg = importlib.import_module(self.package)
+            for info in pkgutil.iter_modules(pkg.__path__):
+                module = importlib.import_module(f"{self.package}.{info.name}")
+                spec: Any = getattr(module, "SPEC", None)
+                if spec is not None:
+                    specs[spec.name] = spec
+            self._specs = specs
+        return self._specs
+
+    def names(self) -> list[str]:
+        return sorted(self._discover())
+
+    def __iter__(self) -> Iterator[SpecT]:
+        return iter(self._discover().values())
+
+    def get(self, name: str) -> SpecT:
+        specs = self._discover()
+        if name not in specs:
+            raise ConfigError(self.group, name, f"one of {', '.join(self.names())}")
+        return specs[name]
+
+
+ALGOS: Registry[Any] = Registry("algo", "rlspeed.algos")
+TASKS: Registry[Any] = Registry("task", "rlspeed.tasks")
+ENGINES: Registry[Any] = Registry("env", "rlspeed.engines")
+BACKENDS: Registry[Any] = Registry("backend", "rlspeed.backends")
+TRACKERS: Registry[Any] = Registry("tracking", "rlspeed.tracking")

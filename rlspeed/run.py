@@ -1,0 +1,188 @@
+"""One training run: build the parts named by the config, train, record everything."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+from rich.console import Console
+from rich.table import Table
+
+from rlspeed.config import flatten, to_yaml, validate
+from rlspeed.engines import Engine, EngineSpec
+from rlspeed.monitor import RunMonitor
+from rlspeed.registry import ALGOS, BACKENDS, ENGINES, TASKS, TRACKERS
+from rlspeed.tasks import Policy, TaskSpec
+
+log = logging.getLogger("rlspeed")
+
+
+@dataclass
+class TrainResult:
+    steps: int
+    updates: int
+
+
+@dataclass
+class RunContext:
+    """What an algorithm's ``train(ctx)`` gets: the config, the task, the engine and the monitor."""
+
+    cfg: DictConfig
+    task: TaskSpec
+    engine: EngineSpec
+    monitor: RunMonitor
+    out_dir: Path
+    # Set by the algorithm once it has an agent: writes the checkpoint, returns its path.
+    save_checkpoint: Callable[[], Path] | None = field(default=None)
+
+    def make_engine(self) -> Engine:
+        cfg = self.cfg
+        return self.engine.make(self.task, cfg.task, cfg.env, cfg.num_envs, cfg.seed)
+
+    def evaluate(self, policy: Policy) -> float:
+        return self.task.evaluate(self.cfg.task, policy, self.cfg.seed)
+
+
+def _output_dir() -> Path:
+    if HydraConfig.initialized():
+        return Path(HydraConfig.get().runtime.output_dir)
+    return Path.cwd()
+
+
+def run(cfg: DictConfig) -> float:
+    """Train as configured; returns the task's score (greedy evaluation)."""
+    validate(cfg)
+    algo, task = ALGOS.get(cfg.algo.name), TASKS.get(cfg.task.name)
+    engine = ENGINES.get(cfg.env.name)
+    BACKENDS.get(cfg.backend.name).setup(cfg.backend, cfg.seed)
+    train = algo.load(cfg.backend.name)
+
+    out_dir = _output_dir()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "config.yaml").write_text(to_yaml(cfg))
+    choices = {
+        "backend": cfg.backend.name,
+        "env": cfg.env.name,
+        "algo": cfg.algo.name,
+        "task": cfg.task.name,
+    }
+    tracker = TRACKERS.get(cfg.tracking.name).make(cfg.tracking)
+    tracker.start(run_name="-".join(choices.values()), params=flatten(cfg), tags=choices)
+    monitor: RunMonitor | None = None
+    ctx: RunContext | None = None
+    status = "FAILED"
+    try:
+        monitor = RunMonitor(
+            tracker,
+            cfg.total_steps,
+            cfg.eval_every,
+            evaluate=lambda policy: ctx.evaluate(policy),
+            progress=cfg.progress,
+        )
+        ctx = RunContext(cfg, task, engine, monitor, out_dir)
+        result = train(ctx)
+        status = "FINISHED"
+    except KeyboardInterrupt:
+        status = "KILLED"
+        log.warning("rlspeed: interrupted; saving a checkpoint and the metrics recorded so far")
+        raise
+    finally:
+        if monitor is not None:
+            monitor.close()
+        _finish(tracker, ctx, monitor, out_dir, status)
+    _summary(choices, monitor, result, tracker.run_id, out_dir)
+    return monitor.score
+
+
+def _finish(
+    tracker: Any, ctx: RunContext | None, monitor: RunMonitor | None, out_dir: Path, status: str
+) -> None:
+    """Write outputs and close the tracked run; runs even when training failed."""
+    artifacts = [out_dir / "config.yaml"]
+    try:
+        if ctx is not None and ctx.save_checkpoint is not None:
+            artifacts.append(ctx.save_checkpoint())
+        if monitor is not None and monitor.history:
+            artifacts.append(_write_metrics(monitor, out_dir, status))
+            artifacts.append(_plot_curve(monitor, out_dir))
+        for path in artifacts:
+            tracker.log_artifact(path)
+    finally:
+        tracker.end(status)
+
+
+def _write_metrics(monitor: RunMonitor, out_dir: Path, status: str) -> Path:
+    final = monitor.history[-1]
+    summary = {
+        "status": status,
+        "score": monitor.score,
+        "rolling_step_reward": final.get("charts/rolling_step_reward", math.nan),
+        "env_steps": monitor.steps,
+        "gradient_updates": monitor.updates,
+        "wall_time_s": monitor.wall_time,
+        "env_steps_per_s": monitor.steps / monitor.wall_time,
+        "updates_per_s": monitor.updates / monitor.wall_time,
+        "final": final,
+    }
+    path = out_dir / "metrics.json"
+    path.write_text(json.dumps(summary, indent=2, allow_nan=True))
+    return path
+
+
+def _plot_curve(monitor: RunMonitor, out_dir: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, label in (
+        ("charts/episodic_return", "episodic return (training)"),
+        ("charts/rolling_step_reward", "rolling step reward (training)"),
+        ("eval/score", "score (greedy evaluation)"),
+    ):
+        points = [(row["step"], row[name]) for row in monitor.history if name in row]
+        if points:
+            steps, values = zip(*points, strict=True)
+            ax.plot(steps, values, marker="o" if name == "eval/score" else None, label=label)
+    ax.set_xlabel("environment steps")
+    ax.set_title("learning curve")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path = out_dir / "learning_curve.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def _summary(
+    choices: dict[str, str], monitor: RunMonitor, result: TrainResult, run_id: str | None, out_dir: Path
+) -> None:
+    table = Table(title="rlspeed run")
+    table.add_column("")
+    table.add_column("")
+    for key, value in choices.items():
+        table.add_row(key, value)
+    wall = monitor.wall_time
+    rolling = monitor.history[-1].get("charts/rolling_step_reward", math.nan) if monitor.history else math.nan
+    for key, value in (
+        ("env steps", f"{result.steps:,}"),
+        ("gradient updates", f"{result.updates:,}"),
+        ("wall time", f"{wall:.1f} s"),
+        ("env steps/s", f"{result.steps / wall:,.0f}"),
+        ("updates/s", f"{result.updates / wall:,.0f}"),
+        ("score", f"{monitor.score:.4f}"),
+        ("rolling step reward", f"{rolling:.4f}"),
+        ("MLflow run id", run_id or "-"),
+        ("outputs", str(out_dir)),
+    ):
+        table.add_row(key, value)
+    Console().print(table)

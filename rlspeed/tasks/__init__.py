@@ -1,0 +1,26 @@
+"""Tasks: one module each exposing ``SPEC``, with its config schema and its factories."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+# A batched greedy policy: observations [B, ...] -> actions [B].
+Policy = Callable[[np.ndarray], np.ndarray]
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    name: str
+    schema: type
+    # "discrete" or "continuous" actions.
+    action_kind: str
+    # Gymnasium env for training, with the config's time limit (max_steps).
+    make_env: Callable[[Any], Any]
+    # Functional JAX twin (gymnasium FuncEnv) for the jax-vmap engine, or None.
+    make_functional: Callable[[Any], Any] | None
+    # Score of a greedy policy at the task's standard settings (the sweep objective).
+    evaluate: Callable[[Any, Policy, int], float]

@@ -1,0 +1,72 @@
+"""Doors (seed 001): cross a walled 15x15 grid through one of three doors to the goal."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from rlspeed.config import TaskConfig
+from rlspeed.tasks import Policy, TaskSpec
+
+# The score is measured at the seed's episode length, whatever the training length.
+STANDARD_MAX_STEPS = 32
+
+
+@dataclass
+class DoorsTaskConfig(TaskConfig):
+    name: str = "doors"
+    grid_size: int = 15
+    n_doors: int = 3
+    max_steps: int = STANDARD_MAX_STEPS
+
+
+def make_env(cfg: Any) -> gym.Env:
+    import rlspeed.envs  # noqa: F401  (registers rlspeed/Doors-v0)
+
+    return gym.make(
+        "rlspeed/Doors-v0",
+        grid_size=cfg.grid_size,
+        n_doors=cfg.n_doors,
+        max_episode_steps=cfg.max_steps,
+    )
+
+
+def make_functional(cfg: Any) -> Any:
+    from rlspeed.envs.doors import DoorsFunctional
+
+    return DoorsFunctional(grid_size=cfg.grid_size, n_doors=cfg.n_doors)
+
+
+def evaluate(cfg: Any, policy: Policy, seed: int) -> float:
+    """Step reward ratio of the greedy policy over every start column: the exact
+    expectation over the uniform start, so the score has no sampling noise."""
+    from rlspeed.envs.doors import DoorsEnv
+
+    width = cfg.grid_size
+    envs = [DoorsEnv(grid_size=cfg.grid_size, n_doors=cfg.n_doors) for _ in range(width)]
+    obs = np.stack([env.reset(seed=seed, options={"start_col": c})[0] for c, env in enumerate(envs)])
+    active = np.ones(width, dtype=bool)
+    total_reward, total_steps = 0.0, 0
+    for _ in range(STANDARD_MAX_STEPS):
+        actions = policy(obs)
+        for i in np.flatnonzero(active):
+            obs[i], reward, terminated, _, _ = envs[i].step(int(actions[i]))
+            total_reward += float(reward)
+            total_steps += 1
+            active[i] = not terminated
+        if not active.any():
+            break
+    return total_reward / total_steps
+
+
+SPEC = TaskSpec(
+    name="doors",
+    schema=DoorsTaskConfig,
+    action_kind="discrete",
+    make_env=make_env,
+    make_functional=make_functional,
+    evaluate=evaluate,
+)

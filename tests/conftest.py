@@ -1,0 +1,59 @@
+"""Shared helpers: the real ``rlspeed`` CLI in a subprocess, and in-process runs."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
+
+from rlspeed.cli import CONF_DIR
+from rlspeed.config import register_configs
+
+RLSPEED = str(Path(sys.executable).with_name("rlspeed"))
+
+# Small seeded budget shared by the fast runs (learning starts early, logs often).
+SMALL = [
+    "total_steps=4000",
+    "log_every=1000",
+    "eval_every=2000",
+    "algo.learning_starts=500",
+    "algo.buffer_size=5000",
+    "algo.batch_size=32",
+    "algo.hidden_sizes=[32]",
+    "progress=plain",
+]
+
+
+def run_cli(args: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: float = 300):
+    """Run the installed ``rlspeed`` command; returns the CompletedProcess."""
+    # The tests choose their own MLflow store; the caller's must not leak in.
+    full_env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    full_env.update(env or {})
+    return subprocess.run(
+        [RLSPEED, *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def make_cfg() -> Callable[[list[str]], DictConfig]:
+    """Compose the real config tree with overrides, as the CLI does."""
+    register_configs()
+
+    def _compose(overrides: list[str]) -> DictConfig:
+        with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+            return compose(config_name="config", overrides=overrides)
+
+    return _compose

@@ -1,0 +1,57 @@
+"""Bad input: one clear line naming key, value and what is allowed; non-zero exit; no work."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import free_port, run_cli
+
+
+def _assert_one_line_error(result, *fragments: str) -> None:
+    assert result.returncode != 0
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "fragments"),
+    [
+        (["backend=jax"], ["backend=jax", "flax, torch"]),
+        (["env=gym-fast"], ["env=gym-fast", "gym-async, gym-sync, jax-vmap"]),
+        (["algo=ppo"], ["algo=ppo", "dqn"]),
+        (["num_envs=abc"], ["num_envs", "'abc'", "Integer"]),
+        (["algo.learning_rate=fast"], ["algo.learning_rate", "'fast'", "float"]),
+        (["num_envs=0"], ["num_envs=0", ">= 1"]),
+        (["total_steps=-5"], ["total_steps=-5", ">= 1"]),
+        (["algo.optimizer=rmsprop"], ["algo.optimizer=rmsprop", "adam, sgd"]),
+        (["no_such_key=1"], ["no_such_key"]),
+        (["-m", "backend=torch,jax"], ["backend=jax", "flax, torch"]),
+    ],
+)
+def test_bad_input_gets_one_clear_line(tmp_path, args, fragments):
+    result = run_cli([*args, "tracking=none"], cwd=tmp_path)
+    _assert_one_line_error(result, *fragments)
+    assert not (tmp_path / "outputs").exists(), "no run may start on bad input"
+
+
+def test_unreachable_tracking_uri(tmp_path):
+    uri = f"http://127.0.0.1:{free_port()}"
+    result = run_cli([f"tracking.uri={uri}"], cwd=tmp_path)
+    _assert_one_line_error(result, "tracking.uri", uri, "reachable MLflow server")
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_unreachable_tracking_uri_from_environment(tmp_path):
+    uri = f"http://127.0.0.1:{free_port()}"
+    result = run_cli([], cwd=tmp_path, env={"MLFLOW_TRACKING_URI": uri})
+    _assert_one_line_error(result, "MLFLOW_TRACKING_URI", uri)
+
+
+def test_hydra_own_flags_still_work(tmp_path):
+    result = run_cli(["--cfg", "job", "backend=torch", "env=gym-sync"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "name: torch" in result.stdout and "name: gym-sync" in result.stdout
+    assert run_cli(["--help"], cwd=tmp_path).returncode == 0

@@ -1,0 +1,95 @@
+"""MLflow records every run: params, metrics, tags, artifacts and the real end status."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+
+from mlflow.tracking import MlflowClient
+
+from tests.conftest import RLSPEED, SMALL, run_cli
+
+
+def _only_run(uri: str):
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name("rlspeed")
+    runs = client.search_runs([experiment.experiment_id])
+    assert len(runs) == 1
+    return client, runs[0]
+
+
+def test_finished_run_has_params_metrics_tags_and_artifacts(tmp_path):
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    result = run_cli([*SMALL, f"tracking.uri={uri}"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    client, run = _only_run(uri)
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["backend"] == "flax" and run.data.tags["env"] == "jax-vmap"
+    assert run.data.tags["algo"] == "dqn" and run.data.tags["task"] == "doors"
+    assert run.data.params["algo.learning_rate"] == "0.001"
+    assert run.data.params["num_envs"] == "128"
+    for name in ("eval/score", "charts/episodic_return", "charts/SPS", "losses/td_loss"):
+        assert name in run.data.metrics, name
+    history = client.get_metric_history(run.info.run_id, "charts/SPS")
+    assert [m.step for m in history] == sorted(m.step for m in history) and len(history) >= 4
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"config.yaml", "checkpoint.msgpack", "learning_curve.png", "metrics.json"} <= artifacts
+    # The local output folder holds the same files, and metrics.json agrees with MLflow.
+    out_dir = next((tmp_path / "outputs").glob("*/*"))
+    metrics = json.loads((out_dir / "metrics.json").read_text())
+    assert metrics["score"] == run.data.metrics["eval/score"]
+    assert metrics["status"] == "FINISHED" and metrics["env_steps"] >= 4000
+
+
+def test_mlflow_tracking_uri_environment_variable_is_honoured(tmp_path):
+    uri = f"sqlite:///{tmp_path}/from_env.db"
+    args = [*SMALL, "total_steps=1000", "backend=torch", "env=gym-sync", "num_envs=2"]
+    result = run_cli(args, cwd=tmp_path, env={"MLFLOW_TRACKING_URI": uri})
+    assert result.returncode == 0, result.stderr
+    _, run = _only_run(uri)
+    assert run.info.status == "FINISHED" and run.data.tags["backend"] == "torch"
+
+
+def test_diverging_run_is_failed_and_keeps_what_was_recorded(tmp_path):
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    args = [*SMALL, "algo.learning_rate=1e30", "algo.learning_starts=1000", f"tracking.uri={uri}"]
+    result = run_cli(args, cwd=tmp_path)
+    assert result.returncode != 0
+    assert "training diverged: losses/td_loss" in result.stderr
+    assert "Traceback" not in result.stderr
+    client, run = _only_run(uri)
+    assert run.info.status == "FAILED"
+    # The metrics logged before the divergence are kept.
+    history = client.get_metric_history(run.info.run_id, "charts/SPS")
+    assert len(history) >= 1 and history[0].step == 1024
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"config.yaml", "checkpoint.msgpack", "metrics.json"} <= artifacts
+
+
+def test_interrupted_run_is_killed_and_checkpointed(tmp_path):
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    args = [
+        *SMALL,
+        "total_steps=10000000",
+        "backend=torch",
+        "env=gym-sync",
+        "num_envs=4",
+        f"tracking.uri={uri}",
+    ]
+    process = subprocess.Popen(
+        [RLSPEED, *args], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    deadline = time.monotonic() + 120
+    for line in process.stdout:  # wait until training has logged twice
+        if "step 2,000/" in line or time.monotonic() > deadline:
+            break
+    process.send_signal(signal.SIGINT)
+    process.communicate(timeout=60)
+    assert process.returncode != 0
+    client, run = _only_run(uri)
+    assert run.info.status == "KILLED"
+    assert len(client.get_metric_history(run.info.run_id, "charts/SPS")) >= 2
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert "checkpoint.pt" in artifacts

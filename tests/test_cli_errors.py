@@ -23,7 +23,7 @@ def _assert_one_line_error(result, *fragments: str) -> None:
         (["env=gym-fast"], ["env=gym-fast", "gym-async, gym-sync, jax-vmap"]),
         (["algo=ppo"], ["algo=ppo", "dqn"]),
         (["num_envs=abc"], ["num_envs", "'abc'", "Integer"]),
-        (["algo.learning_rate=fast"], ["algo.learning_rate", "'fast'", "float"]),
+        (["algo.learning_rate=fast"], ["algo.learning_rate", "'fast'", "Float"]),
         (["num_envs=0"], ["num_envs=0", ">= 1"]),
         (["total_steps=-5"], ["total_steps=-5", ">= 1"]),
         (["algo.optimizer=rmsprop"], ["algo.optimizer=rmsprop", "adam, sgd"]),

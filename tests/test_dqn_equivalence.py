@@ -22,7 +22,7 @@ def _copy_flax_to_torch(flax_params, network: torch.nn.Module) -> None:
     with torch.no_grad():
         for i, linear in enumerate(linears):
             linear.weight.copy_(torch.from_numpy(np.asarray(dense[f"Dense_{i}"]["kernel"]).T.copy()))
-            linear.bias.copy_(torch.from_numpy(np.asarray(dense[f"Dense_{i}"]["bias"])))
+            linear.bias.copy_(torch.from_numpy(np.array(dense[f"Dense_{i}"]["bias"])))
 
 
 def _torch_layers(network: torch.nn.Module) -> list[np.ndarray]:

@@ -28,7 +28,7 @@ def test_finished_run_has_params_metrics_tags_and_artifacts(tmp_path):
     assert run.info.status == "FINISHED"
     assert run.data.tags["backend"] == "flax" and run.data.tags["env"] == "jax-vmap"
     assert run.data.tags["algo"] == "dqn" and run.data.tags["task"] == "doors"
-    assert run.data.params["algo.learning_rate"] == "0.001"
+    assert run.data.params["algo.learning_rate"] == "0.0003"
     assert run.data.params["num_envs"] == "128"
     for name in ("eval/score", "charts/episodic_return", "charts/SPS", "losses/td_loss"):
         assert name in run.data.metrics, name
@@ -54,7 +54,7 @@ def test_mlflow_tracking_uri_environment_variable_is_honoured(tmp_path):
 
 def test_diverging_run_is_failed_and_keeps_what_was_recorded(tmp_path):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    args = [*SMALL, "algo.learning_rate=1e30", "algo.learning_starts=1000", f"tracking.uri={uri}"]
+    args = [*SMALL, "algo.learning_rate=1e30", "algo.learning_starts=1500", f"tracking.uri={uri}"]
     result = run_cli(args, cwd=tmp_path)
     assert result.returncode != 0
     assert "training diverged: losses/td_loss" in result.stderr

@@ -34,13 +34,13 @@ from rlspeed.run import RunContext, TrainResult
 class QNetwork(nn.Module):
     n_actions: int
     hidden_sizes: Sequence[int]
-    classes: int  # one-hot classes of a Discrete observation, 0 otherwise
+    classes: int  # one-hot classes per observation entry, 0 for continuous
 
     @nn.compact
     def __call__(self, obs: jax.Array) -> jax.Array:
         batch = obs.shape[0]
         if self.classes:
-            x = jax.nn.one_hot(obs, self.classes)
+            x = jax.nn.one_hot(obs, self.classes).reshape(batch, -1)
         else:
             x = obs.reshape(batch, -1).astype(jnp.float32)
         for size in self.hidden_sizes:

@@ -39,7 +39,7 @@ class QNetwork(nn.Module):
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         if self.classes:
-            x = F.one_hot(obs.long(), self.classes).float()
+            x = F.one_hot(obs.long(), self.classes).flatten(1).float()
         else:
             x = obs.flatten(1).float()
         return self.net(x)

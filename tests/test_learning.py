@@ -21,11 +21,12 @@ COMBINATIONS = [(b, e) for b in ("torch", "flax") for e in ("gym-sync", "gym-asy
 SMALL_DOORS = [
     "task.grid_size=7",
     "num_envs=8",
-    "total_steps=12000",
+    "total_steps=24000",
     "log_every=2000",
     "eval_every=6000",
     "algo.learning_starts=1000",
-    "algo.buffer_size=12000",
+    "algo.buffer_size=24000",
+    "algo.learning_rate=0.001",
     "algo.target_network_frequency=500",
     "tracking=none",
     "progress=none",
@@ -65,7 +66,7 @@ def test_every_combination_learns_doors(backend, engine, make_cfg, tmp_path, mon
     # Clearly learned: most of the way from a random policy to the optimum.
     assert score >= 0.85 * best, f"{backend}+{engine}: score {score:.3f}, optimum {best:.3f}"
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
-    assert metrics["env_steps"] == 12000 and metrics["gradient_updates"] == (12000 - 1000) // 4
+    assert metrics["env_steps"] == 24000 and metrics["gradient_updates"] == (24000 - 1000) // 4
 
 
 def _two_runs(make_cfg, tmp_path, monkeypatch, overrides):

@@ -120,7 +120,9 @@ class RunMonitor:
     def _show(self, row: dict[str, float]) -> None:
         score = f"{self.score:.3f}" if math.isfinite(self.score) else "-"
         if self._progress is not None:
-            self._progress.update(self._bar, completed=self.steps, sps=row["charts/SPS"], score=score)
+            self._progress.update(
+                self._bar, completed=self.steps, sps=row["charts/SPS"], score=score
+            )
         elif self._mode == "plain":
             parts = [
                 f"step {self.steps:,}/{self.total_steps:,}",

@@ -8,7 +8,6 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
@@ -19,7 +18,8 @@ from rlspeed.config import flatten, to_yaml, validate
 from rlspeed.engines import Engine, EngineSpec
 from rlspeed.monitor import RunMonitor
 from rlspeed.registry import ALGOS, BACKENDS, ENGINES, TASKS, TRACKERS
-from rlspeed.tasks import Policy, TaskSpec
+from rlspeed.tasks import TaskSpec
+from rlspeed.tracking import Tracker
 
 log = logging.getLogger("rlspeed")
 
@@ -45,9 +45,6 @@ class RunContext:
     def make_engine(self) -> Engine:
         cfg = self.cfg
         return self.engine.make(self.task, cfg.task, cfg.env, cfg.num_envs, cfg.seed)
-
-    def evaluate(self, policy: Policy) -> float:
-        return self.task.evaluate(self.cfg.task, policy, self.cfg.seed)
 
 
 def _output_dir() -> Path:
@@ -75,18 +72,16 @@ def run(cfg: DictConfig) -> float:
     }
     tracker = TRACKERS.get(cfg.tracking.name).make(cfg.tracking)
     tracker.start(run_name="-".join(choices.values()), params=flatten(cfg), tags=choices)
-    monitor: RunMonitor | None = None
-    ctx: RunContext | None = None
+    monitor = RunMonitor(
+        tracker,
+        cfg.total_steps,
+        cfg.eval_every,
+        evaluate=lambda policy: task.evaluate(cfg.task, policy, cfg.seed),
+        progress=cfg.progress,
+    )
+    ctx = RunContext(cfg, task, engine, monitor, out_dir)
     status = "FAILED"
     try:
-        monitor = RunMonitor(
-            tracker,
-            cfg.total_steps,
-            cfg.eval_every,
-            evaluate=lambda policy: ctx.evaluate(policy),
-            progress=cfg.progress,
-        )
-        ctx = RunContext(cfg, task, engine, monitor, out_dir)
         result = train(ctx)
         status = "FINISHED"
     except KeyboardInterrupt:
@@ -94,24 +89,22 @@ def run(cfg: DictConfig) -> float:
         log.warning("rlspeed: interrupted; saving a checkpoint and the metrics recorded so far")
         raise
     finally:
-        if monitor is not None:
-            monitor.close()
-        _finish(tracker, ctx, monitor, out_dir, status)
+        monitor.close()
+        _finish(tracker, ctx, status)
     _summary(choices, monitor, result, tracker.run_id, out_dir)
     return monitor.score
 
 
-def _finish(
-    tracker: Any, ctx: RunContext | None, monitor: RunMonitor | None, out_dir: Path, status: str
-) -> None:
+def _finish(tracker: Tracker, ctx: RunContext, status: str) -> None:
     """Write outputs and close the tracked run; runs even when training failed."""
+    out_dir = ctx.out_dir
     artifacts = [out_dir / "config.yaml"]
     try:
-        if ctx is not None and ctx.save_checkpoint is not None:
+        if ctx.save_checkpoint is not None:
             artifacts.append(ctx.save_checkpoint())
-        if monitor is not None and monitor.history:
-            artifacts.append(_write_metrics(monitor, out_dir, status))
-            artifacts.append(_plot_curve(monitor, out_dir))
+        if ctx.monitor.history:
+            artifacts.append(_write_metrics(ctx.monitor, out_dir, status))
+            artifacts.append(_plot_curve(ctx.monitor, out_dir))
         for path in artifacts:
             tracker.log_artifact(path)
     finally:
@@ -164,15 +157,23 @@ def _plot_curve(monitor: RunMonitor, out_dir: Path) -> Path:
 
 
 def _summary(
-    choices: dict[str, str], monitor: RunMonitor, result: TrainResult, run_id: str | None, out_dir: Path
+    choices: dict[str, str],
+    monitor: RunMonitor,
+    result: TrainResult,
+    run_id: str | None,
+    out_dir: Path,
 ) -> None:
-    table = Table(title="rlspeed run")
-    table.add_column("")
-    table.add_column("")
+    table = Table(title="rlspeed run", show_header=False)
+    table.add_column("what")
+    table.add_column("value")
     for key, value in choices.items():
         table.add_row(key, value)
     wall = monitor.wall_time
-    rolling = monitor.history[-1].get("charts/rolling_step_reward", math.nan) if monitor.history else math.nan
+    rolling = (
+        monitor.history[-1].get("charts/rolling_step_reward", math.nan)
+        if monitor.history
+        else math.nan
+    )
     for key, value in (
         ("env steps", f"{result.steps:,}"),
         ("gradient updates", f"{result.updates:,}"),

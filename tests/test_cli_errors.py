@@ -55,3 +55,15 @@ def test_hydra_own_flags_still_work(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "name: torch" in result.stdout and "name: gym-sync" in result.stdout
     assert run_cli(["--help"], cwd=tmp_path).returncode == 0
+
+
+def test_multirun_grid_with_hydra_basic_sweeper(tmp_path):
+    """`rlspeed -m backend=torch,flax ...` runs one job per combination."""
+    args = ["-m", "backend=torch,flax", "env=gym-sync", "tracking=none", "progress=plain"]
+    budget = ["total_steps=600", "log_every=300", "eval_every=600", "algo.learning_starts=200"]
+    result = run_cli([*args, *budget, "num_envs=2", "algo.batch_size=16"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    jobs = sorted(p.name for p in (tmp_path / "outputs" / "multirun").glob("*/*/*") if p.is_dir())
+    assert jobs == ["0_torch_gym-sync_dqn_doors", "1_flax_gym-sync_dqn_doors"]
+    for job in (tmp_path / "outputs" / "multirun").glob("*/*/*_dqn_doors"):
+        assert (job / "metrics.json").exists() and (job / "learning_curve.png").exists()

@@ -21,7 +21,9 @@ def _copy_flax_to_torch(flax_params, network: torch.nn.Module) -> None:
     assert len(linears) == len(dense)
     with torch.no_grad():
         for i, linear in enumerate(linears):
-            linear.weight.copy_(torch.from_numpy(np.asarray(dense[f"Dense_{i}"]["kernel"]).T.copy()))
+            linear.weight.copy_(
+                torch.from_numpy(np.asarray(dense[f"Dense_{i}"]["kernel"]).T.copy())
+            )
             linear.bias.copy_(torch.from_numpy(np.array(dense[f"Dense_{i}"]["bias"])))
 
 
@@ -32,13 +34,18 @@ def _torch_layers(network: torch.nn.Module) -> list[np.ndarray]:
 def _flax_layers(params) -> list[np.ndarray]:
     layers = []
     for name in sorted(params["params"]):
-        layers += [np.asarray(params["params"][name]["kernel"]).T, np.asarray(params["params"][name]["bias"])]
+        layers += [
+            np.asarray(params["params"][name]["kernel"]).T,
+            np.asarray(params["params"][name]["bias"]),
+        ]
     return layers
 
 
 @pytest.mark.parametrize("optimizer", ["adam", "sgd"])
 def test_same_weights_same_update(optimizer):
-    algo = OmegaConf.structured(DQNConfig(hidden_sizes=[32, 32], optimizer=optimizer, learning_rate=1e-2))
+    algo = OmegaConf.structured(
+        DQNConfig(hidden_sizes=[32, 32], optimizer=optimizer, learning_rate=1e-2)
+    )
     env = DoorsEnv()
     flax_learner = FlaxLearner(env.observation_space, env.action_space, algo, seed=0)
     torch_learner = TorchLearner(env.observation_space, env.action_space, algo, seed=0)
@@ -71,8 +78,12 @@ def test_initialisation_follows_the_same_distribution():
     """Both backends start from truncated LeCun-normal weights and zero biases."""
     algo = OmegaConf.structured(DQNConfig(hidden_sizes=[256]))
     env = DoorsEnv()
-    flax_w = _flax_layers(FlaxLearner(env.observation_space, env.action_space, algo, 0).agent.params)
-    torch_w = _torch_layers(TorchLearner(env.observation_space, env.action_space, algo, 0).q_network)
+    flax_w = _flax_layers(
+        FlaxLearner(env.observation_space, env.action_space, algo, 0).agent.params
+    )
+    torch_w = _torch_layers(
+        TorchLearner(env.observation_space, env.action_space, algo, 0).q_network
+    )
     for a, b in zip(flax_w, torch_w, strict=True):
         assert a.shape == b.shape
         if a.ndim == 2:

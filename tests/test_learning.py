@@ -72,7 +72,9 @@ def test_every_combination_learns_doors(backend, engine, make_cfg, tmp_path, mon
 def _two_runs(make_cfg, tmp_path, monkeypatch, overrides):
     outputs = []
     for name in ("first", "second"):
-        _run_in(tmp_path / name, monkeypatch, make_cfg([*SMALL_DOORS, "total_steps=6000", *overrides]))
+        _run_in(
+            tmp_path / name, monkeypatch, make_cfg([*SMALL_DOORS, "total_steps=6000", *overrides])
+        )
         metrics = json.loads((tmp_path / name / "metrics.json").read_text())["final"]
         timing = ("charts/SPS", "charts/updates_per_second")
         outputs.append({k: v for k, v in metrics.items() if k not in timing})

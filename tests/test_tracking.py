@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import sys
 import time
+import urllib.request
+from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
-from tests.conftest import RLSPEED, SMALL, run_cli
+from tests.conftest import RLSPEED, SMALL, free_port, run_cli
 
 
 def _only_run(uri: str):
@@ -93,3 +96,47 @@ def test_interrupted_run_is_killed_and_checkpointed(tmp_path):
     assert len(client.get_metric_history(run.info.run_id, "charts/SPS")) >= 2
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert "checkpoint.pt" in artifacts
+
+
+def test_run_logged_to_a_real_mlflow_server(tmp_path):
+    """tracking.uri=http://...: a real `mlflow server` on loopback stores and serves the run."""
+    port = free_port()
+    uri = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen(
+        [
+            str(Path(sys.executable).with_name("mlflow")),
+            "server",
+            "--backend-store-uri",
+            f"sqlite:///{tmp_path}/server.db",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                with urllib.request.urlopen(f"{uri}/health", timeout=2):
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, "mlflow server did not start"
+                time.sleep(0.5)
+        result = run_cli([*SMALL, "total_steps=2000", f"tracking.uri={uri}"], cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        client, run = _only_run(uri)
+        assert run.info.status == "FINISHED"
+        assert "eval/score" in run.data.metrics
+        artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+        assert {"config.yaml", "checkpoint.msgpack", "metrics.json"} <= artifacts
+        with urllib.request.urlopen(f"{uri}/", timeout=10) as page:  # the UI itself answers
+            assert page.status == 200
+    finally:
+        server.terminate()
+        server.wait(timeout=30)

@@ -1,4 +1,4 @@
-"""Step arithmetic shared by the host loops (``xp=numpy``) and the jitted ones (``xp=jax.numpy``)."""
+"""Step arithmetic shared by the host loops (``xp=numpy``) and jitted ones (``xp=jax.numpy``)."""
 
 from __future__ import annotations
 

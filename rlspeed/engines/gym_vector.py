@@ -44,7 +44,13 @@ class GymVectorEngine:
         self._returns[done] = 0.0
         self._lengths[done] = 0
         return StepResult(
-            obs, reward.astype(np.float32), terminated, truncated, final_obs, episode_return, episode_length
+            obs,
+            reward.astype(np.float32),
+            terminated,
+            truncated,
+            final_obs,
+            episode_return,
+            episode_length,
         )
 
     def close(self) -> None:

@@ -42,7 +42,12 @@ class VmapEnv:
         return VmapState(env_state, obs, zeros, zeros.astype(jnp.int32), key)
 
     def _step_one(
-        self, env_state: Any, ep_return: jax.Array, ep_length: jax.Array, action: Any, key: jax.Array
+        self,
+        env_state: Any,
+        ep_return: jax.Array,
+        ep_length: jax.Array,
+        action: Any,
+        key: jax.Array,
     ) -> tuple[Any, ...]:
         f = self.func_env
         step_key, reset_key = jax.random.split(key)
@@ -102,7 +107,9 @@ def make_vmap_env(task: Any, task_cfg: Any, num_envs: int) -> VmapEnv:
     return VmapEnv(task.make_functional(task_cfg), num_envs, task_cfg.max_steps)
 
 
-def make_engine(task: Any, task_cfg: Any, engine_cfg: Any, num_envs: int, seed: int) -> JaxVmapEngine:
+def make_engine(
+    task: Any, task_cfg: Any, engine_cfg: Any, num_envs: int, seed: int
+) -> JaxVmapEngine:
     return JaxVmapEngine(make_vmap_env(task, task_cfg, num_envs), seed)
 
 

@@ -44,7 +44,9 @@ def validate(algo: Any, cfg: Any) -> None:
         if algo[key] < 1:
             raise ConfigError(f"algo.{key}", algo[key], "an integer >= 1")
     if algo.batch_size > algo.buffer_size:
-        raise ConfigError("algo.batch_size", algo.batch_size, f"<= algo.buffer_size ({algo.buffer_size})")
+        raise ConfigError(
+            "algo.batch_size", algo.batch_size, f"<= algo.buffer_size ({algo.buffer_size})"
+        )
     for key in ("gamma", "tau", "start_e", "end_e", "exploration_fraction"):
         if not 0.0 <= algo[key] <= 1.0:
             raise ConfigError(f"algo.{key}", algo[key], "a number in [0, 1]")

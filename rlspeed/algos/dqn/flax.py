@@ -60,7 +60,9 @@ class DQNFunctions:
     def __init__(self, obs_space: Any, action_space: Any, algo: Any) -> None:
         self.algo = algo
         self.n_actions = int(action_space.n)
-        self.network = QNetwork(self.n_actions, tuple(algo.hidden_sizes), one_hot_classes(obs_space))
+        self.network = QNetwork(
+            self.n_actions, tuple(algo.hidden_sizes), one_hot_classes(obs_space)
+        )
         optimizer = optax.adam if algo.optimizer == "adam" else optax.sgd
         self.optimizer = optimizer(algo.learning_rate)
         self._dummy_obs = jnp.zeros((1, *obs_space.shape), dtype=obs_space.dtype)
@@ -199,7 +201,9 @@ def make_train(cfg: Any, env: VmapEnv) -> DQNTrainer:
             position=jnp.int32(0),
             size=jnp.int32(0),
         )
-        return TrainState(fns.init(agent_key), replay, env.init(env_key), key, jnp.int32(0), jnp.int32(0))
+        return TrainState(
+            fns.init(agent_key), replay, env.init(env_key), key, jnp.int32(0), jnp.int32(0)
+        )
 
     def store(replay: ReplayState, obs, next_obs, actions, rewards, terminated) -> ReplayState:  # noqa: ANN001
         index = (replay.position + jnp.arange(n)) % capacity
@@ -218,13 +222,19 @@ def make_train(cfg: Any, env: VmapEnv) -> DQNTrainer:
         epsilon = epsilon_at(state.step, algo, cfg.total_steps, xp=jnp)
         actions = fns.act(state.agent.params, state.env.obs, act_key, epsilon)
         env_state, result = env.step(state.env, actions)
-        replay = store(state.replay, state.env.obs, result.final_obs, actions, result.reward, result.terminated)
+        replay = store(
+            state.replay, state.env.obs, result.final_obs, actions, result.reward, result.terminated
+        )
         step = state.step + n
-        n_updates = multiples_between(state.step, step, algo.train_frequency, algo.learning_starts, jnp)
+        n_updates = multiples_between(
+            state.step, step, algo.train_frequency, algo.learning_starts, jnp
+        )
 
         def one_update(i: jax.Array, carry: tuple) -> tuple:
             agent, loss_sum, q_sum = carry
-            index = jax.random.randint(jax.random.fold_in(update_key, i), (algo.batch_size,), 0, replay.size)
+            index = jax.random.randint(
+                jax.random.fold_in(update_key, i), (algo.batch_size,), 0, replay.size
+            )
             batch = Batch(
                 replay.obs[index], replay.next_obs[index], replay.actions[index],
                 replay.rewards[index], replay.dones[index],
@@ -235,7 +245,12 @@ def make_train(cfg: Any, env: VmapEnv) -> DQNTrainer:
         agent, loss_sum, q_sum = jax.lax.fori_loop(
             0, n_updates, one_update, (state.agent, jnp.float32(0), jnp.float32(0))
         )
-        sync = multiples_between(state.step, step, algo.target_network_frequency, algo.learning_starts, jnp) > 0
+        sync = (
+            multiples_between(
+                state.step, step, algo.target_network_frequency, algo.learning_starts, jnp
+            )
+            > 0
+        )
         agent = jax.lax.cond(sync, fns.sync_target, lambda a: a, agent)
         stats = ChunkStats(
             result.terminated | result.truncated,
@@ -248,7 +263,7 @@ def make_train(cfg: Any, env: VmapEnv) -> DQNTrainer:
         )
         return TrainState(agent, replay, env_state, key, step, state.updates + n_updates), stats
 
-    @partial(jax.jit, static_argnums=1, donate_argnums=0)
+    @partial(jax.jit, static_argnums=1)
     def run(state: TrainState, iterations: int) -> tuple[TrainState, ChunkStats]:
         return jax.lax.scan(iteration, state, None, length=iterations)
 
@@ -262,7 +277,9 @@ def train_fused(ctx: RunContext) -> TrainResult:
     greedy = jax.jit(trainer.fns.greedy)
     state = jax.jit(trainer.init)(jax.random.key(cfg.seed))
     latest = {"state": state}
-    ctx.save_checkpoint = lambda: save_agent(latest["state"].agent, ctx.out_dir / "checkpoint.msgpack")
+    ctx.save_checkpoint = lambda: save_agent(
+        latest["state"].agent, ctx.out_dir / "checkpoint.msgpack"
+    )
     chunk = max(1, math.ceil(cfg.log_every / cfg.num_envs))
     done_iterations = 0
     while done_iterations < trainer.total_iterations:
@@ -279,7 +296,10 @@ def train_fused(ctx: RunContext) -> TrainResult:
             metrics["losses/q_values"] = float(stats.q_sum.sum()) / n_updates
         params = state.agent.params
         ctx.monitor.log(
-            int(state.step), int(state.updates), metrics, lambda obs: np.asarray(greedy(params, obs))
+            int(state.step),
+            int(state.updates),
+            metrics,
+            lambda obs, params=params: np.asarray(greedy(params, obs)),
         )
     return TrainResult(steps=int(state.step), updates=int(state.updates))
 

@@ -63,7 +63,9 @@ def train_host(ctx: RunContext, learner: Learner, checkpoint_name: str) -> Train
             )
             obs = result.obs
             prev, step = step, step + engine.num_envs
-            for _ in range(int(multiples_between(prev, step, algo.train_frequency, algo.learning_starts))):
+            for _ in range(
+                int(multiples_between(prev, step, algo.train_frequency, algo.learning_starts))
+            ):
                 loss, q = learner.update(buffer.sample(algo.batch_size))
                 losses.append(loss)
                 q_values.append(q)

@@ -135,20 +135,23 @@ def _plot_curve(monitor: RunMonitor, out_dir: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for name, label in (
-        ("charts/episodic_return", "episodic return (training)"),
-        ("charts/rolling_step_reward", "rolling step reward (training)"),
-        ("eval/score", "score (greedy evaluation)"),
-    ):
+    # Returns and per-step ratios live on different scales: one panel each.
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    panels = (
+        (left, "charts/episodic_return", "episodic return (training)"),
+        (right, "charts/rolling_step_reward", "rolling step reward (training)"),
+        (right, "eval/score", "score (greedy evaluation)"),
+    )
+    for ax, name, label in panels:
         points = [(row["step"], row[name]) for row in monitor.history if name in row]
         if points:
             steps, values = zip(*points, strict=True)
             ax.plot(steps, values, marker="o" if name == "eval/score" else None, label=label)
-    ax.set_xlabel("environment steps")
-    ax.set_title("learning curve")
-    ax.grid(alpha=0.3)
-    ax.legend()
+    for ax in (left, right):
+        ax.set_xlabel("environment steps")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle("learning curve")
     fig.tight_layout()
     path = out_dir / "learning_curve.png"
     fig.savefig(path, dpi=100)

@@ -30,7 +30,8 @@ def test_engine_step_results_are_consistent(engine_name, make_cfg):
             # The stored transition continues from the observation the action was taken in.
             assert ((final_obs == 1).sum(axis=1) == 1).all()
             for i in np.flatnonzero(done):
-                np.testing.assert_allclose(np.asarray(result.episode_return)[i], returns[i], atol=1e-4)
+                episode_return = np.asarray(result.episode_return)[i]
+                np.testing.assert_allclose(episode_return, returns[i], atol=1e-4)
                 assert np.asarray(result.episode_length)[i] == lengths[i] <= 10
                 # Auto-reset: the next observation is a fresh start in the bottom row.
                 assert (next_obs[i].reshape(15, 15)[14] == 1).any()

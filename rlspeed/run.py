@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import logging
 import math
+import signal
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +49,10 @@ class RunContext:
         return self.engine.make(self.task, cfg.task, cfg.env, cfg.num_envs, cfg.seed)
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+
 def _output_dir() -> Path:
     if HydraConfig.initialized():
         return Path(HydraConfig.get().runtime.output_dir)
@@ -81,6 +87,9 @@ def run(cfg: DictConfig) -> float:
     )
     ctx = RunContext(cfg, task, engine, monitor, out_dir)
     status = "FAILED"
+    # A scheduler's SIGTERM (preemption, `timeout`) ends the run like Ctrl-C: KILLED, checkpointed.
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous_handler = signal.signal(signal.SIGTERM, _interrupt) if in_main_thread else None
     try:
         result = train(ctx)
         status = "FINISHED"
@@ -89,6 +98,8 @@ def run(cfg: DictConfig) -> float:
         log.warning("rlspeed: interrupted; saving a checkpoint and the metrics recorded so far")
         raise
     finally:
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, previous_handler)
         monitor.close()
         _finish(tracker, ctx, status)
     _summary(choices, monitor, result, tracker.run_id, out_dir)

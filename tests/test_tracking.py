@@ -10,6 +10,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
 from mlflow.tracking import MlflowClient
 
 from tests.conftest import RLSPEED, SMALL, free_port, run_cli
@@ -71,7 +72,8 @@ def test_diverging_run_is_failed_and_keeps_what_was_recorded(tmp_path):
     assert {"config.yaml", "checkpoint.msgpack", "metrics.json"} <= artifacts
 
 
-def test_interrupted_run_is_killed_and_checkpointed(tmp_path):
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
+def test_interrupted_run_is_killed_and_checkpointed(tmp_path, stop):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     args = [
         *SMALL,
@@ -88,7 +90,7 @@ def test_interrupted_run_is_killed_and_checkpointed(tmp_path):
     for line in process.stdout:  # wait until training has logged twice
         if "step 2,000/" in line or time.monotonic() > deadline:
             break
-    process.send_signal(signal.SIGINT)
+    process.send_signal(stop)
     process.communicate(timeout=60)
     assert process.returncode != 0
     client, run = _only_run(uri)

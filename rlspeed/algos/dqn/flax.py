@@ -307,7 +307,5 @@ def train_fused(ctx: RunContext) -> TrainResult:
 def train(ctx: RunContext) -> TrainResult:
     if ctx.engine.needs_functional_env:
         return train_fused(ctx)
-    probe = ctx.task.make_env(ctx.cfg.task)
-    learner = FlaxLearner(probe.observation_space, probe.action_space, ctx.cfg.algo, ctx.cfg.seed)
-    probe.close()
+    learner = partial(FlaxLearner, algo=ctx.cfg.algo, seed=ctx.cfg.seed)
     return train_host(ctx, learner, "checkpoint.msgpack")

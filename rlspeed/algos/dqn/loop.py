@@ -8,6 +8,7 @@ rest exactly as CleanRL's DQN: act epsilon-greedily, step, store, update every
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -38,9 +39,14 @@ def epsilon_at(step: Any, algo: Any, total_steps: int, xp: Any = np) -> Any:
     return linear_schedule(step, algo.start_e, algo.end_e, duration, xp)
 
 
-def train_host(ctx: RunContext, learner: Learner, checkpoint_name: str) -> TrainResult:
+def train_host(
+    ctx: RunContext, make_learner: Callable[[Any, Any], Learner], checkpoint_name: str
+) -> TrainResult:
+    """``make_learner(observation_space, action_space)`` runs after the engine exists, so
+    AsyncVectorEnv forks its workers before the backend starts threads of its own."""
     cfg, algo = ctx.cfg, ctx.cfg.algo
     engine = ctx.make_engine()
+    learner = make_learner(engine.single_observation_space, engine.single_action_space)
     ctx.save_checkpoint = lambda: learner.save(ctx.out_dir / checkpoint_name)
     buffer = ReplayBuffer(
         algo.buffer_size, engine.single_observation_space, engine.single_action_space, cfg.seed

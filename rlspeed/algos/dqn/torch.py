@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -103,7 +104,5 @@ class TorchLearner:
 
 
 def train(ctx: RunContext) -> TrainResult:
-    probe = ctx.task.make_env(ctx.cfg.task)
-    learner = TorchLearner(probe.observation_space, probe.action_space, ctx.cfg.algo, ctx.cfg.seed)
-    probe.close()
+    learner = partial(TorchLearner, algo=ctx.cfg.algo, seed=ctx.cfg.seed)
     return train_host(ctx, learner, "checkpoint.pt")

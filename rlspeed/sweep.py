@@ -21,18 +21,25 @@ PRUNER_ATTR = "rlspeed:pruner"
 JOURNAL_PREFIX = "journal:"
 
 
-def open_storage(spec: str) -> Any:
-    """An Optuna storage from a string: a journal file or a database URL.
+def journal_path(spec: str) -> Path | None:
+    """The journal file a storage string names, or None for a database URL.
 
     ``journal:PATH`` or a path ending in ``.journal`` is an Optuna journal file (safe for
     several processes on one machine, no database needed); anything else is an RDB URL
     such as ``sqlite:///study.db`` or ``postgresql://host/db``.
     """
+    if spec.startswith(JOURNAL_PREFIX) or spec.endswith(".journal"):
+        return Path(spec.removeprefix(JOURNAL_PREFIX)).expanduser().absolute()
+    return None
+
+
+def open_storage(spec: str) -> Any:
+    """An Optuna storage from a string: a journal file or a database URL (journal_path)."""
     import optuna
     from optuna.storages.journal import JournalFileBackend
 
-    if spec.startswith(JOURNAL_PREFIX) or spec.endswith(".journal"):
-        path = Path(spec.removeprefix(JOURNAL_PREFIX)).expanduser()
+    path = journal_path(spec)
+    if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
     return optuna.storages.RDBStorage(spec)

@@ -9,6 +9,7 @@ of the same study count toward ``n_trials``, so running the same command again r
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import warnings
@@ -25,7 +26,7 @@ from optuna.trial import TrialState
 
 from hydra_plugins.rlspeed_optuna_sweeper._space import SweepConfigError, SweepSetup, build, quote
 from rlspeed.errors import RLSpeedError
-from rlspeed.sweep import PRUNER_ATTR, open_storage
+from rlspeed.sweep import PRUNER_ATTR, journal_path, open_storage
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +80,9 @@ class OptunaSweeperImpl:
         optuna.logging.set_verbosity(optuna.logging.WARNING)  # this sweeper logs what matters
         study_name = node.study_name or default_study_name(config)
         storage_spec = node.storage or default_storage(study_name)
+        journal = journal_path(storage_spec)
+        if journal is not None:  # jobs may run elsewhere: give them an absolute path
+            storage_spec = str(journal)
         storage = open_storage(storage_spec)
         study = optuna.create_study(
             study_name=study_name,
@@ -191,7 +195,7 @@ class OptunaSweeperImpl:
                         legal(overrides)
                     except Exception as error:  # noqa: BLE001 - reported, the trial FAILs
                         log.warning("Trial %d cannot be composed: %s", trial.number, error)
-                        study.tell(trial, state=TrialState.FAIL)
+                        _tell(study, trial, state=TrialState.FAIL)
                         pending.remove(trial)
                         failed += 1
                         ran += 1
@@ -207,13 +211,14 @@ class OptunaSweeperImpl:
                     next_job_idx = max(next_job_idx, job_idx + len(launch))
                     returns.append(results)
                     for (trial, _), ret in zip(launch, results, strict=True):
-                        failed += self._tell(study, trial, ret, len(setup.directions))
+                        failed += self._record(study, trial, ret, len(setup.directions))
                         pending.remove(trial)
                         ran += 1
             finally:
                 # Interrupted (Ctrl-C) or broken: trials of this batch can no longer finish.
                 for trial in pending:
-                    study.tell(trial, state=TrialState.FAIL)
+                    with contextlib.suppress(ValueError):  # unless it was told meanwhile
+                        _tell(study, trial, state=TrialState.FAIL)
             remaining -= batch_size
             if failed and failed / ran > node.max_failure_rate:
                 raise RLSpeedError(
@@ -223,7 +228,7 @@ class OptunaSweeperImpl:
                 )
         return returns
 
-    def _tell(self, study: Any, trial: Any, ret: JobReturn, n_objectives: int) -> int:
+    def _record(self, study: Any, trial: Any, ret: JobReturn, n_objectives: int) -> int:
         """Record how a job ended; returns 1 if the trial failed, else 0."""
         output_dir = OmegaConf.select(ret.hydra_cfg or {}, "hydra.runtime.output_dir")
         if output_dir:
@@ -231,20 +236,30 @@ class OptunaSweeperImpl:
         if ret.status == JobStatus.COMPLETED:
             values = _objective_values(ret.return_value, n_objectives)
             if values is not None:
-                study.tell(trial, values=values if n_objectives > 1 else values[0])
+                _tell(study, trial, values=values if n_objectives > 1 else values[0])
                 log.info("Trial %d: COMPLETE, value %s", trial.number, _fmt_values(values))
                 return 0
             reason = f"the job returned {ret.return_value!r}, not {n_objectives} finite number(s)"
         else:
             error = ret._return_value  # the exception the job raised
             if isinstance(error, optuna.TrialPruned):
-                study.tell(trial, state=TrialState.PRUNED)
+                _tell(study, trial, state=TrialState.PRUNED)
                 log.info("Trial %d: PRUNED, %s", trial.number, error)
                 return 0
             reason = " ".join(str(error).split()) or type(error).__name__
-        study.tell(trial, state=TrialState.FAIL)
+        _tell(study, trial, state=TrialState.FAIL)
         log.warning("Trial %d: FAIL: %s", trial.number, reason)
         return 1
+
+
+def _tell(study: Any, trial: Any, **kwargs: Any) -> None:
+    try:
+        study.tell(trial, **kwargs)
+    except RuntimeError as error:
+        # A grid sampler stops the study when its grid is done, which only study.optimize()
+        # allows; the trial is recorded all the same (and _grid_exhausted ends the sweep).
+        if "Study.stop" not in str(error):
+            raise
 
 
 def _grid_exhausted(sampler: Any, study: Any) -> bool:
@@ -367,19 +382,17 @@ def show_best(study: Any) -> None:
     best = _best_trials(study)
     multi = len(study.directions) > 1
     title = (
-        f"Optuna study '{study.study_name}': {counts['COMPLETE']} complete, "
-        f"{counts['PRUNED']} pruned, {counts['FAIL']} failed"
+        f"{'Pareto front' if multi else 'Best trials'} of study '{study.study_name}' "
+        f"({counts['COMPLETE']} complete, {counts['PRUNED']} pruned, {counts['FAIL']} failed)"
     )
-    table = Table(title=title + (" (Pareto front)" if multi else " (best trials)"))
-    table.add_column("trial", justify="right")
-    table.add_column("values" if multi else "value", justify="right")
-    names = sorted({name for trial in best for name in trial.params})
-    for name in names:
-        table.add_column(name, justify="right", overflow="fold")
+    # One column per trial: parameter names are long and a terminal is narrow.
+    table = Table(title=title)
+    table.add_column("trial")
     for trial in best:
-        row = [str(trial.number), _fmt_values(trial.values)]
-        row += [_fmt_param(trial.params.get(name)) for name in names]
-        table.add_row(*row)
+        table.add_column(f"#{trial.number}", justify="right")
+    table.add_row("values" if multi else "value", *[_fmt_values(t.values) for t in best])
+    for name in sorted({name for trial in best for name in trial.params}):
+        table.add_row(name, *[_fmt_param(t.params.get(name)) for t in best])
     Console().print(table)
 
 

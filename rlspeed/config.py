@@ -34,6 +34,8 @@ class TrackingConfig:
     # MLflow tracking URI; None means MLFLOW_TRACKING_URI or MLflow's default local store.
     uri: str | None = None
     experiment: str = "rlspeed"
+    # MLflow run to nest this run under (an Optuna study's parent run); set by the sweeper.
+    parent_run_id: str | None = None
 
 
 @dataclass
@@ -46,12 +48,23 @@ class TaskConfig:
 
 
 @dataclass
+class TrialConfig:
+    """The Optuna trial a run belongs to; set only by the Optuna sweeper, per job."""
+
+    # Where the study lives (a journal file path or a database URL).
+    storage: str | None = None
+    study_name: str | None = None
+    number: int | None = None
+
+
+@dataclass
 class RunConfig:
     backend: BackendConfig = field(default_factory=BackendConfig)
     env: EngineConfig = field(default_factory=EngineConfig)
     algo: Any = MISSING
     task: Any = MISSING
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    trial: TrialConfig = field(default_factory=TrialConfig)
     seed: int = 1
     # Parallel copies of the task; each engine option sets its own default.
     num_envs: int = MISSING

@@ -16,6 +16,10 @@ class ConfigError(RLSpeedError):
         self.key, self.value, self.allowed = key, value, allowed
         super().__init__(f"rlspeed: invalid {key}={value!s}: expected {allowed}")
 
+    def __reduce__(self) -> tuple:
+        # Jobs in other processes (hydra/launcher=joblib) send their exception back pickled.
+        return (type(self), (self.key, self.value, self.allowed))
+
 
 class DivergenceError(RLSpeedError):
     """Training produced a non-finite loss; stopping beats training on garbage."""

@@ -13,6 +13,7 @@ import math
 import sys
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -38,11 +39,15 @@ class RunMonitor:
         evaluate: Any,
         progress: str = "auto",
         console: Console | None = None,
+        on_score: Callable[[float, int], None] | None = None,
     ) -> None:
         self.tracker = tracker
         self.total_steps = total_steps
         self.eval_every = eval_every
         self._evaluate = evaluate
+        # Called with (score, step) after each evaluation is logged; may raise to stop the
+        # run (an Optuna trial reports here and raises optuna.TrialPruned).
+        self._on_score = on_score
         self.history: list[dict[str, float]] = []
         self._window: deque[tuple[float, int]] = deque(maxlen=ROLLING_EPISODES)
         self._interval_returns: list[float] = []
@@ -105,7 +110,8 @@ class RunMonitor:
             row["charts/episodic_length"] = float(np.mean(self._interval_lengths))
             row["charts/rolling_step_reward"] = self.rolling_step_reward
         self._interval_returns, self._interval_lengths = [], []
-        if step >= self._next_eval or step >= self.total_steps:
+        evaluated = step >= self._next_eval or step >= self.total_steps
+        if evaluated:
             self.score = float(self._evaluate(policy))
             row["eval/score"] = self.score
             while self._next_eval <= step:
@@ -116,6 +122,8 @@ class RunMonitor:
         self.tracker.log_metrics(row, step)
         self.history.append({"step": float(step), **row})
         self._show(row)
+        if evaluated and self._on_score is not None:
+            self._on_score(self.score, step)
 
     def _show(self, row: dict[str, float]) -> None:
         score = f"{self.score:.3f}" if math.isfinite(self.score) else "-"

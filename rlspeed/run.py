@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import optuna
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 from rich.console import Console
@@ -20,6 +21,7 @@ from rlspeed.config import flatten, to_yaml, validate
 from rlspeed.engines import Engine, EngineSpec
 from rlspeed.monitor import RunMonitor
 from rlspeed.registry import ALGOS, BACKENDS, ENGINES, TASKS, TRACKERS
+from rlspeed.sweep import TrialReporter
 from rlspeed.tasks import TaskSpec
 from rlspeed.tracking import Tracker
 
@@ -76,14 +78,20 @@ def run(cfg: DictConfig) -> float:
         "algo": cfg.algo.name,
         "task": cfg.task.name,
     }
+    reporter = TrialReporter.attach(cfg)  # None unless the run is an Optuna trial
+    run_name, tags = "-".join(choices.values()), dict(choices)
+    if reporter is not None:
+        run_name += f"-trial{cfg.trial.number}"
+        tags.update({"optuna.study": cfg.trial.study_name, "optuna.trial": str(cfg.trial.number)})
     tracker = TRACKERS.get(cfg.tracking.name).make(cfg.tracking)
-    tracker.start(run_name="-".join(choices.values()), params=flatten(cfg), tags=choices)
+    tracker.start(run_name=run_name, params=flatten(cfg), tags=tags)
     monitor = RunMonitor(
         tracker,
         cfg.total_steps,
         cfg.eval_every,
         evaluate=lambda policy: task.evaluate(cfg.task, policy, cfg.seed),
         progress=cfg.progress,
+        on_score=reporter.report if reporter is not None else None,
     )
     ctx = RunContext(cfg, task, engine, monitor, out_dir)
     status = "FAILED"
@@ -96,6 +104,12 @@ def run(cfg: DictConfig) -> float:
     except KeyboardInterrupt:
         status = "KILLED"
         log.warning("rlspeed: interrupted; saving a checkpoint and the metrics recorded so far")
+        raise
+    except optuna.TrialPruned as pruned:
+        # Stopped by the study's pruner: the sweeper records the trial as PRUNED.
+        status = "KILLED"
+        tracker.set_tags({"optuna.pruned": "true"})
+        log.info("rlspeed: trial %d %s", cfg.trial.number, pruned)
         raise
     finally:
         if in_main_thread:

@@ -17,6 +17,9 @@ from rlspeed.cli import CONF_DIR
 from rlspeed.config import register_configs
 
 RLSPEED = str(Path(sys.executable).with_name("rlspeed"))
+# This checkout, first on the CLI's path: its code and its Hydra plugins (hydra_plugins/),
+# whichever checkout the installed package points at.
+REPO_ROOT = str(Path(__file__).resolve().parents[1])
 
 # Small seeded budget shared by the fast runs (learning starts early, logs often).
 SMALL = [
@@ -31,13 +34,20 @@ SMALL = [
 ]
 
 
-def run_cli(args: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: float = 300):
-    """Run the installed ``rlspeed`` command; returns the CompletedProcess."""
+def cli_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment the CLI runs in: this checkout first on the path, no caller's store."""
     # The tests choose their own MLflow store; the caller's must not leak in.
     full_env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
     full_env.update(env or {})
+    paths = [REPO_ROOT, *filter(None, full_env.get("PYTHONPATH", "").split(os.pathsep))]
+    full_env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    return full_env
+
+
+def run_cli(args: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: float = 300):
+    """Run the installed ``rlspeed`` command; returns the CompletedProcess."""
     return subprocess.run(
-        [RLSPEED, *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout
+        [RLSPEED, *args], cwd=cwd, env=cli_env(env), capture_output=True, text=True, timeout=timeout
     )
 
 

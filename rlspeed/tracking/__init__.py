@@ -17,6 +17,8 @@ class Tracker(Protocol):
 
     def log_artifact(self, path: Path) -> None: ...
 
+    def set_tags(self, tags: dict[str, str]) -> None: ...
+
     def end(self, status: str) -> None:
         """status: FINISHED, FAILED or KILLED."""
 

@@ -60,11 +60,16 @@ class MlflowTracker:
         if uri is not None:
             mlflow.set_tracking_uri(uri)
         self._experiment = cfg.experiment
+        self._parent_run_id = cfg.parent_run_id
         self.run_id: str | None = None
 
     def start(self, run_name: str, params: dict[str, Any], tags: dict[str, str]) -> None:
         mlflow = self._mlflow
         mlflow.set_experiment(self._experiment)
+        if self._parent_run_id:
+            # Nested under a study's parent run that may live in another process: the tag
+            # alone is what MLflow uses to nest runs.
+            tags = {**tags, "mlflow.parentRunId": self._parent_run_id}
         run = mlflow.start_run(run_name=run_name, tags=tags, nested=mlflow.active_run() is not None)
         self.run_id = run.info.run_id
         mlflow.log_params({k: str(v)[:_MAX_PARAM_LENGTH] for k, v in params.items()})
@@ -74,6 +79,11 @@ class MlflowTracker:
 
     def log_artifact(self, path: Path) -> None:
         self._mlflow.log_artifact(str(path), run_id=self.run_id)
+
+    def set_tags(self, tags: dict[str, str]) -> None:
+        client = self._mlflow.MlflowClient()
+        for key, value in tags.items():
+            client.set_tag(self.run_id, key, value)
 
     def end(self, status: str) -> None:
         if self.run_id is not None:

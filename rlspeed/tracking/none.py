@@ -20,6 +20,9 @@ class NoTracker:
     def log_artifact(self, path: Path) -> None:
         return None
 
+    def set_tags(self, tags: dict[str, str]) -> None:
+        return None
+
     def end(self, status: str) -> None:
         return None
 

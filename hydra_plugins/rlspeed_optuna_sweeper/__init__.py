@@ -1,0 +1,1 @@
+"""rlspeed's Optuna sweeper for Hydra: ``hydra/sweeper=optuna`` on current Optuna, with pruning."""

@@ -1,0 +1,505 @@
+"""The Optuna sweeper: a persistent study, trials launched in batches, pruning, MLflow.
+
+Every batch asks the study for ``n_jobs`` trials, launches them as one batch of Hydra jobs
+(in parallel processes with ``hydra/launcher=joblib``) and tells the study how each ended:
+COMPLETE with the job's return value, PRUNED when the job raised ``optuna.TrialPruned``
+(the job side is :mod:`rlspeed.sweep`), FAIL otherwise. Finished trials of earlier sweeps
+of the same study count toward ``n_trials``, so running the same command again resumes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import optuna
+from hydra.core.plugins import Plugins
+from hydra.core.utils import JobReturn, JobStatus
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig, OmegaConf
+from optuna.trial import TrialState
+
+from hydra_plugins.rlspeed_optuna_sweeper._space import SweepConfigError, SweepSetup, build, quote
+from rlspeed.errors import RLSpeedError
+from rlspeed.sweep import PRUNER_ATTR, journal_path, open_storage
+
+log = logging.getLogger(__name__)
+
+FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+# Study system attribute: the MLflow parent run of the study, per tracking store.
+PARENT_ATTR = "rlspeed:mlflow_parent"
+TOP_TRIALS = 5
+
+
+def default_study_name(config: DictConfig) -> str:
+    """The selected ``hparams`` option, else ``<algo>_<task>``, else ``<job name>``."""
+    choices = OmegaConf.select(config, "hydra.runtime.choices", default={}) or {}
+    if choices.get("hparams"):
+        return str(choices["hparams"])
+    algo = OmegaConf.select(config, "algo.name", default=None)
+    task = OmegaConf.select(config, "task.name", default=None)
+    if algo and task:
+        return f"{algo}_{task}"
+    return str(OmegaConf.select(config, "hydra.job.name", default="study"))
+
+
+def default_storage(study_name: str) -> str:
+    """A journal file at a stable place under the working directory (sweep folders are
+    timestamped), so the same command finds the same study."""
+    return str(Path.cwd() / "outputs" / "optuna" / f"{study_name}.journal")
+
+
+class OptunaSweeperImpl:
+    def __init__(self) -> None:
+        self.config: DictConfig | None = None
+        self.launcher: Any = None
+        self.hydra_context: HydraContext | None = None
+
+    def setup(
+        self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig
+    ) -> None:
+        self.hydra_context = hydra_context
+        self.config = config
+        self.launcher = Plugins.instance().instantiate_launcher(
+            hydra_context=hydra_context, task_function=task_function, config=config
+        )
+
+    # --- the sweep --------------------------------------------------------------------
+
+    def sweep(self, arguments: list[str], legal: Any) -> list[Sequence[JobReturn]]:
+        """``legal(overrides)`` raises if a job's overrides cannot be composed."""
+        assert self.config is not None and self.launcher is not None
+        config = self.config
+        node = config.hydra.sweeper
+        setup = build(node, config, list(arguments))
+        optuna.logging.set_verbosity(optuna.logging.WARNING)  # this sweeper logs what matters
+        study_name = node.study_name or default_study_name(config)
+        storage_spec = node.storage or default_storage(study_name)
+        journal = journal_path(storage_spec)
+        if journal is not None:  # jobs may run elsewhere: give them an absolute path
+            storage_spec = str(journal)
+        storage = open_storage(storage_spec)
+        study = optuna.create_study(
+            study_name=study_name,
+            storage=storage,
+            sampler=setup.sampler,
+            pruner=setup.pruner,
+            directions=setup.directions,
+            load_if_exists=True,
+        )
+        directions = [d.name.lower() for d in study.directions]
+        if directions != setup.directions:
+            raise SweepConfigError(
+                f"rlspeed: invalid hydra.sweeper.direction={setup.directions}: study "
+                f"'{study_name}' in {storage_spec} was created with {directions}; "
+                "use another hydra.sweeper.study_name or storage"
+            )
+        study_id = storage.get_study_id_from_name(study_name)
+        storage.set_study_system_attr(study_id, PRUNER_ATTR, setup.pruner_cfg)
+        stale = self._fail_stale_trials(study, storage, study_id)
+
+        sweep_dir = Path(config.hydra.sweep.dir)
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(config, sweep_dir / "multirun.yaml")
+        finished = len(study.get_trials(deepcopy=False, states=FINISHED))
+        log.info(
+            "Optuna study '%s' in %s: %d finished trial(s), running %d more (n_trials=%d)",
+            study_name,
+            storage_spec,
+            finished,
+            max(node.n_trials - finished, 0),
+            node.n_trials,
+        )
+        parent = None
+        if OmegaConf.select(config, "tracking.name", default=None) == "mlflow":
+            parent = StudyRun.open(config.tracking, study, study_id, storage, storage_spec)
+            parent.fail_stale_children(stale)
+
+        returns: list[Sequence[JobReturn]] = []
+        status = "FAILED"
+        try:
+            returns = self._run_trials(study, setup, node, storage_spec, parent, legal, finished)
+            status = "FINISHED"
+        except KeyboardInterrupt:
+            status = "KILLED"
+            raise
+        finally:
+            files = write_results(study, storage_spec, sweep_dir)
+            show_best(study)
+            if parent is not None:
+                parent.finish(study, files, status)
+        return returns
+
+    def _fail_stale_trials(self, study: Any, storage: Any, study_id: int) -> list[int]:
+        """Trials left RUNNING by a sweep that was killed can never finish: mark them FAIL."""
+        stale = []
+        for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, trial.number)
+            storage.set_trial_state_values(trial_id, TrialState.FAIL)
+            stale.append(trial.number)
+        if stale:
+            log.warning("Trial(s) %s were left running by an earlier sweep: marked FAIL", stale)
+        return stale
+
+    def _run_trials(
+        self,
+        study: Any,
+        setup: SweepSetup,
+        node: DictConfig,
+        storage_spec: str,
+        parent: StudyRun | None,
+        legal: Any,
+        finished: int,
+    ) -> list[Sequence[JobReturn]]:
+        config = self.config
+        assert config is not None
+        extra: list[str] = []
+        if node.report_every is not None and "eval_every" in config:
+            extra.append(f"eval_every={node.report_every}")
+        # rlspeed's jobs attach to their trial (rlspeed.sweep); other apps just get params.
+        is_trial_job = OmegaConf.select(config, "trial.number", default="absent") != "absent"
+        if is_trial_job:
+            extra += [
+                f"trial.storage={quote(storage_spec)}",
+                f"trial.study_name={quote(study.study_name)}",
+            ]
+        if parent is not None:
+            extra.append(f"tracking.parent_run_id={quote(parent.run_id)}")
+
+        returns: list[Sequence[JobReturn]] = []
+        remaining = node.n_trials - finished
+        ran = failed = 0
+        next_job_idx = 0
+        while remaining > 0:
+            if _grid_exhausted(setup.sampler, study):
+                log.info("The grid is exhausted: every combination has been tried")
+                break
+            batch_size = min(node.n_jobs, remaining)
+            pending = [
+                study.ask(fixed_distributions=setup.space.distributions) for _ in range(batch_size)
+            ]
+            try:
+                launch: list[tuple[Any, list[str]]] = []
+                for trial in list(pending):
+                    if setup.custom_search_space is not None:
+                        setup.custom_search_space(config, trial)
+                    overrides = setup.space.overrides(trial.params) + extra
+                    if is_trial_job:
+                        overrides.append(f"trial.number={trial.number}")
+                    try:
+                        legal(overrides)
+                    except Exception as error:  # noqa: BLE001 - reported, the trial FAILs
+                        log.warning("Trial %d cannot be composed: %s", trial.number, error)
+                        _tell(study, trial, state=TrialState.FAIL)
+                        pending.remove(trial)
+                        failed += 1
+                        ran += 1
+                        continue
+                    launch.append((trial, overrides))
+                if launch:
+                    numbers = [trial.number for trial, _ in launch]
+                    consecutive = numbers == list(range(numbers[0], numbers[0] + len(numbers)))
+                    job_idx = numbers[0] if consecutive else next_job_idx
+                    results = self.launcher.launch(
+                        [overrides for _, overrides in launch], initial_job_idx=job_idx
+                    )
+                    next_job_idx = max(next_job_idx, job_idx + len(launch))
+                    returns.append(results)
+                    for (trial, _), ret in zip(launch, results, strict=True):
+                        failed += self._record(study, trial, ret, len(setup.directions))
+                        pending.remove(trial)
+                        ran += 1
+            finally:
+                # Interrupted (Ctrl-C) or broken: trials of this batch can no longer finish.
+                for trial in pending:
+                    with contextlib.suppress(ValueError):  # unless it was told meanwhile
+                        _tell(study, trial, state=TrialState.FAIL)
+            remaining -= batch_size
+            if failed and failed / ran > node.max_failure_rate:
+                raise RLSpeedError(
+                    f"rlspeed: sweep stopped: {failed} of {ran} trial(s) failed, more than "
+                    f"hydra.sweeper.max_failure_rate={node.max_failure_rate} allows "
+                    "(see the failed jobs' logs in the sweep folder)"
+                )
+        return returns
+
+    def _record(self, study: Any, trial: Any, ret: JobReturn, n_objectives: int) -> int:
+        """Record how a job ended; returns 1 if the trial failed, else 0."""
+        output_dir = OmegaConf.select(ret.hydra_cfg or {}, "hydra.runtime.output_dir")
+        if output_dir:
+            trial.set_user_attr("output_dir", str(output_dir))
+        if ret.status == JobStatus.COMPLETED:
+            values = _objective_values(ret.return_value, n_objectives)
+            if values is not None:
+                _tell(study, trial, values=values if n_objectives > 1 else values[0])
+                log.info("Trial %d: COMPLETE, value %s", trial.number, _fmt_values(values))
+                return 0
+            reason = f"the job returned {ret.return_value!r}, not {n_objectives} finite number(s)"
+        else:
+            error = ret._return_value  # the exception the job raised
+            if isinstance(error, optuna.TrialPruned):
+                _tell(study, trial, state=TrialState.PRUNED)
+                log.info("Trial %d: PRUNED, %s", trial.number, error)
+                return 0
+            reason = " ".join(str(error).split()) or type(error).__name__
+        _tell(study, trial, state=TrialState.FAIL)
+        log.warning("Trial %d: FAIL: %s", trial.number, reason)
+        return 1
+
+
+def _tell(study: Any, trial: Any, **kwargs: Any) -> None:
+    try:
+        study.tell(trial, **kwargs)
+    except RuntimeError as error:
+        # A grid sampler stops the study when its grid is done, which only study.optimize()
+        # allows; the trial is recorded all the same (and _grid_exhausted ends the sweep).
+        if "Study.stop" not in str(error):
+            raise
+
+
+def _grid_exhausted(sampler: Any, study: Any) -> bool:
+    return isinstance(sampler, optuna.samplers.GridSampler) and sampler.is_exhausted(study)
+
+
+def _objective_values(value: Any, n_objectives: int) -> list[float] | None:
+    values = list(value) if isinstance(value, (list, tuple)) else [value]
+    try:
+        values = [float(v) for v in values]
+    except (TypeError, ValueError):
+        return None
+    if len(values) != n_objectives or not all(math.isfinite(v) for v in values):
+        return None
+    return values
+
+
+def _fmt_values(values: Sequence[float] | None) -> str:
+    if values is None:
+        return "-"
+    return ", ".join(f"{v:.4f}" for v in values)
+
+
+# --- results -------------------------------------------------------------------------
+
+
+def _best_trials(study: Any) -> list[Any]:
+    """Up to TOP_TRIALS complete trials, best first (the Pareto front if multi-objective)."""
+    if len(study.directions) > 1:
+        return sorted(study.best_trials, key=lambda t: t.number)[:TOP_TRIALS]
+    complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    maximize = study.direction == optuna.study.StudyDirection.MAXIMIZE
+    return sorted(complete, key=lambda t: t.value, reverse=maximize)[:TOP_TRIALS]
+
+
+def _counts(study: Any) -> dict[str, int]:
+    counts = {state.name: 0 for state in FINISHED}
+    for trial in study.get_trials(deepcopy=False, states=FINISHED):
+        counts[trial.state.name] += 1
+    return counts
+
+
+def write_results(study: Any, storage_spec: str, sweep_dir: Path) -> list[Path]:
+    """``optimization_results.yaml``, the trials table and Optuna's plots in the sweep
+    folder; returns the files written."""
+    files = []
+    results: dict[str, Any] = {
+        "name": "optuna",
+        "study_name": study.study_name,
+        "storage": storage_spec,
+        "directions": [d.name.lower() for d in study.directions],
+        "trials": _counts(study),
+    }
+    best = _best_trials(study)
+    if len(study.directions) == 1:
+        results["best_trial"] = best[0].number if best else None
+        results["best_value"] = best[0].value if best else None
+        results["best_params"] = dict(best[0].params) if best else None
+    else:
+        results["solutions"] = [
+            {"number": t.number, "values": list(t.values), "params": dict(t.params)} for t in best
+        ]
+    path = sweep_dir / "optimization_results.yaml"
+    OmegaConf.save(OmegaConf.create(results), path)
+    files.append(path)
+    try:
+        table = sweep_dir / "trials.csv"
+        study.trials_dataframe().to_csv(table, index=False)
+        files.append(table)
+    except Exception as error:  # noqa: BLE001 - results must not sink the sweep
+        log.warning("No trials table: %s", error)
+    if best:
+        files += write_plots(study, sweep_dir / "plots")
+    return files
+
+
+def write_plots(study: Any, out_dir: Path) -> list[Path]:
+    """Parameter importance, contour and optimization history: HTML (plotly, interactive)
+    and PNG (matplotlib; plotly's static export needs a browser)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+    import optuna.visualization as vis
+    import optuna.visualization.matplotlib as vis_mpl
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    target: dict[str, Any] = {}
+    if len(study.directions) > 1:  # plots show the first objective
+        target = {"target": lambda t: t.values[0], "target_name": "objective 0"}
+    files = []
+    verbosity = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.ERROR)  # e.g. "unique value length < 2"
+    for name in ("param_importances", "contour", "optimization_history"):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                fig = getattr(vis, f"plot_{name}")(study, **target)
+                html = out_dir / f"{name}.html"
+                fig.write_html(html)
+                files.append(html)
+                axes = getattr(vis_mpl, f"plot_{name}")(study, **target)
+                figure = np.atleast_1d(axes).flat[0].figure
+                png = out_dir / f"{name}.png"
+                figure.savefig(png, dpi=100, bbox_inches="tight")
+                plt.close(figure)
+                files.append(png)
+        except Exception as error:  # noqa: BLE001 - e.g. too few trials for importances
+            log.warning("No %s plot: %s", name, " ".join(str(error).split()))
+    optuna.logging.set_verbosity(verbosity)
+    return files
+
+
+def show_best(study: Any) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    counts = _counts(study)
+    best = _best_trials(study)
+    multi = len(study.directions) > 1
+    title = (
+        f"{'Pareto front' if multi else 'Best trials'} of study '{study.study_name}' "
+        f"({counts['COMPLETE']} complete, {counts['PRUNED']} pruned, {counts['FAIL']} failed)"
+    )
+    # One column per trial: parameter names are long and a terminal is narrow.
+    table = Table(title=title)
+    table.add_column("trial")
+    for trial in best:
+        table.add_column(f"#{trial.number}", justify="right")
+    table.add_row("values" if multi else "value", *[_fmt_values(t.values) for t in best])
+    for name in sorted({name for trial in best for name in trial.params}):
+        table.add_row(name, *[_fmt_param(t.params.get(name)) for t in best])
+    Console().print(table)
+
+
+def _fmt_param(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return "-" if value is None else str(value)
+
+
+# --- MLflow ----------------------------------------------------------------------------
+
+
+class StudyRun:
+    """The study's MLflow parent run: trials nest under it; it gets the results at the end.
+
+    Resuming a study reuses its parent run. MLflow params cannot change once logged, so the
+    best params are logged as params (``best.<name>``) the first time and kept current as
+    tags of the same names; ``best_value`` is a metric stepped by the finished trial count.
+    """
+
+    def __init__(self, client: Any, run_id: str) -> None:
+        self.client = client
+        self.run_id = run_id
+
+    @classmethod
+    def open(
+        cls, tracking: DictConfig, study: Any, study_id: int, storage: Any, storage_spec: str
+    ) -> StudyRun:
+        from mlflow import MlflowClient
+
+        from rlspeed.tracking.mlflow import resolve_uri
+
+        uri = resolve_uri(tracking)
+        client = MlflowClient(tracking_uri=uri)
+        experiment = client.get_experiment_by_name(tracking.experiment)
+        if experiment is None:
+            try:
+                experiment_id = client.create_experiment(tracking.experiment)
+            except Exception:  # noqa: BLE001 - created meanwhile by another process
+                experiment_id = client.get_experiment_by_name(tracking.experiment).experiment_id
+        else:
+            experiment_id = experiment.experiment_id
+        where = {"uri": uri or "", "experiment": tracking.experiment}
+        known = storage.get_study_system_attrs(study_id).get(PARENT_ATTR)
+        if known and {k: known.get(k) for k in where} == where:
+            try:
+                run = client.get_run(known["run_id"])
+                if run.info.lifecycle_stage == "active":
+                    client.update_run(run.info.run_id, status="RUNNING")
+                    log.info("MLflow: resuming the study's parent run %s", run.info.run_id)
+                    return cls(client, run.info.run_id)
+            except Exception:  # noqa: BLE001 - deleted or gone: start a new parent run
+                pass
+        sampler = type(study.sampler).__name__
+        pruner = type(study.pruner).__name__
+        run = client.create_run(
+            experiment_id,
+            run_name=study.study_name,
+            tags={
+                "optuna.study": study.study_name,
+                "optuna.storage": storage_spec,
+                "optuna.sampler": sampler,
+                "optuna.pruner": pruner,
+                "optuna.directions": ",".join(d.name.lower() for d in study.directions),
+            },
+        )
+        storage.set_study_system_attr(study_id, PARENT_ATTR, {**where, "run_id": run.info.run_id})
+        log.info("MLflow: study parent run %s", run.info.run_id)
+        return cls(client, run.info.run_id)
+
+    def fail_stale_children(self, numbers: list[int]) -> None:
+        """Child runs of trials a killed sweep left running end FAILED, like their trials."""
+        if not numbers:
+            return
+        run = self.client.get_run(self.run_id)
+        children = self.client.search_runs(
+            [run.info.experiment_id],
+            filter_string=f"tags.mlflow.parentRunId = '{self.run_id}' "
+            "and attributes.status = 'RUNNING'",
+        )
+        for child in children:
+            if child.data.tags.get("optuna.trial") in {str(n) for n in numbers}:
+                self.client.set_terminated(child.info.run_id, status="FAILED")
+
+    def finish(self, study: Any, files: list[Path], status: str) -> None:
+        client, run_id = self.client, self.run_id
+        try:
+            counts = _counts(study)
+            step = sum(counts.values())
+            for state, count in counts.items():
+                client.log_metric(run_id, f"trials_{state.lower()}", count, step=step)
+            best = _best_trials(study)
+            if best and len(study.directions) == 1:
+                trial = best[0]
+                client.log_metric(run_id, "best_value", trial.value, step=step)
+                client.set_tag(run_id, "best_trial", str(trial.number))
+                logged = client.get_run(run_id).data.params
+                for name, value in trial.params.items():
+                    key = f"best.{name}"
+                    if key not in logged:
+                        client.log_param(run_id, key, value)
+                    client.set_tag(run_id, key, str(value))
+            for path in files:
+                client.log_artifact(
+                    run_id,
+                    str(path),
+                    artifact_path="plots" if path.parent.name == "plots" else None,
+                )
+        finally:
+            client.set_terminated(run_id, status=status)

@@ -1,0 +1,342 @@
+"""From the sweeper's config to Optuna objects, checking everything a user can get wrong.
+
+``params`` entries use Hydra's override sweep syntax and become Optuna distributions:
+
+=====================================  ===============================================
+``choice(a, b)`` or ``a,b``            categorical
+``range(16, 129, step=16)``            int (float if any bound is a float) with step;
+                                       the stop is excluded, as in Hydra
+``interval(1e-4, 1e-1)``               float; int when the config's value is an int or
+                                       the sweep is tagged ``int``
+``tag(log, interval(...))``            the same on a log scale
+a plain value                          fixed for every trial
+=====================================  ===============================================
+
+:func:`build` is used twice: by the CLI's pre-flight check (one clear line, before any
+trial) and by the sweeper itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import (
+    ChoiceSweep,
+    IntervalSweep,
+    Override,
+    QuotedString,
+    RangeSweep,
+)
+from hydra.errors import HydraException
+from hydra.utils import get_method, instantiate
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from optuna.distributions import (
+    BaseDistribution,
+    CategoricalDistribution,
+    FloatDistribution,
+    IntDistribution,
+)
+
+from rlspeed.errors import RLSpeedError
+
+SYNTAX = "interval(a, b), tag(log, interval(a, b)), range(a, b, step=s), choice(x, y) or x,y"
+_ABSENT = object()
+
+
+class SweepConfigError(RLSpeedError):
+    """A sweeper setting that cannot work; one line, before any trial."""
+
+
+@dataclass
+class SearchSpace:
+    """Optuna distributions per override key, plus the keys fixed for every trial."""
+
+    distributions: dict[str, BaseDistribution] = field(default_factory=dict)
+    # key -> override value text, for keys that do not vary.
+    fixed: dict[str, str] = field(default_factory=dict)
+    # key -> {categorical value -> override value text}.
+    choice_texts: dict[str, dict[Any, str]] = field(default_factory=dict)
+
+    def overrides(self, params: dict[str, Any]) -> list[str]:
+        """Hydra overrides for one trial's parameter values (fixed keys first)."""
+        lines = [f"{key}={text}" for key, text in self.fixed.items() if key not in params]
+        for key, value in params.items():
+            texts = self.choice_texts.get(key, {})
+            lines.append(f"{key}={texts[value] if value in texts else value_text(value)}")
+        return lines
+
+
+@dataclass
+class SweepSetup:
+    """Everything the sweeper needs that a config can get wrong, checked."""
+
+    space: SearchSpace
+    directions: list[str]
+    sampler: Any
+    pruner: Any
+    # Pruner config as plain data (with _target_), for the jobs to rebuild it.
+    pruner_cfg: dict[str, Any]
+    custom_search_space: Any
+
+
+def value_text(value: Any) -> str:
+    """A Python value as a Hydra override value."""
+    if isinstance(value, str):
+        return quote(value) if _needs_quotes(value) else value
+    return Override._get_value_element_as_str(value)
+
+
+def quote(text: str) -> str:
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _needs_quotes(text: str) -> bool:
+    try:
+        parsed = OverridesParser.create().parse_override(f"k={text}")
+    except HydraException:
+        return True
+    return parsed.is_sweep_override() or parsed.value() != text
+
+
+def _key_exists(cfg: DictConfig, key: str) -> bool:
+    if key.startswith(("+", "~")) or "/" in key or "@" in key:
+        return True  # additions, deletions and config groups: Hydra checks them
+    return OmegaConf.select(cfg, key, default=_ABSENT, throw_on_missing=False) is not _ABSENT
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _choice_value(element: Any) -> tuple[Any, str]:
+    """A choice element as (Optuna categorical value, override text)."""
+    text = Override._get_value_element_as_str(element)
+    if element is None or isinstance(element, (bool, int, float, str)):
+        return element, text
+    if isinstance(element, QuotedString):
+        return element.text, text
+    return text, text  # lists and dicts: their override text is the category
+
+
+def distribution(override: Override, current: Any) -> BaseDistribution | None:
+    """The distribution a sweep override describes; None for a plain (fixed) value."""
+    if not override.is_sweep_override():
+        return None
+    sweep = override.value()
+    tags = getattr(sweep, "tags", set())
+    log = "log" in tags
+    if isinstance(sweep, ChoiceSweep) or getattr(sweep, "shuffle", False):
+        values = list(override.sweep_iterator()) if isinstance(sweep, RangeSweep) else sweep.list
+        return CategoricalDistribution([_choice_value(v)[0] for v in values])
+    if isinstance(sweep, RangeSweep):
+        values = list(sweep.range())
+        if not values:
+            raise ValueError("the range is empty")
+        low, high = min(values), max(values)
+        step = abs(sweep.step)
+        if all(_is_int(v) for v in (sweep.start, sweep.stop, sweep.step)):
+            if log and step != 1:
+                raise ValueError("a log scale needs step 1")
+            return IntDistribution(low, high, step=step, log=log)
+        if log:
+            raise ValueError("a log scale cannot have a step: use tag(log, interval(a, b))")
+        return FloatDistribution(float(low), float(high), step=float(step))
+    if isinstance(sweep, IntervalSweep):
+        low, high = sweep.start, sweep.end
+        integral = float(low).is_integer() and float(high).is_integer()
+        if integral and ("int" in tags or _is_int(current)):
+            return IntDistribution(int(low), int(high), log=log)
+        return FloatDistribution(float(low), float(high), log=log)
+    raise ValueError("not a sweep Optuna can sample")
+
+
+def _legacy_distribution(key: str, spec: Any) -> BaseDistribution:
+    """hydra-optuna-sweeper 1.1's ``search_space`` entry: {type, low, high, step, log, choices}."""
+    spec = dict(spec)
+    kind = spec.pop("type", None)
+    if kind == "categorical":
+        return CategoricalDistribution(list(spec["choices"]))
+    if kind == "int":
+        step = int(spec.get("step") or 1)
+        return IntDistribution(
+            int(spec["low"]), int(spec["high"]), step=step, log=bool(spec.get("log"))
+        )
+    if kind == "float":
+        step = spec.get("step")
+        return FloatDistribution(
+            float(spec["low"]),
+            float(spec["high"]),
+            step=None if step is None else float(step),
+            log=bool(spec.get("log")),
+        )
+    raise ValueError(f"type must be float, int or categorical, not {kind!r}")
+
+
+def search_space(
+    cfg: DictConfig,
+    params: dict[str, str] | None,
+    arguments: list[str],
+    legacy: dict[str, Any] | None = None,
+) -> SearchSpace:
+    """Parse ``search_space`` (legacy), ``params`` and the command line's overrides, in that
+    order (a later entry for the same key wins); every key must exist in ``cfg``."""
+    space = SearchSpace()
+    parser = OverridesParser.create()
+    entries: list[tuple[str, str]] = [
+        (f"hydra.sweeper.params.{key}", f"{key}={value}") for key, value in (params or {}).items()
+    ]
+    entries += [("command line", line) for line in arguments]
+
+    def forget(key: str) -> None:
+        for table in (space.distributions, space.fixed, space.choice_texts):
+            table.pop(key, None)
+
+    for key, spec in (legacy or {}).items():
+        if not _key_exists(cfg, key):
+            _unknown_key(key, "hydra.sweeper.search_space")
+        try:
+            space.distributions[key] = _legacy_distribution(key, spec)
+        except (KeyError, TypeError, ValueError) as error:
+            raise SweepConfigError(
+                f"rlspeed: invalid hydra.sweeper.search_space.{key}={_flat(spec)}: "
+                f"expected {{type: float|int|categorical, low, high, step, log, choices}} ({error})"
+            ) from None
+    for where, line in entries:
+        try:
+            override = parser.parse_override(line)
+        except HydraException as error:
+            raise SweepConfigError(
+                f"rlspeed: invalid {where}: '{line}' is not Hydra sweep syntax "
+                f"({_first_line(error)}); expected {SYNTAX}"
+            ) from None
+        key = override.get_key_element()
+        if not _key_exists(cfg, key) and where != "command line":
+            _unknown_key(key, "hydra.sweeper.params")
+        current = OmegaConf.select(cfg, key, default=None, throw_on_missing=False)
+        try:
+            dist = distribution(override, current)
+        except (ValueError, TypeError, HydraException) as error:
+            raise SweepConfigError(
+                f"rlspeed: invalid {where}: '{line}' cannot be searched ({_first_line(error)}); "
+                f"expected {SYNTAX}"
+            ) from None
+        forget(key)
+        if dist is None:
+            space.fixed[key] = override.get_value_element_as_str()
+            continue
+        space.distributions[key] = dist
+        sweep = override.value()
+        if isinstance(sweep, ChoiceSweep):
+            space.choice_texts[key] = dict(_choice_value(v) for v in sweep.list)
+    return space
+
+
+def build(sweeper: DictConfig, cfg: DictConfig, arguments: list[str]) -> SweepSetup:
+    """Check the sweeper's config against the composed ``cfg``; raise one clear line."""
+    space = search_space(cfg, sweeper.params, arguments, sweeper.search_space)
+    if not space.distributions and not sweeper.custom_search_space:
+        raise SweepConfigError(
+            "rlspeed: invalid hydra.sweeper.params: nothing to search; give at least one "
+            f"key a sweep ({SYNTAX}), e.g. hparams=dqn_search"
+        )
+    direction = sweeper.direction
+    directions = (
+        list(direction) if isinstance(direction, (list, tuple, ListConfig)) else [direction]
+    )
+    for value in directions:
+        if value not in ("maximize", "minimize"):
+            raise SweepConfigError(
+                f"rlspeed: invalid hydra.sweeper.direction={value}: expected maximize or "
+                "minimize, or a list of them for a multi-objective study"
+            )
+    for key, low, allowed in (("n_trials", 0, ">= 0"), ("n_jobs", 1, ">= 1")):
+        if sweeper[key] < low:
+            raise SweepConfigError(
+                f"rlspeed: invalid hydra.sweeper.{key}={sweeper[key]}: "
+                f"expected an integer {allowed}"
+            )
+    if not 0.0 <= sweeper.max_failure_rate <= 1.0:
+        raise SweepConfigError(
+            f"rlspeed: invalid hydra.sweeper.max_failure_rate={sweeper.max_failure_rate}: "
+            "expected a number in [0, 1]"
+        )
+    report_every = sweeper.get("report_every")
+    if report_every is not None and report_every < 1:
+        raise SweepConfigError(
+            f"rlspeed: invalid hydra.sweeper.report_every={report_every}: expected an integer >= 1"
+        )
+    custom = None
+    if sweeper.custom_search_space:
+        try:
+            custom = get_method(sweeper.custom_search_space)
+        except Exception as error:  # noqa: BLE001 - any import failure is the user's path
+            raise SweepConfigError(
+                "rlspeed: invalid hydra.sweeper.custom_search_space="
+                f"{sweeper.custom_search_space}: expected the dotted path of a function "
+                f"(cfg, trial) -> None ({_first_line(error)})"
+            ) from None
+    sampler = _instantiate("sampler", sweeper.sampler, space)
+    pruner_cfg = OmegaConf.to_container(sweeper.pruner, resolve=True)
+    assert isinstance(pruner_cfg, dict)
+    hyperband = str(pruner_cfg.get("_target_")).endswith("HyperbandPruner")
+    if hyperband and pruner_cfg.get("min_resource") is None:  # resources are env steps
+        pruner_cfg["min_resource"] = report_every or 1
+    pruner = _instantiate("pruner", OmegaConf.create(pruner_cfg), space)
+    if len(directions) > 1 and type(pruner).__name__ != "NopPruner":
+        raise SweepConfigError(
+            "rlspeed: invalid hydra/sweeper/pruner: Optuna cannot prune a multi-objective study; "
+            "expected hydra/sweeper/pruner=none with a list direction"
+        )
+    return SweepSetup(space, directions, sampler, pruner, pruner_cfg, custom)
+
+
+def _instantiate(what: str, node: DictConfig, space: SearchSpace) -> Any:
+    kwargs: dict[str, Any] = {}
+    target = node.get("_target_", "")
+    if target.endswith("GridSampler") and node.get("search_space") is None:
+        kwargs["search_space"] = _grid(space)
+    try:
+        return instantiate(node, **kwargs)
+    except Exception as error:  # noqa: BLE001 - Optuna's own message says what is wrong
+        cause = error.__cause__ or error
+        raise SweepConfigError(
+            f"rlspeed: invalid hydra.sweeper.{what} ({target}): {_first_line(cause)}"
+        ) from None
+
+
+def _grid(space: SearchSpace) -> dict[str, list[Any]]:
+    grid: dict[str, list[Any]] = {}
+    for key, dist in space.distributions.items():
+        if isinstance(dist, CategoricalDistribution):
+            grid[key] = list(dist.choices)
+        elif isinstance(dist, IntDistribution) and not dist.log:
+            grid[key] = list(range(dist.low, dist.high + 1, dist.step))
+        elif isinstance(dist, FloatDistribution) and dist.step is not None:
+            count = round((dist.high - dist.low) / dist.step) + 1
+            grid[key] = [dist.low + i * dist.step for i in range(count)]
+        else:
+            raise SweepConfigError(
+                f"rlspeed: invalid hydra.sweeper.params.{key}: the grid sampler needs choice() "
+                "or range() values, not an interval"
+            )
+    return grid
+
+
+def _unknown_key(key: str, where: str) -> None:
+    raise SweepConfigError(
+        f"rlspeed: unknown key '{key}' in {where}: it is not in the config "
+        "(see rlspeed --cfg job; prefix it with + to add a new key)"
+    )
+
+
+def _first_line(error: BaseException) -> str:
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return lines[0] if lines else type(error).__name__
+
+
+def _flat(value: Any) -> str:
+    if isinstance(value, DictConfig):
+        value = OmegaConf.to_container(value)
+    return " ".join(str(value).split())

@@ -1,0 +1,329 @@
+"""Optuna sweeps through the real CLI: pruning, resuming, parallel trials, MLflow, bad input.
+
+Every sweep runs tiny torch trials on a 7x7 Doors (a few seconds each) against a real
+Optuna journal file and a real MLflow SQLite store in the test's folder.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import textwrap
+import time
+
+import optuna
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+from optuna.trial import TrialState
+
+from rlspeed.sweep import open_storage
+from tests.conftest import RLSPEED, cli_env, run_cli
+
+# Tiny trials: torch on 4 synchronous envs, 3000 env steps, a report every 1000 steps.
+TINY = [
+    "backend=torch",
+    "env=gym-sync",
+    "num_envs=4",
+    "task.grid_size=7",
+    "total_steps=3000",
+    "log_every=1000",
+    "algo.learning_starts=500",
+    "algo.hidden_sizes=[32]",
+    "progress=plain",
+]
+# The seed's search, made small; the median pruner prunes any trial below the median of
+# the finished ones after the first, and the seeded sampler makes the outcome repeatable.
+SEARCH = [
+    "-m",
+    "hparams=dqn_search",
+    "hydra/sweeper=optuna",
+    "hydra.sweeper.report_every=1000",
+    "hydra.sweeper.sampler.seed=1",
+    "hydra/sweeper/pruner=median",
+    "hydra.sweeper.pruner.n_startup_trials=1",
+    *TINY,
+]
+PLOTS = {
+    f"plots/{name}.{ext}"
+    for name in ("param_importances", "contour", "optimization_history")
+    for ext in ("html", "png")
+}
+
+
+def _study(path, name="dqn_search"):
+    return optuna.load_study(study_name=name, storage=open_storage(str(path)))
+
+
+def _states(study) -> list[str]:
+    return [t.state.name for t in study.trials]
+
+
+def _runs(uri: str):
+    """(client, parent runs, child runs by trial number) of the store at ``uri``."""
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name("rlspeed")
+    runs = client.search_runs([experiment.experiment_id], max_results=1000)
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    numbers = [int(r.data.tags["optuna.trial"]) for r in children]
+    assert len(numbers) == len(set(numbers)), f"duplicated child runs: {sorted(numbers)}"
+    return client, parents, {int(r.data.tags["optuna.trial"]): r for r in children}
+
+
+def _sweep_dirs(tmp_path):
+    return sorted(p for p in (tmp_path / "outputs" / "multirun").glob("*/*") if p.is_dir())
+
+
+def test_study_prunes_tracks_in_mlflow_and_resumes(tmp_path):
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    args = [*SEARCH, f"tracking.uri={uri}"]
+    result = run_cli([*args, "hydra.sweeper.n_trials=4"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    journal = tmp_path / "outputs" / "optuna" / "dqn_search.journal"
+    study = _study(journal)
+    states = _states(study)
+    assert len(states) == 4 and "COMPLETE" in states and "PRUNED" in states, states
+    for trial in study.trials:
+        assert set(trial.params) == {
+            "task.max_steps",
+            "algo.learning_rate",
+            "algo.buffer_size",
+            "algo.batch_size",
+            "algo.train_frequency",
+            "algo.optimizer",
+        }
+        assert 10 <= trial.params["task.max_steps"] <= 17
+        assert trial.params["algo.batch_size"] in range(16, 129, 16)
+        assert trial.params["algo.optimizer"] in ("adam", "sgd")
+        assert min(trial.intermediate_values) == 1000  # reported every report_every steps
+    pruned = [t for t in study.trials if t.state == TrialState.PRUNED]
+    assert all(max(t.intermediate_values) < 3000 for t in pruned), "pruned trials stop early"
+
+    # MLflow: one parent run for the study, one nested child per trial.
+    client, parents, children = _runs(uri)
+    assert len(parents) == 1
+    parent = parents[0]
+    assert parent.info.run_name == "dqn_search" and parent.info.status == "FINISHED"
+    assert parent.data.tags["optuna.study"] == "dqn_search"
+    assert sorted(children) == [0, 1, 2, 3]
+    for trial in study.trials:
+        child = children[trial.number]
+        assert child.data.tags["mlflow.parentRunId"] == parent.info.run_id
+        assert "eval/score" in child.data.metrics
+        assert child.data.params["algo.optimizer"] == trial.params["algo.optimizer"]
+        if trial.state == TrialState.PRUNED:
+            assert child.info.status == "KILLED"
+            assert child.data.tags["optuna.pruned"] == "true"
+        else:
+            assert child.info.status == "FINISHED"
+    best = study.best_trial
+    assert parent.data.metrics["best_value"] == pytest.approx(best.value)
+    assert parent.data.params["best.algo.optimizer"] == best.params["algo.optimizer"]
+    artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
+    artifacts |= {a.path for a in client.list_artifacts(parent.info.run_id, "plots")}
+    assert {"optimization_results.yaml", "trials.csv", *PLOTS} <= artifacts
+
+    # The sweep folder: results file and the table of the best trials.
+    (sweep_dir,) = _sweep_dirs(tmp_path)
+    results = yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())
+    assert results["study_name"] == "dqn_search" and results["storage"] == str(journal)
+    assert results["best_value"] == pytest.approx(best.value)
+    assert results["best_params"] == best.params
+    assert "Best trials of study 'dqn_search'" in result.stdout
+
+    # The same command with a larger budget resumes the study: earlier trials are kept.
+    first = [(t.number, t.state, t.params) for t in study.trials]
+    result = run_cli([*args, "hydra.sweeper.n_trials=6"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    study = _study(journal)
+    assert len(study.trials) == 6
+    assert [(t.number, t.state, t.params) for t in study.trials[:4]] == first
+    assert all(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in study.trials)
+    _, parents, children = _runs(uri)
+    assert len(parents) == 1 and sorted(children) == list(range(6))
+    assert {c.data.tags["mlflow.parentRunId"] for c in children.values()} == {
+        parents[0].info.run_id
+    }
+
+
+def test_parallel_trials_with_joblib_are_neither_lost_nor_duplicated(tmp_path):
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    args = [
+        *SEARCH,
+        "hydra/launcher=joblib",
+        "hydra.sweeper.n_jobs=2",
+        "hydra.sweeper.n_trials=4",
+        f"tracking.uri={uri}",
+    ]
+    result = run_cli(args, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    study = _study(tmp_path / "outputs" / "optuna" / "dqn_search.journal")
+    assert [t.number for t in study.trials] == [0, 1, 2, 3]
+    assert all(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in study.trials)
+    _, parents, children = _runs(uri)
+    assert len(parents) == 1 and sorted(children) == [0, 1, 2, 3]
+    # Two at a time: the runs of the first two trials overlap in time.
+    first, second = (children[n].info for n in (0, 1))
+    assert first.start_time < second.end_time and second.start_time < first.end_time
+    (sweep_dir,) = _sweep_dirs(tmp_path)
+    jobs = sorted(p.name for p in sweep_dir.glob("*_dqn_doors"))
+    assert jobs == [f"{n}_torch_gym-sync_dqn_doors" for n in range(4)]
+
+
+def test_config_written_for_hydra_optuna_sweeper_runs_unchanged(tmp_path):
+    """The documented example's keys and params syntax, as an hparams option of one's own."""
+    conf = tmp_path / "conf" / "hparams"
+    conf.mkdir(parents=True)
+    (conf / "example.yaml").write_text(
+        textwrap.dedent(
+            """\
+            # @package _global_
+            defaults:
+              - override /hydra/sweeper: optuna
+
+            hydra:
+              sweeper:
+                sampler:
+                  seed: 123
+                direction: maximize
+                study_name: doors_example
+                storage: null
+                n_trials: 3
+                n_jobs: 1
+                max_failure_rate: 0.0
+                search_space: null
+                custom_search_space: null
+                params:
+                  algo.learning_rate: tag(log, interval(1e-4, 1e-2))
+                  algo.gamma: interval(0.8, 0.95)
+                  algo.batch_size: choice(16, 32)
+                  task.max_steps: range(10, 18, step=2)
+            """
+        )
+    )
+    args = ["-m", "--config-dir", str(tmp_path / "conf"), "hparams=example", "tracking=none"]
+    result = run_cli([*args, *TINY], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    study = _study(tmp_path / "outputs" / "optuna" / "doors_example.journal", "doors_example")
+    assert _states(study) == ["COMPLETE"] * 3
+    for trial in study.trials:
+        assert 1e-4 <= trial.params["algo.learning_rate"] <= 1e-2
+        assert 0.8 <= trial.params["algo.gamma"] <= 0.95
+        assert trial.params["algo.batch_size"] in (16, 32)
+        assert trial.params["task.max_steps"] in (10, 12, 14, 16)  # range() excludes its stop
+
+
+def test_failed_trials_within_max_failure_rate(tmp_path):
+    """A trial whose config is invalid FAILs; the sweep goes on within max_failure_rate and
+    stops with one line beyond it."""
+    conf = tmp_path / "conf" / "hparams"
+    conf.mkdir(parents=True)
+    # batch_size 9000 > buffer_size: that trial's run fails its config check.
+    (conf / "failing.yaml").write_text(
+        "# @package _global_\ndefaults:\n  - override /hydra/sweeper: optuna\n"
+        "  - override /hydra/sweeper/sampler: grid\n"
+        "hydra:\n  sweeper:\n    n_trials: 2\n    params:\n"
+        "      algo.batch_size: choice(16, 9000)\n"
+    )
+    args = ["-m", "--config-dir", str(tmp_path / "conf"), "hparams=failing", "tracking=none"]
+    args.append("algo.buffer_size=5000")
+    args += TINY
+    result = run_cli([*args, "hydra.sweeper.max_failure_rate=1.0"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    study = _study(tmp_path / "outputs" / "optuna" / "failing.journal", "failing")
+    assert sorted(_states(study)) == ["COMPLETE", "FAIL"]
+
+    result = run_cli(
+        [*args, "hydra.sweeper.study_name=strict", "hydra.sweeper.max_failure_rate=0"],
+        cwd=tmp_path,
+    )
+    assert result.returncode != 0
+    assert "sweep stopped: 1 of" in result.stderr and "max_failure_rate=0" in result.stderr
+    assert (
+        _states(_study(tmp_path / "outputs" / "optuna" / "strict.journal", "strict")).count("FAIL")
+        == 1
+    )
+
+
+def test_killed_sweep_resumes_and_records_the_interrupted_trial_as_fail(tmp_path):
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    args = [
+        "-m",
+        "hparams=dqn_search",
+        "hydra.sweeper.n_trials=3",
+        "hydra/sweeper/pruner=none",
+        f"tracking.uri={uri}",
+        *TINY,
+    ]
+    process = subprocess.Popen(
+        [RLSPEED, *args],
+        cwd=tmp_path,
+        env=cli_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 180
+    second_trial = False
+    for line in process.stdout:  # kill it in the middle of the second trial
+        second_trial = second_trial or "#1 :" in line
+        if (second_trial and "step 1,000/" in line) or time.monotonic() > deadline:
+            break
+    os.killpg(process.pid, signal.SIGKILL)
+    process.communicate(timeout=60)
+    assert second_trial
+    journal = tmp_path / "outputs" / "optuna" / "dqn_search.journal"
+    assert _states(_study(journal)) == ["COMPLETE", "RUNNING"]
+
+    result = run_cli(args, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert _states(_study(journal)) == ["COMPLETE", "FAIL", "COMPLETE"]
+    _, parents, children = _runs(uri)
+    assert len(parents) == 1 and sorted(children) == [0, 1, 2]
+    assert [children[n].info.status for n in (0, 1, 2)] == ["FINISHED", "FAILED", "FINISHED"]
+
+
+def _assert_one_line_error(result, *fragments: str) -> None:
+    assert result.returncode != 0
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+BAD_PARAMS = {
+    "unparseable": "algo.learning_rate: interval(1e-4",
+    "unknown_key": "algo.lerning_rate: interval(1e-4, 1e-1)",
+}
+
+
+@pytest.mark.parametrize(
+    ("args", "fragments"),
+    [
+        (["hydra/sweeper/sampler=bogus"], ["hydra/sweeper/sampler=bogus", "cmaes, grid, nsgaii"]),
+        (["hydra/sweeper/pruner=bogus"], ["hydra/sweeper/pruner=bogus", "hyperband, median"]),
+        (["hparams=unparseable"], ["hydra.sweeper.params.algo.learning_rate", "interval(1e-4"]),
+        (["hparams=unknown_key"], ["unknown key 'algo.lerning_rate'", "hydra.sweeper.params"]),
+        (["algo.learning_rate=tag(log, interval(0, 1))"], ["algo.learning_rate", "low > 0"]),
+        (["algo.learning_rate=interval(1e-4"], ["algo.learning_rate=interval(1e-4"]),
+        (["hydra.sweeper.direction=sideways"], ["direction=sideways", "maximize or minimize"]),
+    ],
+)
+def test_bad_search_input_gets_one_clear_line(tmp_path, args, fragments):
+    conf = tmp_path / "conf" / "hparams"
+    conf.mkdir(parents=True)
+    for name, entry in BAD_PARAMS.items():
+        (conf / f"{name}.yaml").write_text(
+            "# @package _global_\ndefaults:\n  - override /hydra/sweeper: optuna\n"
+            f"hydra:\n  sweeper:\n    params:\n      {entry}\n"
+        )
+    base = ["-m", "--config-dir", str(tmp_path / "conf"), "tracking=none"]
+    if not any(a.startswith("hparams=") for a in args):
+        base.append("hparams=dqn_search")
+    result = run_cli([*base, *args], cwd=tmp_path)
+    _assert_one_line_error(result, *fragments)
+    assert not (tmp_path / "outputs").exists(), "no trial may start on bad input"

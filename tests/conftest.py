@@ -51,6 +51,16 @@ def run_cli(args: list[str], cwd: Path, env: dict[str, str] | None = None, timeo
     )
 
 
+def assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str) -> None:
+    """Bad input: a non-zero exit and exactly one stderr line holding every fragment."""
+    assert result.returncode != 0
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    assert "Traceback" not in result.stderr
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -4,16 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import free_port, run_cli
-
-
-def _assert_one_line_error(result, *fragments: str) -> None:
-    assert result.returncode != 0
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, result.stderr
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
-    assert "Traceback" not in result.stderr
+from tests.conftest import assert_one_line_error, free_port, run_cli
 
 
 @pytest.mark.parametrize(
@@ -33,21 +24,21 @@ def _assert_one_line_error(result, *fragments: str) -> None:
 )
 def test_bad_input_gets_one_clear_line(tmp_path, args, fragments):
     result = run_cli([*args, "tracking=none"], cwd=tmp_path)
-    _assert_one_line_error(result, *fragments)
+    assert_one_line_error(result, *fragments)
     assert not (tmp_path / "outputs").exists(), "no run may start on bad input"
 
 
 def test_unreachable_tracking_uri(tmp_path):
     uri = f"http://127.0.0.1:{free_port()}"
     result = run_cli([f"tracking.uri={uri}"], cwd=tmp_path)
-    _assert_one_line_error(result, "tracking.uri", uri, "reachable MLflow server")
+    assert_one_line_error(result, "tracking.uri", uri, "reachable MLflow server")
     assert not (tmp_path / "outputs").exists()
 
 
 def test_unreachable_tracking_uri_from_environment(tmp_path):
     uri = f"http://127.0.0.1:{free_port()}"
     result = run_cli([], cwd=tmp_path, env={"MLFLOW_TRACKING_URI": uri})
-    _assert_one_line_error(result, "MLFLOW_TRACKING_URI", uri)
+    assert_one_line_error(result, "MLFLOW_TRACKING_URI", uri)
 
 
 def test_hydra_own_flags_still_work(tmp_path):

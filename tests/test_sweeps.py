@@ -19,7 +19,7 @@ from mlflow.tracking import MlflowClient
 from optuna.trial import TrialState
 
 from rlspeed.sweep import open_storage
-from tests.conftest import RLSPEED, cli_env, run_cli
+from tests.conftest import RLSPEED, assert_one_line_error, cli_env, run_cli
 
 # Tiny trials: torch on 4 synchronous envs, 3000 env steps, a report every 1000 steps.
 TINY = [
@@ -287,14 +287,6 @@ def test_killed_sweep_resumes_and_records_the_interrupted_trial_as_fail(tmp_path
     assert [children[n].info.status for n in (0, 1, 2)] == ["FINISHED", "FAILED", "FINISHED"]
 
 
-def _assert_one_line_error(result, *fragments: str) -> None:
-    assert result.returncode != 0
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, result.stderr
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
-
-
 BAD_PARAMS = {
     "unparseable": "algo.learning_rate: interval(1e-4",
     "unknown_key": "algo.lerning_rate: interval(1e-4, 1e-1)",
@@ -325,5 +317,5 @@ def test_bad_search_input_gets_one_clear_line(tmp_path, args, fragments):
     if not any(a.startswith("hparams=") for a in args):
         base.append("hparams=dqn_search")
     result = run_cli([*base, *args], cwd=tmp_path)
-    _assert_one_line_error(result, *fragments)
+    assert_one_line_error(result, *fragments)
     assert not (tmp_path / "outputs").exists(), "no trial may start on bad input"

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import signal
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import optuna
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 from rich.console import Console
@@ -94,6 +92,8 @@ def run(cfg: DictConfig) -> float:
         on_score=reporter.report if reporter is not None else None,
     )
     ctx = RunContext(cfg, task, engine, monitor, out_dir)
+    # optuna.TrialPruned for a trial run; () matches nothing, so other runs never import optuna.
+    pruned_error = reporter.pruned_error if reporter is not None else ()
     status = "FAILED"
     # A scheduler's SIGTERM (preemption, `timeout`) ends the run like Ctrl-C: KILLED, checkpointed.
     in_main_thread = threading.current_thread() is threading.main_thread()
@@ -105,7 +105,7 @@ def run(cfg: DictConfig) -> float:
         status = "KILLED"
         log.warning("rlspeed: interrupted; saving a checkpoint and the metrics recorded so far")
         raise
-    except optuna.TrialPruned as pruned:
+    except pruned_error as pruned:
         # Stopped by the study's pruner: the sweeper records the trial as PRUNED.
         status = "KILLED"
         tracker.set_tags({"optuna.pruned": "true"})
@@ -141,7 +141,7 @@ def _write_metrics(monitor: RunMonitor, out_dir: Path, status: str) -> Path:
     summary = {
         "status": status,
         "score": monitor.score,
-        "rolling_step_reward": final.get("charts/rolling_step_reward", math.nan),
+        "rolling_step_reward": monitor.rolling_step_reward,
         "env_steps": monitor.steps,
         "gradient_updates": monitor.updates,
         "wall_time_s": monitor.wall_time,
@@ -197,11 +197,6 @@ def _summary(
     for key, value in choices.items():
         table.add_row(key, value)
     wall = monitor.wall_time
-    rolling = (
-        monitor.history[-1].get("charts/rolling_step_reward", math.nan)
-        if monitor.history
-        else math.nan
-    )
     for key, value in (
         ("env steps", f"{result.steps:,}"),
         ("gradient updates", f"{result.updates:,}"),
@@ -209,7 +204,7 @@ def _summary(
         ("env steps/s", f"{result.steps / wall:,.0f}"),
         ("updates/s", f"{result.updates / wall:,.0f}"),
         ("score", f"{monitor.score:.4f}"),
-        ("rolling step reward", f"{rolling:.4f}"),
+        ("rolling step reward", f"{monitor.rolling_step_reward:.4f}"),
         ("MLflow run id", run_id or "-"),
         ("outputs", str(out_dir)),
     ):

@@ -80,6 +80,13 @@ class TrialReporter:
             return None
         return cls(optuna.trial.Trial(study, trial_id), cfg.total_steps)
 
+    @property
+    def pruned_error(self) -> type[Exception]:
+        """What ``report`` raises when the pruner stops the run."""
+        import optuna
+
+        return optuna.TrialPruned
+
     def report(self, score: float, step: int) -> None:
         """Record ``score`` at env step ``step``; stop the run if the pruner says so."""
         import optuna

@@ -66,6 +66,9 @@ class RunConfig:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     trial: TrialConfig = field(default_factory=TrialConfig)
     seed: int = 1
+    # Independent agents trained in one run, with seeds seed, seed+1, ...: one vmap-ed
+    # program on the fused path, one after another elsewhere.
+    num_seeds: int = 1
     # Parallel copies of the task; each engine option sets its own default.
     num_envs: int = MISSING
     total_steps: int = 300_000
@@ -88,7 +91,7 @@ def register_configs() -> None:
 
 def validate(cfg: DictConfig) -> None:
     """Reject bad or incompatible values with one clear line before any work starts."""
-    for key in ("num_envs", "total_steps", "log_every", "eval_every"):
+    for key in ("num_envs", "num_seeds", "total_steps", "log_every", "eval_every"):
         if cfg[key] < 1:
             raise ConfigError(key, cfg[key], "an integer >= 1")
     if cfg.progress not in ("auto", "rich", "plain", "none"):

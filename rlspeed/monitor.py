@@ -4,6 +4,10 @@ Algorithms hand over finished-episode statistics and call ``log`` every ``log_ev
 env steps; this module turns them into the metric names users know from CleanRL,
 sends them to the tracker, keeps the history for the learning curve and draws progress
 (rich on a terminal, plain log lines elsewhere).
+
+With ``num_seeds`` > 1 every seed is a stream of its own, logged as ``seed<i>/<name>``;
+once every seed has logged a step, the mean over seeds goes out under the plain names
+with ``<name>_std`` beside it, and the score is the mean score.
 """
 
 from __future__ import annotations
@@ -28,6 +32,74 @@ log = logging.getLogger("rlspeed")
 
 # The seed's "rolling reward": total reward / total steps over the last 2000 episodes.
 ROLLING_EPISODES = 2000
+# SPEC §6 targets: mean return of the last 20 training episodes.
+RECENT_EPISODES = 20
+
+
+class SeedStream:
+    """Metrics of one seed: its episodes, evaluations and rate clock."""
+
+    def __init__(self, eval_every: int) -> None:
+        self.eval_every = eval_every
+        self.window: deque[tuple[float, int]] = deque(maxlen=ROLLING_EPISODES)
+        self.interval_returns: list[float] = []
+        self.interval_lengths: list[int] = []
+        self.next_eval = eval_every
+        self.last_time, self.last_step, self.last_updates = time.perf_counter(), 0, 0
+        self.steps = self.updates = 0
+        self.score = math.nan
+
+    def episodes(self, done: Any, episode_return: Any, episode_length: Any) -> None:
+        done = np.asarray(done)
+        if not done.any():
+            return
+        returns = np.asarray(episode_return)[done].tolist()
+        lengths = np.asarray(episode_length)[done].tolist()
+        self.interval_returns.extend(returns)
+        self.interval_lengths.extend(lengths)
+        self.window.extend(zip(returns, lengths, strict=True))
+
+    @property
+    def rolling_step_reward(self) -> float:
+        steps = sum(length for _, length in self.window)
+        return sum(r for r, _ in self.window) / steps if steps else math.nan
+
+    @property
+    def recent_return(self) -> float:
+        recent = list(self.window)[-RECENT_EPISODES:]
+        return float(np.mean([r for r, _ in recent])) if recent else math.nan
+
+    def row(
+        self,
+        step: int,
+        updates: int,
+        metrics: dict[str, float],
+        policy: Policy,
+        total_steps: int,
+        evaluate: Callable[[Policy], float],
+    ) -> dict[str, float]:
+        elapsed = max(time.perf_counter() - self.last_time, 1e-9)
+        row = {
+            "charts/SPS": (step - self.last_step) / elapsed,
+            "charts/updates_per_second": (updates - self.last_updates) / elapsed,
+            "charts/gradient_updates": float(updates),
+            **metrics,
+        }
+        if self.interval_returns:
+            row["charts/episodic_return"] = float(np.mean(self.interval_returns))
+            row["charts/episodic_length"] = float(np.mean(self.interval_lengths))
+            row["charts/rolling_step_reward"] = self.rolling_step_reward
+            row["charts/recent_return"] = self.recent_return
+        self.interval_returns, self.interval_lengths = [], []
+        if step >= self.next_eval or step >= total_steps:
+            self.score = float(evaluate(policy))
+            row["eval/score"] = self.score
+            while self.next_eval <= step:
+                self.next_eval += self.eval_every
+        self.steps, self.updates = step, updates
+        # Restart the rate clock after the evaluation so it counts training alone.
+        self.last_time, self.last_step, self.last_updates = time.perf_counter(), step, updates
+        return row
 
 
 class RunMonitor:
@@ -36,26 +108,25 @@ class RunMonitor:
         tracker: Tracker,
         total_steps: int,
         eval_every: int,
-        evaluate: Any,
+        evaluate: Callable[[Policy, int], float],
         progress: str = "auto",
         console: Console | None = None,
         on_score: Callable[[float, int], None] | None = None,
+        num_seeds: int = 1,
     ) -> None:
         self.tracker = tracker
         self.total_steps = total_steps
-        self.eval_every = eval_every
+        # (greedy policy, seed index) -> the task's score.
         self._evaluate = evaluate
         # Called with (score, step) after each evaluation is logged; may raise to stop the
         # run (an Optuna trial reports here and raises optuna.TrialPruned).
         self._on_score = on_score
+        self.num_seeds = num_seeds
+        self.streams = [SeedStream(eval_every) for _ in range(num_seeds)]
         self.history: list[dict[str, float]] = []
-        self._window: deque[tuple[float, int]] = deque(maxlen=ROLLING_EPISODES)
-        self._interval_returns: list[float] = []
-        self._interval_lengths: list[int] = []
-        self._next_eval = eval_every
+        # step -> {seed: row}, until every seed has logged that step.
+        self._pending: dict[int, dict[int, dict[str, float]]] = {}
         self._start = time.perf_counter()
-        self._last_time, self._last_step, self._last_updates = self._start, 0, 0
-        self.steps = self.updates = 0
         self.score = math.nan
         mode = progress if progress != "auto" else ("rich" if sys.stdout.isatty() else "plain")
         self._mode = mode
@@ -70,60 +141,71 @@ class RunMonitor:
                 TimeRemainingColumn(),
                 console=console,
             )
-            self._bar = self._progress.add_task("training", total=total_steps, sps=0.0, score="-")
+            self._bar = self._progress.add_task(
+                "training", total=total_steps * num_seeds, sps=0.0, score="-"
+            )
             self._progress.start()
 
-    def episodes(self, done: Any, episode_return: Any, episode_length: Any) -> None:
+    def episodes(self, done: Any, episode_return: Any, episode_length: Any, seed: int = 0) -> None:
         """Record the episodes that ended: arrays of any shape, ``done`` as mask."""
-        done = np.asarray(done)
-        if not done.any():
-            return
-        returns = np.asarray(episode_return)[done].tolist()
-        lengths = np.asarray(episode_length)[done].tolist()
-        self._interval_returns.extend(returns)
-        self._interval_lengths.extend(lengths)
-        self._window.extend(zip(returns, lengths, strict=True))
+        self.streams[seed].episodes(done, episode_return, episode_length)
 
-    @property
-    def rolling_step_reward(self) -> float:
-        steps = sum(length for _, length in self._window)
-        return sum(r for r, _ in self._window) / steps if steps else math.nan
-
-    def log(self, step: int, updates: int, metrics: dict[str, float], policy: Policy) -> None:
-        """Log at env step ``step``; evaluates ``policy`` when an eval is due."""
+    def log(
+        self, step: int, updates: int, metrics: dict[str, float], policy: Policy, seed: int = 0
+    ) -> None:
+        """Log seed ``seed`` at env step ``step``; evaluates ``policy`` when an eval is due."""
         for name, value in metrics.items():
             if name.startswith("losses/") and not math.isfinite(value):
                 raise DivergenceError(
-                    f"rlspeed: training diverged: {name}={value} at step {step}; "
-                    "lower algo.learning_rate or check the task's rewards"
+                    f"rlspeed: training diverged: {name}={value} at step {step}"
+                    + (f" (seed {seed})" if self.num_seeds > 1 else "")
+                    + "; lower the algorithm's learning rate or check the task's rewards"
                 )
-        now = time.perf_counter()
-        elapsed = max(now - self._last_time, 1e-9)
-        row = {
-            "charts/SPS": (step - self._last_step) / elapsed,
-            "charts/updates_per_second": (updates - self._last_updates) / elapsed,
-            "charts/gradient_updates": float(updates),
-            **metrics,
-        }
-        if self._interval_returns:
-            row["charts/episodic_return"] = float(np.mean(self._interval_returns))
-            row["charts/episodic_length"] = float(np.mean(self._interval_lengths))
-            row["charts/rolling_step_reward"] = self.rolling_step_reward
-        self._interval_returns, self._interval_lengths = [], []
-        evaluated = step >= self._next_eval or step >= self.total_steps
-        if evaluated:
-            self.score = float(self._evaluate(policy))
-            row["eval/score"] = self.score
-            while self._next_eval <= step:
-                self._next_eval += self.eval_every
-        self.steps, self.updates = step, updates
-        # Restart the rate clock after the evaluation so it counts training alone.
-        self._last_time, self._last_step, self._last_updates = time.perf_counter(), step, updates
+        row = self.streams[seed].row(
+            step,
+            updates,
+            metrics,
+            policy,
+            self.total_steps,
+            lambda p: self._evaluate(p, seed),
+        )
+        if self.num_seeds == 1:
+            self._emit(step, row)
+            return
+        self.tracker.log_metrics({f"seed{seed}/{k}": v for k, v in row.items()}, step)
+        rows = self._pending.setdefault(step, {})
+        rows[seed] = row
+        if len(rows) == self.num_seeds:
+            del self._pending[step]
+            self._emit(step, _mean_and_std(list(rows.values())))
+        else:
+            self._show(row)
+
+    def _emit(self, step: int, row: dict[str, float]) -> None:
+        if "eval/score" in row:
+            self.score = row["eval/score"]
         self.tracker.log_metrics(row, step)
         self.history.append({"step": float(step), **row})
         self._show(row)
-        if evaluated and self._on_score is not None:
+        if "eval/score" in row and self._on_score is not None:
             self._on_score(self.score, step)
+
+    @property
+    def steps(self) -> int:
+        """Env steps taken, summed over seeds (agent-steps)."""
+        return sum(s.steps for s in self.streams)
+
+    @property
+    def updates(self) -> int:
+        return sum(s.updates for s in self.streams)
+
+    @property
+    def rolling_step_reward(self) -> float:
+        return float(np.mean([s.rolling_step_reward for s in self.streams]))
+
+    @property
+    def recent_return(self) -> float:
+        return float(np.mean([s.recent_return for s in self.streams]))
 
     def _show(self, row: dict[str, float]) -> None:
         score = f"{self.score:.3f}" if math.isfinite(self.score) else "-"
@@ -132,17 +214,16 @@ class RunMonitor:
                 self._bar, completed=self.steps, sps=row["charts/SPS"], score=score
             )
         elif self._mode == "plain":
-            parts = [
-                f"step {self.steps:,}/{self.total_steps:,}",
-                f"{row['charts/SPS']:,.0f} steps/s",
-                f"{row['charts/updates_per_second']:,.0f} updates/s",
-            ]
+            parts = [f"step {self.steps:,}/{self.total_steps * self.num_seeds:,}"]
+            parts.append(f"{row['charts/SPS']:,.0f} steps/s")
+            parts.append(f"{row['charts/updates_per_second']:,.0f} updates/s")
             if "charts/episodic_return" in row:
                 parts.append(f"return {row['charts/episodic_return']:.3f}")
                 parts.append(f"rolling step reward {row['charts/rolling_step_reward']:.3f}")
             parts.append(f"score {score}")
             rate = self.steps / max(time.perf_counter() - self._start, 1e-9)
-            parts.append(f"eta {max(self.total_steps - self.steps, 0) / max(rate, 1e-9):.0f}s")
+            remaining = max(self.total_steps * self.num_seeds - self.steps, 0)
+            parts.append(f"eta {remaining / max(rate, 1e-9):.0f}s")
             log.info(" | ".join(parts))
 
     @property
@@ -153,3 +234,28 @@ class RunMonitor:
         if self._progress is not None:
             self._progress.stop()
             self._progress = None
+
+
+class SeedMonitor:
+    """The monitor as one seed's training loop sees it."""
+
+    def __init__(self, monitor: RunMonitor, seed: int) -> None:
+        self.monitor = monitor
+        self.seed = seed
+
+    def episodes(self, done: Any, episode_return: Any, episode_length: Any) -> None:
+        self.monitor.episodes(done, episode_return, episode_length, self.seed)
+
+    def log(self, step: int, updates: int, metrics: dict[str, float], policy: Policy) -> None:
+        self.monitor.log(step, updates, metrics, policy, self.seed)
+
+
+def _mean_and_std(rows: list[dict[str, float]]) -> dict[str, float]:
+    """Mean over seeds of each metric every seed logged, with ``<name>_std`` beside it."""
+    merged: dict[str, float] = {}
+    for name in rows[0]:
+        values = [row[name] for row in rows if name in row]
+        if len(values) == len(rows):
+            merged[name] = float(np.mean(values))
+            merged[f"{name}_std"] = float(np.std(values))
+    return merged

@@ -7,9 +7,10 @@ import logging
 import signal
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import numpy as np
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 from rich.console import Console
@@ -17,7 +18,7 @@ from rich.table import Table
 
 from rlspeed.config import flatten, to_yaml, validate
 from rlspeed.engines import Engine, EngineSpec
-from rlspeed.monitor import RunMonitor
+from rlspeed.monitor import RECENT_EPISODES, RunMonitor, SeedMonitor
 from rlspeed.registry import ALGOS, BACKENDS, ENGINES, TASKS, TRACKERS
 from rlspeed.sweep import TrialReporter
 from rlspeed.tasks import TaskSpec
@@ -34,19 +35,50 @@ class TrainResult:
 
 @dataclass
 class RunContext:
-    """What an algorithm's ``train(ctx)`` gets: the config, the task, the engine and the monitor."""
+    """What an algorithm's ``train(ctx)`` gets: the config, the task, the engine, the
+    monitor, and which of the run's ``num_seeds`` agents it trains."""
 
     cfg: DictConfig
     task: TaskSpec
     engine: EngineSpec
-    monitor: RunMonitor
+    run_monitor: RunMonitor
     out_dir: Path
-    # Set by the algorithm once it has an agent: writes the checkpoint, returns its path.
-    save_checkpoint: Callable[[], Path] | None = field(default=None)
+    seed_index: int = 0
+    # True on the fused path, where one program trains every seed at once.
+    all_seeds: bool = False
+    # Per seed index: writes that agent's checkpoint and returns its path (set by the
+    # algorithm once the agent exists; called when the run ends, however it ends).
+    checkpointers: dict[int, Callable[[], Path]] = field(default_factory=dict)
+
+    @property
+    def seed(self) -> int:
+        return self.cfg.seed + self.seed_index
+
+    @property
+    def monitor(self) -> SeedMonitor:
+        return SeedMonitor(self.run_monitor, self.seed_index)
 
     def make_engine(self) -> Engine:
         cfg = self.cfg
-        return self.engine.make(self.task, cfg.task, cfg.env, cfg.num_envs, cfg.seed)
+        return self.engine.make(self.task, cfg.task, cfg.env, cfg.num_envs, self.seed)
+
+    def set_checkpoint(self, name: str, save: Callable[[Path], Path]) -> None:
+        """Register ``save(path)`` as this agent's checkpoint, file ``name`` in the run folder
+        (``<stem>_seed<i><suffix>`` when agents of several seeds are saved one by one)."""
+        path = self.out_dir / name
+        if self.cfg.num_seeds > 1 and not self.all_seeds:
+            path = path.with_name(f"{path.stem}_seed{self.seed_index}{path.suffix}")
+        self.checkpointers[self.seed_index] = lambda: save(path)
+
+    def each_seed(self, train_one: Callable[[RunContext], TrainResult]) -> TrainResult:
+        """Train the ``num_seeds`` agents one after another (the host-driven paths)."""
+        steps = updates = 0
+        for index in range(self.cfg.num_seeds):
+            seed_ctx = replace(self, seed_index=index)
+            BACKENDS.get(self.cfg.backend.name).setup(self.cfg.backend, seed_ctx.seed)
+            result = train_one(seed_ctx)
+            steps, updates = steps + result.steps, updates + result.updates
+        return TrainResult(steps, updates)
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -87,9 +119,10 @@ def run(cfg: DictConfig) -> float:
         tracker,
         cfg.total_steps,
         cfg.eval_every,
-        evaluate=lambda policy: task.evaluate(cfg.task, policy, cfg.seed),
+        evaluate=lambda policy, index: task.evaluate(cfg.task, policy, cfg.seed + index),
         progress=cfg.progress,
         on_score=reporter.report if reporter is not None else None,
+        num_seeds=cfg.num_seeds,
     )
     ctx = RunContext(cfg, task, engine, monitor, out_dir)
     # optuna.TrialPruned for a trial run; () matches nothing, so other runs never import optuna.
@@ -124,12 +157,12 @@ def _finish(tracker: Tracker, ctx: RunContext, status: str) -> None:
     """Write outputs and close the tracked run; runs even when training failed."""
     out_dir = ctx.out_dir
     artifacts = [out_dir / "config.yaml"]
+    monitor = ctx.run_monitor
     try:
-        if ctx.save_checkpoint is not None:
-            artifacts.append(ctx.save_checkpoint())
-        if ctx.monitor.history:
-            artifacts.append(_write_metrics(ctx.monitor, out_dir, status))
-            artifacts.append(_plot_curve(ctx.monitor, out_dir))
+        artifacts += [save() for save in ctx.checkpointers.values()]
+        if monitor.history:
+            artifacts.append(_write_metrics(monitor, out_dir, status))
+            artifacts.append(_plot_curve(monitor, out_dir))
         for path in artifacts:
             tracker.log_artifact(path)
     finally:
@@ -140,8 +173,12 @@ def _write_metrics(monitor: RunMonitor, out_dir: Path, status: str) -> Path:
     final = monitor.history[-1]
     summary = {
         "status": status,
+        "num_seeds": monitor.num_seeds,
+        # Means over seeds where num_seeds > 1; per-seed values under "seeds".
         "score": monitor.score,
         "rolling_step_reward": monitor.rolling_step_reward,
+        "recent_return": monitor.recent_return,
+        # Summed over seeds: agent-steps and updates of all agents together.
         "env_steps": monitor.steps,
         "gradient_updates": monitor.updates,
         "wall_time_s": monitor.wall_time,
@@ -149,6 +186,16 @@ def _write_metrics(monitor: RunMonitor, out_dir: Path, status: str) -> Path:
         "updates_per_s": monitor.updates / monitor.wall_time,
         "final": final,
     }
+    if monitor.num_seeds > 1:
+        summary["seeds"] = [
+            {
+                "score": stream.score,
+                "rolling_step_reward": stream.rolling_step_reward,
+                "recent_return": stream.recent_return,
+                "env_steps": stream.steps,
+            }
+            for stream in monitor.streams
+        ]
     path = out_dir / "metrics.json"
     path.write_text(json.dumps(summary, indent=2, allow_nan=True))
     return path
@@ -168,15 +215,21 @@ def _plot_curve(monitor: RunMonitor, out_dir: Path) -> Path:
         (right, "eval/score", "score (greedy evaluation)"),
     )
     for ax, name, label in panels:
-        points = [(row["step"], row[name]) for row in monitor.history if name in row]
-        if points:
-            steps, values = zip(*points, strict=True)
-            ax.plot(steps, values, marker="o" if name == "eval/score" else None, label=label)
+        rows = [row for row in monitor.history if name in row]
+        if rows:
+            steps = np.array([row["step"] for row in rows])
+            values = np.array([row[name] for row in rows])
+            marker = "o" if name == "eval/score" else None
+            ax.plot(steps, values, marker=marker, label=label)
+            if monitor.num_seeds > 1:
+                spread = np.array([row[f"{name}_std"] for row in rows])
+                ax.fill_between(steps, values - spread, values + spread, alpha=0.2)
     for ax in (left, right):
         ax.set_xlabel("environment steps")
         ax.grid(alpha=0.3)
         ax.legend()
-    fig.suptitle("learning curve")
+    seeds = f" (mean ± std over {monitor.num_seeds} seeds)" if monitor.num_seeds > 1 else ""
+    fig.suptitle(f"learning curve{seeds}")
     fig.tight_layout()
     path = out_dir / "learning_curve.png"
     fig.savefig(path, dpi=100)
@@ -197,14 +250,17 @@ def _summary(
     for key, value in choices.items():
         table.add_row(key, value)
     wall = monitor.wall_time
+    seeds = f" (mean of {monitor.num_seeds} seeds)" if monitor.num_seeds > 1 else ""
     for key, value in (
+        ("seeds", str(monitor.num_seeds)),
         ("env steps", f"{result.steps:,}"),
         ("gradient updates", f"{result.updates:,}"),
         ("wall time", f"{wall:.1f} s"),
         ("env steps/s", f"{result.steps / wall:,.0f}"),
         ("updates/s", f"{result.updates / wall:,.0f}"),
-        ("score", f"{monitor.score:.4f}"),
+        (f"score{seeds}", f"{monitor.score:.4f}"),
         ("rolling step reward", f"{monitor.rolling_step_reward:.4f}"),
+        (f"return, last {RECENT_EPISODES} episodes", f"{monitor.recent_return:.2f}"),
         ("MLflow run id", run_id or "-"),
         ("outputs", str(out_dir)),
     ):

@@ -47,8 +47,12 @@ def test_same_weights_same_update(optimizer):
         DQNConfig(hidden_sizes=[32, 32], optimizer=optimizer, learning_rate=1e-2)
     )
     env = DoorsEnv()
-    flax_learner = FlaxLearner(env.observation_space, env.action_space, algo, seed=0)
-    torch_learner = TorchLearner(env.observation_space, env.action_space, algo, seed=0)
+    flax_learner = FlaxLearner(
+        env.observation_space, env.action_space, algo, seed=0, total_steps=1000
+    )
+    torch_learner = TorchLearner(
+        env.observation_space, env.action_space, algo, seed=0, total_steps=1000
+    )
     _copy_flax_to_torch(flax_learner.agent.params, torch_learner.q_network)
     _copy_flax_to_torch(flax_learner.agent.target_params, torch_learner.target_network)
 
@@ -64,10 +68,13 @@ def test_same_weights_same_update(optimizer):
     )
     np.testing.assert_array_equal(flax_learner.greedy(obs), torch_learner.greedy(obs))
     for _ in range(3):  # several steps, so the optimizer state is compared too
-        flax_loss, flax_q = flax_learner.update(batch)
-        torch_loss, torch_q = torch_learner.update(batch)
-        np.testing.assert_allclose(float(flax_loss), float(torch_loss), rtol=1e-4)
-        np.testing.assert_allclose(float(flax_q), float(torch_q), rtol=1e-4, atol=1e-6)
+        flax_metrics = flax_learner.update(batch)
+        torch_metrics = torch_learner.update(batch)
+        assert flax_metrics.keys() == torch_metrics.keys() == {"losses/td_loss", "losses/q_values"}
+        for name, value in flax_metrics.items():
+            np.testing.assert_allclose(
+                float(value), float(torch_metrics[name]), rtol=1e-4, atol=1e-6
+            )
     for flax_w, torch_w in zip(
         _flax_layers(flax_learner.agent.params), _torch_layers(torch_learner.q_network), strict=True
     ):
@@ -79,10 +86,10 @@ def test_initialisation_follows_the_same_distribution():
     algo = OmegaConf.structured(DQNConfig(hidden_sizes=[256]))
     env = DoorsEnv()
     flax_w = _flax_layers(
-        FlaxLearner(env.observation_space, env.action_space, algo, 0).agent.params
+        FlaxLearner(env.observation_space, env.action_space, algo, 0, 1000).agent.params
     )
     torch_w = _torch_layers(
-        TorchLearner(env.observation_space, env.action_space, algo, 0).q_network
+        TorchLearner(env.observation_space, env.action_space, algo, 0, 1000).q_network
     )
     for a, b in zip(flax_w, torch_w, strict=True):
         assert a.shape == b.shape

@@ -6,7 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from rlspeed.algos import AlgoSpec
+from rlspeed.algos.schedule import linear_schedule, multiples_between
 from rlspeed.errors import ConfigError
 
 
@@ -35,6 +38,31 @@ class DQNConfig:
 
 
 OPTIMIZERS = ("adam", "sgd")
+
+
+def epsilon_at(step: Any, algo: Any, total_steps: int, xp: Any = np) -> Any:
+    duration = algo.exploration_fraction * total_steps
+    return linear_schedule(step, algo.start_e, algo.end_e, duration, xp)
+
+
+class DQNSchedule:
+    """Exploration and target syncs by env step, the same for every backend's learner
+    (which sets ``algo``, ``total_steps`` and defines ``sync_target``)."""
+
+    algo: Any
+    total_steps: int
+
+    def epsilon(self, step: int) -> float:
+        return float(epsilon_at(step, self.algo, self.total_steps))
+
+    def sync_target(self) -> None:
+        raise NotImplementedError
+
+    def after_env_steps(self, prev_step: int, step: int) -> dict[str, float]:
+        algo = self.algo
+        if multiples_between(prev_step, step, algo.target_network_frequency, algo.learning_starts):
+            self.sync_target()
+        return {"charts/epsilon": self.epsilon(step)}
 
 
 def validate(algo: Any, cfg: Any) -> None:

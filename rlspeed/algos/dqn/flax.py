@@ -1,33 +1,32 @@
 """DQN in Flax + Optax.
 
-With a Gymnasium engine the Python loop of ``loop.py`` calls jitted ``act`` and
-``update``. With ``env=jax-vmap`` everything is fused: ``make_train`` builds pure
-functions in which acting, stepping, storing and updating run inside one jitted
-``lax.scan`` with the replay buffer in JAX arrays; Python only sees each chunk's
-statistics. ``DQNTrainer.train(key)`` runs a whole training as one pure function,
-so ``jax.vmap`` over keys trains several seeds in one program.
+With a Gymnasium engine the Python loop of ``rlspeed/algos/offpolicy.py`` calls jitted
+``act`` and ``update``. With ``env=jax-vmap`` everything is fused: ``make_train`` builds
+pure functions in which acting, stepping, storing and updating run inside one
+``lax.scan`` with the replay buffer in JAX arrays (driven by ``rlspeed/algos/fused.py``).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import flax.linen as nn
-import flax.serialization
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
-from rlspeed.algos.dqn.loop import epsilon_at, train_host
+from rlspeed.algos.dqn import DQNSchedule, epsilon_at
 from rlspeed.algos.encoding import one_hot_classes
+from rlspeed.algos.fused import FusedTrainer, save_pytree, train_fused
+from rlspeed.algos.offpolicy import train_off_policy
 from rlspeed.algos.replay import Batch
 from rlspeed.algos.schedule import multiples_between
-from rlspeed.engines.jax_vmap import VmapEnv, VmapState, make_vmap_env
+from rlspeed.engines.jax_vmap import VmapEnv, VmapState
 from rlspeed.run import RunContext, TrainResult
 
 
@@ -102,15 +101,13 @@ class DQNFunctions:
         return agent._replace(target_params=target)
 
 
-def save_agent(agent: Agent, path: Path) -> Path:
-    path.write_bytes(flax.serialization.to_bytes(jax.device_get(agent._asdict())))
-    return path
-
-
-class FlaxLearner:
+class FlaxLearner(DQNSchedule):
     """Jitted act/update for the Python-driven loop (Gymnasium engines)."""
 
-    def __init__(self, obs_space: Any, action_space: Any, algo: Any, seed: int) -> None:
+    def __init__(
+        self, obs_space: Any, action_space: Any, algo: Any, seed: int, total_steps: int
+    ) -> None:
+        self.algo, self.total_steps = algo, total_steps
         self.fns = DQNFunctions(obs_space, action_space, algo)
         init_key, self.key = jax.random.split(jax.random.key(seed))
         self.agent = self.fns.init(init_key)
@@ -119,22 +116,22 @@ class FlaxLearner:
         self._update = jax.jit(self.fns.update)
         self._sync = jax.jit(self.fns.sync_target)
 
-    def act(self, obs: Any, epsilon: float) -> jax.Array:
+    def act(self, obs: Any, step: int) -> jax.Array:
         self.key, key = jax.random.split(self.key)
-        return self._act(self.agent.params, obs, key, epsilon)
+        return self._act(self.agent.params, obs, key, self.epsilon(step))
 
     def greedy(self, obs: np.ndarray) -> np.ndarray:
         return np.asarray(self._greedy(self.agent.params, obs))
 
-    def update(self, batch: Batch) -> tuple[jax.Array, jax.Array]:
+    def update(self, batch: Batch) -> dict[str, jax.Array]:
         self.agent, loss, q_mean = self._update(self.agent, batch)
-        return loss, q_mean
+        return {"losses/td_loss": loss, "losses/q_values": q_mean}
 
     def sync_target(self) -> None:
         self.agent = self._sync(self.agent)
 
     def save(self, path: Path) -> Path:
-        return save_agent(self.agent, path)
+        return save_pytree(self.agent._asdict(), path)
 
 
 # ---------------------------------------------------------------- fused jax-vmap path
@@ -171,19 +168,7 @@ class ChunkStats(NamedTuple):
     epsilon: jax.Array
 
 
-class DQNTrainer(NamedTuple):
-    init: Callable[[jax.Array], TrainState]
-    # (state, iterations) -> (state, stats); iterations is static.
-    run: Callable[[TrainState, int], tuple[TrainState, ChunkStats]]
-    total_iterations: int
-    fns: DQNFunctions
-
-    def train(self, key: jax.Array) -> tuple[TrainState, ChunkStats]:
-        """The whole training as one pure function of the key (jit/vmap it freely)."""
-        return self.run(self.init(key), self.total_iterations)
-
-
-def make_train(cfg: Any, env: VmapEnv) -> DQNTrainer:
+def make_train(cfg: Any, env: VmapEnv) -> FusedTrainer:
     algo, n = cfg.algo, env.num_envs
     fns = DQNFunctions(env.single_observation_space, env.single_action_space, algo)
     obs_space = env.single_observation_space
@@ -263,49 +248,38 @@ def make_train(cfg: Any, env: VmapEnv) -> DQNTrainer:
         )
         return TrainState(agent, replay, env_state, key, step, state.updates + n_updates), stats
 
-    @partial(jax.jit, static_argnums=1)
     def run(state: TrainState, iterations: int) -> tuple[TrainState, ChunkStats]:
         return jax.lax.scan(iteration, state, None, length=iterations)
 
-    return DQNTrainer(init, run, total_iterations, fns)
-
-
-def train_fused(ctx: RunContext) -> TrainResult:
-    cfg = ctx.cfg
-    env = make_vmap_env(ctx.task, cfg.task, cfg.num_envs)
-    trainer = make_train(cfg, env)
-    greedy = jax.jit(trainer.fns.greedy)
-    state = jax.jit(trainer.init)(jax.random.key(cfg.seed))
-    latest = {"state": state}
-    ctx.save_checkpoint = lambda: save_agent(
-        latest["state"].agent, ctx.out_dir / "checkpoint.msgpack"
-    )
-    chunk = max(1, math.ceil(cfg.log_every / cfg.num_envs))
-    done_iterations = 0
-    while done_iterations < trainer.total_iterations:
-        iterations = min(chunk, trainer.total_iterations - done_iterations)
-        state, stats = trainer.run(state, iterations)
-        latest["state"] = state
-        done_iterations += iterations
-        stats = jax.device_get(stats)
-        ctx.monitor.episodes(stats.done, stats.episode_return, stats.episode_length)
+    def summarize(stats: ChunkStats) -> dict[str, float]:
         metrics = {"charts/epsilon": float(stats.epsilon[-1])}
         n_updates = int(stats.n_updates.sum())
         if n_updates:
             metrics["losses/td_loss"] = float(stats.loss_sum.sum()) / n_updates
             metrics["losses/q_values"] = float(stats.q_sum.sum()) / n_updates
-        params = state.agent.params
-        ctx.monitor.log(
-            int(state.step),
-            int(state.updates),
-            metrics,
-            lambda obs, params=params: np.asarray(greedy(params, obs)),
-        )
-    return TrainResult(steps=int(state.step), updates=int(state.updates))
+        return metrics
+
+    return FusedTrainer(
+        init=init,
+        run=run,
+        total_iterations=total_iterations,
+        steps_per_iteration=n,
+        policy_params=lambda state: state.agent.params,
+        greedy=fns.greedy,
+        checkpoint=lambda state: state.agent._asdict(),
+        summarize=summarize,
+    )
 
 
 def train(ctx: RunContext) -> TrainResult:
     if ctx.engine.needs_functional_env:
-        return train_fused(ctx)
-    learner = partial(FlaxLearner, algo=ctx.cfg.algo, seed=ctx.cfg.seed)
-    return train_host(ctx, learner, "checkpoint.msgpack")
+        return train_fused(ctx, make_train)
+    return ctx.each_seed(
+        lambda seed_ctx: train_off_policy(
+            seed_ctx,
+            partial(
+                FlaxLearner, algo=ctx.cfg.algo, seed=seed_ctx.seed, total_steps=ctx.cfg.total_steps
+            ),
+            "checkpoint.msgpack",
+        )
+    )

@@ -13,8 +13,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rlspeed.algos.dqn.loop import train_host
+from rlspeed.algos.dqn import DQNSchedule
 from rlspeed.algos.encoding import input_size, one_hot_classes
+from rlspeed.algos.offpolicy import train_off_policy
 from rlspeed.algos.replay import Batch
 from rlspeed.run import RunContext, TrainResult
 
@@ -46,8 +47,11 @@ class QNetwork(nn.Module):
         return self.net(x)
 
 
-class TorchLearner:
-    def __init__(self, obs_space: Any, action_space: Any, algo: Any, seed: int) -> None:
+class TorchLearner(DQNSchedule):
+    def __init__(
+        self, obs_space: Any, action_space: Any, algo: Any, seed: int, total_steps: int
+    ) -> None:
+        self.algo, self.total_steps = algo, total_steps
         self.n_actions = int(action_space.n)
         self.q_network = QNetwork(obs_space, self.n_actions, algo.hidden_sizes)
         self.target_network = QNetwork(obs_space, self.n_actions, algo.hidden_sizes)
@@ -58,7 +62,8 @@ class TorchLearner:
         self.generator = torch.Generator().manual_seed(seed)
 
     @torch.no_grad()
-    def act(self, obs: Any, epsilon: float) -> torch.Tensor:
+    def act(self, obs: Any, step: int) -> torch.Tensor:
+        epsilon = self.epsilon(step)
         # DLPack: NumPy arrays and JAX arrays become tensors without a copy.
         obs = torch.from_dlpack(obs)
         greedy = self.q_network(obs).argmax(dim=1)
@@ -72,7 +77,7 @@ class TorchLearner:
     def greedy(self, obs: np.ndarray) -> np.ndarray:
         return self.q_network(torch.from_numpy(obs)).argmax(dim=1).numpy()
 
-    def update(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(self, batch: Batch) -> dict[str, torch.Tensor]:
         obs, next_obs, actions, rewards, dones = (torch.from_numpy(x) for x in batch)
         with torch.no_grad():
             next_q = self.target_network(next_obs).max(dim=1).values
@@ -82,7 +87,7 @@ class TorchLearner:
         self.optimizer.zero_grad()
         loss.backward()
         self.optimizer.step()
-        return loss.detach(), q.detach().mean()
+        return {"losses/td_loss": loss.detach(), "losses/q_values": q.detach().mean()}
 
     @torch.no_grad()
     def sync_target(self) -> None:
@@ -103,6 +108,12 @@ class TorchLearner:
         return path
 
 
+def train_one(ctx: RunContext) -> TrainResult:
+    learner = partial(
+        TorchLearner, algo=ctx.cfg.algo, seed=ctx.seed, total_steps=ctx.cfg.total_steps
+    )
+    return train_off_policy(ctx, learner, "checkpoint.pt")
+
+
 def train(ctx: RunContext) -> TrainResult:
-    learner = partial(TorchLearner, algo=ctx.cfg.algo, seed=ctx.cfg.seed)
-    return train_host(ctx, learner, "checkpoint.pt")
+    return ctx.each_seed(train_one)

@@ -1,0 +1,118 @@
+"""The fused ``backend=flax env=jax-vmap`` path, shared by every algorithm.
+
+An algorithm's ``make_train(cfg, env)`` returns a ``FusedTrainer``: pure functions in
+which acting, stepping the vmapped environment, storing and updating all happen inside
+one ``lax.scan``. ``FusedTrainer.train(key)`` is a whole training as one pure function
+of the key, so ``jax.vmap`` over keys trains many seeds in one program.
+``train_fused`` runs it in chunks of about ``log_every`` env steps (one compiled call
+each), returning to Python only to log, evaluate and draw progress.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import flax.serialization
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rlspeed.engines.jax_vmap import VmapEnv, make_vmap_env
+from rlspeed.run import RunContext, TrainResult
+
+
+class FusedTrainer(NamedTuple):
+    # key -> train state; the state has scalar fields ``step`` (env steps) and ``updates``.
+    init: Callable[[jax.Array], Any]
+    # (state, iterations) -> (state, stats), pure; ``iterations`` must be static. The stats
+    # have fields ``done``, ``episode_return``, ``episode_length`` of shape [iterations, envs].
+    run: Callable[[Any, int], tuple[Any, Any]]
+    total_iterations: int
+    # Env steps per iteration (num_envs, or num_envs * rollout length).
+    steps_per_iteration: int
+    # state -> the parameters ``greedy`` needs (not the whole state: it holds the buffers).
+    policy_params: Callable[[Any], Any]
+    # (policy params, observations [B, ...]) -> greedy actions [B, ...].
+    greedy: Callable[[Any, jax.Array], jax.Array]
+    # state -> the pytree saved as the checkpoint.
+    checkpoint: Callable[[Any], Any]
+    # One seed's chunk stats, as NumPy -> the algorithm's metrics (losses/..., charts/...).
+    summarize: Callable[[Any], dict[str, float]]
+
+    def train(self, key: jax.Array) -> tuple[Any, Any]:
+        """The whole training as one pure function of the key (jit/vmap it freely)."""
+        return self.run(self.init(key), self.total_iterations)
+
+
+def save_pytree(tree: Any, path: Path) -> Path:
+    path.write_bytes(flax.serialization.to_bytes(jax.device_get(tree)))
+    return path
+
+
+def train_fused(ctx: RunContext, make_train: Callable[[Any, VmapEnv], FusedTrainer]) -> TrainResult:
+    """Train ``num_seeds`` agents as one program: vmap over seeds when there are several."""
+    cfg, seeds = ctx.cfg, ctx.cfg.num_seeds
+    trainer = make_train(cfg, make_vmap_env(ctx.task, cfg.task, cfg.num_envs))
+    greedy = jax.jit(trainer.greedy)
+    policy_params = jax.jit(trainer.policy_params)
+    if seeds == 1:
+        state = jax.jit(trainer.init)(jax.random.key(cfg.seed))
+        compiled_run = jax.jit(trainer.run, static_argnums=1)
+
+        def run(state: Any, iterations: int) -> tuple[Any, Any]:
+            return compiled_run(state, iterations)
+
+        def of_seed(tree: Any, index: int) -> Any:
+            return tree
+    else:
+        # Agent i gets the key of a single run with seed + i.
+        keys = jax.vmap(jax.random.key)(cfg.seed + jnp.arange(seeds))
+        state = jax.jit(jax.vmap(trainer.init))(keys)
+        compiled: dict[int, Callable[[Any], tuple[Any, Any]]] = {}
+
+        def run(state: Any, iterations: int) -> tuple[Any, Any]:
+            if iterations not in compiled:
+                compiled[iterations] = jax.jit(
+                    jax.vmap(partial(trainer.run, iterations=iterations))
+                )
+            return compiled[iterations](state)
+
+        def of_seed(tree: Any, index: int) -> Any:
+            return jax.tree.map(lambda x: x[index], tree)
+
+    latest = {"state": state}
+    ctx.all_seeds = True
+    ctx.set_checkpoint(
+        "checkpoint.msgpack", lambda path: save_pytree(trainer.checkpoint(latest["state"]), path)
+    )
+    chunk = max(1, math.ceil(cfg.log_every / trainer.steps_per_iteration))
+    monitor = ctx.run_monitor
+    done_iterations = 0
+    while done_iterations < trainer.total_iterations:
+        iterations = min(chunk, trainer.total_iterations - done_iterations)
+        state, stats = run(state, iterations)
+        latest["state"] = state
+        done_iterations += iterations
+        stats, steps, updates = jax.device_get((stats, state.step, state.updates))
+        params = policy_params(state)
+        for index in range(seeds):
+            seed_stats = of_seed(stats, index)
+            monitor.episodes(
+                seed_stats.done, seed_stats.episode_return, seed_stats.episode_length, index
+            )
+            seed_params = of_seed(params, index)
+            monitor.log(
+                int(np.ravel(steps)[index]),
+                int(np.ravel(updates)[index]),
+                trainer.summarize(seed_stats),
+                lambda obs, p=seed_params: np.asarray(greedy(p, obs)),
+                index,
+            )
+    total_steps, total_updates = (
+        int(np.sum(x)) for x in jax.device_get((state.step, state.updates))
+    )
+    return TrainResult(steps=total_steps, updates=total_updates)

@@ -1,0 +1,89 @@
+"""The off-policy training loop driven from Python, shared by DQN and TD3 on every
+backend and engine (the fused ``flax`` + ``jax-vmap`` path has its own, in JAX).
+
+A backend supplies a learner (its networks, acting and updates); this loop does the
+rest as CleanRL does: act, step, store, one gradient update every ``train_frequency``
+env steps after ``learning_starts``, log every ``log_every`` env steps. Step counts are
+env steps, whatever ``num_envs`` is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from rlspeed.algos.replay import Batch, ReplayBuffer
+from rlspeed.algos.schedule import multiples_between
+from rlspeed.run import RunContext, TrainResult
+
+
+class OffPolicyLearner(Protocol):
+    def act(self, obs: Any, step: int) -> Any:
+        """Exploratory actions at env step ``step`` for a batch of observations
+        (engine-native arrays in, arrays the engine takes out)."""
+
+    def greedy(self, obs: np.ndarray) -> np.ndarray:
+        """Greedy actions as NumPy, for evaluation."""
+
+    def update(self, batch: Batch) -> dict[str, Any]:
+        """One gradient step; its metrics as backend scalars (averaged per log interval)."""
+
+    def after_env_steps(self, prev_step: int, step: int) -> dict[str, float]:
+        """Bookkeeping once the env steps ``prev_step`` -> ``step`` are stored and learned
+        from (e.g. a periodic target-network sync); returns schedule metrics to log."""
+
+    def save(self, path: Path) -> Path: ...
+
+
+def train_off_policy(
+    ctx: RunContext,
+    make_learner: Callable[[Any, Any], OffPolicyLearner],
+    checkpoint_name: str,
+) -> TrainResult:
+    """``make_learner(observation_space, action_space)`` runs after the engine exists, so
+    AsyncVectorEnv forks its workers before the backend starts threads of its own."""
+    cfg, algo = ctx.cfg, ctx.cfg.algo
+    engine = ctx.make_engine()
+    learner = make_learner(engine.single_observation_space, engine.single_action_space)
+    ctx.set_checkpoint(checkpoint_name, learner.save)
+    buffer = ReplayBuffer(
+        algo.buffer_size, engine.single_observation_space, engine.single_action_space, ctx.seed
+    )
+    step = updates = 0
+    next_log = cfg.log_every
+    interval: dict[str, list[Any]] = {}
+    try:
+        obs = engine.reset()
+        while step < cfg.total_steps:
+            actions = learner.act(obs, step)
+            result = engine.step(actions)
+            buffer.add(obs, result.final_obs, actions, result.reward, result.terminated)
+            ctx.monitor.episodes(
+                np.asarray(result.terminated) | np.asarray(result.truncated),
+                result.episode_return,
+                result.episode_length,
+            )
+            obs = result.obs
+            prev, step = step, step + engine.num_envs
+            for _ in range(
+                int(multiples_between(prev, step, algo.train_frequency, algo.learning_starts))
+            ):
+                for name, value in learner.update(buffer.sample(algo.batch_size)).items():
+                    interval.setdefault(name, []).append(value)
+                updates += 1
+            schedule = learner.after_env_steps(prev, step)
+            if step >= next_log or step >= cfg.total_steps:
+                metrics = dict(schedule)
+                # One host sync per log, not per update.
+                metrics.update(
+                    {name: float(np.mean([float(v) for v in vs])) for name, vs in interval.items()}
+                )
+                interval = {}
+                ctx.monitor.log(step, updates, metrics, learner.greedy)
+                next_log += cfg.log_every
+    finally:
+        engine.close()
+    return TrainResult(steps=step, updates=updates)

@@ -2,11 +2,13 @@
 
 import gymnasium
 
-# Guard so that re-importing (e.g. after importlib.reload) does not warn about
-# overriding an existing registration.
-if "rlspeed/Doors-v0" not in gymnasium.registry:
-    gymnasium.register(
-        id="rlspeed/Doors-v0",
-        entry_point="rlspeed.envs.doors:DoorsEnv",
-        max_episode_steps=32,
-    )
+
+def _register(env_id: str, entry_point: str, max_episode_steps: int) -> None:
+    # Guard so that re-importing (e.g. after importlib.reload) does not warn about
+    # overriding an existing registration.
+    if env_id not in gymnasium.registry:
+        gymnasium.register(id=env_id, entry_point=entry_point, max_episode_steps=max_episode_steps)
+
+
+_register("rlspeed/Doors-v0", "rlspeed.envs.doors:DoorsEnv", 32)
+_register("rlspeed/GridWorld-v0", "rlspeed.envs.gridworld:GridWorldEnv", 50)

@@ -13,6 +13,17 @@ Policy = Callable[[np.ndarray], np.ndarray]
 
 
 @dataclass(frozen=True)
+class TabularSpec:
+    """How a task's observations map to a finite state index (for tabular algorithms)."""
+
+    # (task cfg) -> number of discrete states
+    num_states: Callable[[Any], int]
+    # (task cfg, observations [B, ...], xp) -> int32 state indices [B] in [0, num_states);
+    # xp is numpy or jax.numpy, so one function serves the NumPy and the jitted JAX paths.
+    state_index: Callable[[Any, Any, Any], Any]
+
+
+@dataclass(frozen=True)
 class TaskSpec:
     name: str
     schema: type
@@ -24,3 +35,5 @@ class TaskSpec:
     make_functional: Callable[[Any], Any] | None
     # Score of a greedy policy at the task's standard settings (the sweep objective).
     evaluate: Callable[[Any, Policy, int], float]
+    # Finite state index of an observation, or None when the task has no tabular form.
+    tabular: TabularSpec | None = None

@@ -9,7 +9,7 @@ import gymnasium as gym
 import numpy as np
 
 from rlspeed.config import TaskConfig
-from rlspeed.tasks import Policy, TaskSpec
+from rlspeed.tasks import Policy, TabularSpec, TaskSpec
 
 # The score is measured at the seed's episode length, whatever the training length.
 STANDARD_MAX_STEPS = 32
@@ -64,6 +64,26 @@ def evaluate(cfg: Any, policy: Policy, seed: int) -> float:
     return total_reward / total_steps
 
 
+def num_states(cfg: Any) -> int:
+    """Agent cell x goal column: ``H * W * W``."""
+    return cfg.grid_size**3
+
+
+def state_index(cfg: Any, obs: Any, xp: Any) -> Any:
+    """``agent_cell * W + goal_col`` from flattened observations ``[B, H*W]``.
+
+    The goal sits in the top row, which holds no wall, so that row's largest code marks
+    the goal column (GOAL=3 beats AGENT=1). On the terminal observation the agent hides
+    the goal, and then the top row's only non-empty cell is the agent, on the goal column.
+    """
+    from rlspeed.envs.doors import AGENT
+
+    width = cfg.grid_size
+    agent_cell = xp.argmax(obs == AGENT, axis=-1)
+    goal_col = xp.argmax(obs[..., :width], axis=-1)
+    return (agent_cell * width + goal_col).astype(xp.int32)
+
+
 SPEC = TaskSpec(
     name="doors",
     schema=DoorsTaskConfig,
@@ -71,4 +91,5 @@ SPEC = TaskSpec(
     make_env=make_env,
     make_functional=make_functional,
     evaluate=evaluate,
+    tabular=TabularSpec(num_states=num_states, state_index=state_index),
 )

@@ -1,0 +1,88 @@
+"""GridWorld (seed 002): walk from the bottom-right to the top-left corner of a 5x5 grid."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from rlspeed.config import TaskConfig
+from rlspeed.tasks import Policy, TabularSpec, TaskSpec
+
+# Greedy evaluation always runs at this episode length, whatever the training length.
+STANDARD_MAX_STEPS = 50
+
+
+@dataclass
+class GridWorldTaskConfig(TaskConfig):
+    name: str = "gridworld"
+    size: int = 5
+    max_steps: int = STANDARD_MAX_STEPS
+
+
+def make_env(cfg: Any) -> gym.Env:
+    import rlspeed.envs  # noqa: F401  (registers rlspeed/GridWorld-v0)
+
+    return gym.make("rlspeed/GridWorld-v0", size=cfg.size, max_episode_steps=cfg.max_steps)
+
+
+def make_functional(cfg: Any) -> Any:
+    from rlspeed.envs.gridworld import GridWorldFunctional
+
+    return GridWorldFunctional(size=cfg.size)
+
+
+def _greedy_episode(cfg: Any, policy: Policy) -> tuple[list[int], float]:
+    """Cells visited by the greedy policy from the start, and the episode's return."""
+    from rlspeed.envs.gridworld import GridWorldEnv
+
+    env = GridWorldEnv(size=cfg.size)
+    cell, _ = env.reset()
+    cells, total = [cell], 0.0
+    for _ in range(STANDARD_MAX_STEPS):
+        action = policy(np.array([cell], dtype=np.int32))[0]
+        cell, reward, terminated, _, _ = env.step(action)
+        cells.append(cell)
+        total += reward
+        if terminated:
+            break
+    return cells, total
+
+
+def greedy_path(cfg: Any, policy: Policy) -> list[int]:
+    """Cells the greedy policy visits, start included, until the goal or the time limit."""
+    return _greedy_episode(cfg, policy)[0]
+
+
+def shortest_path_length(cfg: Any) -> int:
+    """Moves on a shortest path from the start to the goal: ``2 * (size - 1)``."""
+    return 2 * (cfg.size - 1)
+
+
+def evaluate(cfg: Any, policy: Policy, seed: int) -> float:
+    """Return of the greedy policy's episode from the start (1.0 if it reaches the goal
+    within the standard time limit). The env is deterministic, so one episode is the mean
+    and ``seed`` is not needed."""
+    return _greedy_episode(cfg, policy)[1]
+
+
+def num_states(cfg: Any) -> int:
+    return cfg.size * cfg.size
+
+
+def state_index(cfg: Any, obs: Any, xp: Any) -> Any:
+    """The observation is the cell index already."""
+    return obs.astype(xp.int32)
+
+
+SPEC = TaskSpec(
+    name="gridworld",
+    schema=GridWorldTaskConfig,
+    action_kind="discrete",
+    make_env=make_env,
+    make_functional=make_functional,
+    evaluate=evaluate,
+    tabular=TabularSpec(num_states=num_states, state_index=state_index),
+)

@@ -1,0 +1,52 @@
+"""SPEC §4, what runs with what: every valid (algo, task, backend, engine) cell trains and
+shows a learning signal; every invalid one stops at start-up with one clear line."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlspeed.config import validate
+from rlspeed.errors import ConfigError
+from tests.conftest import assert_one_line_error, run_cli
+
+# (algo, task, engine) -> (the key the error names, words of what would work).
+INVALID = [
+    ("td3", "doors", "jax-vmap", "algo", ["algo=td3", "discrete", "dqn"]),
+    ("td3", "gridworld", "gym-sync", "algo", ["algo=td3", "discrete"]),
+    ("td3", "cartpole", "jax-vmap", "algo", ["algo=td3", "discrete"]),
+    ("dqn", "pendulum", "gym-sync", "algo", ["algo=dqn", "continuous", "td3"]),
+    ("dqn", "halfcheetah", "gym-async", "algo", ["algo=dqn", "continuous", "td3"]),
+    ("qlearn", "pendulum", "jax-vmap", "algo", ["algo=qlearn", "continuous"]),
+    ("qlearn", "cartpole", "gym-sync", "task", ["task=cartpole", "tabular", "gridworld"]),
+    ("td3", "halfcheetah", "jax-vmap", "env", ["env=jax-vmap", "gym-sync", "halfcheetah"]),
+    ("vpg", "halfcheetah", "jax-vmap", "env", ["env=jax-vmap", "gym-async", "halfcheetah"]),
+]
+
+
+@pytest.mark.parametrize(("algo", "task", "engine", "key", "fragments"), INVALID)
+@pytest.mark.parametrize("backend", ["torch", "flax"])
+def test_invalid_cell_is_rejected_before_any_work(
+    make_cfg, algo, task, engine, key, fragments, backend
+):
+    cfg = make_cfg([f"algo={algo}", f"task={task}", f"env={engine}", f"backend={backend}"])
+    with pytest.raises(ConfigError) as error:
+        validate(cfg)
+    assert error.value.key == key
+    message = str(error.value)
+    assert "\n" not in message
+    for fragment in fragments:
+        assert fragment in message, message
+
+
+@pytest.mark.parametrize(
+    ("args", "fragments"),
+    [
+        (["algo=td3", "task=cartpole"], ["algo=td3", "dqn"]),
+        (["algo=qlearn", "task=pendulum"], ["algo=qlearn", "td3"]),
+        (["algo=td3", "task=halfcheetah", "env=jax-vmap"], ["env=jax-vmap", "gym-sync"]),
+    ],
+)
+def test_invalid_cell_through_the_cli(tmp_path, args, fragments):
+    result = run_cli([*args, "tracking=none"], cwd=tmp_path)
+    assert_one_line_error(result, *fragments)
+    assert not (tmp_path / "outputs").exists()

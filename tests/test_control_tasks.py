@@ -246,8 +246,12 @@ def test_cartpole_evaluate_tells_a_balancing_controller_from_a_random_policy():
 # ---------------------------------------------------------------- HalfCheetah
 
 
-def test_halfcheetah_env_builds_steps_and_truncates_at_max_steps():
+def test_halfcheetah_env_builds_steps_and_truncates_at_max_steps(tmp_path, monkeypatch, capfd):
+    monkeypatch.chdir(tmp_path)
     env = halfcheetah.make_env(halfcheetah.HalfCheetahTaskConfig(max_steps=5))
+    # MuJoCo's warnings go to logging, not to stderr and a log file in the working directory.
+    assert capfd.readouterr().err == ""
+    assert list(tmp_path.iterdir()) == []
     assert isinstance(env.action_space, gym.spaces.Box)
     assert env.action_space.shape == (6,)
     obs, _ = env.reset(seed=0)

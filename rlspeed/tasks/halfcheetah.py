@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,30 +14,39 @@ from rlspeed.tasks import Policy, TaskSpec
 from rlspeed.tasks.episodes import mean_greedy_return
 
 ENV_ID = "HalfCheetah-v5"
-# The score is measured at the registered episode length, whatever the training length.
-STANDARD_MAX_STEPS = 1000
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
 class HalfCheetahTaskConfig(TaskConfig):
     name: str = "halfcheetah"
-    max_steps: int = STANDARD_MAX_STEPS
+    # The defaults are the standard settings that scores are measured at.
+    max_steps: int = 1000
     # Greedy episodes behind each score.
     eval_episodes: int = 10
 
 
+@functools.cache
+def _log_mujoco_warning(message: str) -> None:
+    # Cached: each distinct message is logged once per process, not once per env built.
+    log.warning("MuJoCo: %s", message)
+
+
 def make_env(cfg: Any) -> gym.Env:
+    import mujoco
+
+    # MuJoCo's own handler prints to stderr and appends to MUJOCO_LOG.TXT in the working
+    # directory; MuJoCo 4 warns there at every build of Gymnasium's HalfCheetah model (a
+    # deprecated XML attribute). The handler must not raise: it is called from C.
+    mujoco.set_mju_user_warning(_log_mujoco_warning)
     return gym.make(ENV_ID, max_episode_steps=cfg.max_steps)
 
 
 def evaluate(cfg: Any, policy: Policy, seed: int) -> float:
     """Mean return of the greedy policy over ``cfg.eval_episodes`` standard-length episodes."""
-    return mean_greedy_return(
-        lambda: gym.make(ENV_ID, max_episode_steps=STANDARD_MAX_STEPS),
-        policy,
-        cfg.eval_episodes,
-        seed,
-    )
+    standard = HalfCheetahTaskConfig()
+    return mean_greedy_return(lambda: make_env(standard), policy, cfg.eval_episodes, seed)
 
 
 SPEC = TaskSpec(

@@ -13,14 +13,13 @@ from rlspeed.tasks import Policy, TaskSpec
 from rlspeed.tasks.episodes import FunctionalTwin, mean_greedy_return
 
 ENV_ID = "Pendulum-v1"
-# The score is measured at the registered episode length, whatever the training length.
-STANDARD_MAX_STEPS = 200
 
 
 @dataclass
 class PendulumTaskConfig(TaskConfig):
     name: str = "pendulum"
-    max_steps: int = STANDARD_MAX_STEPS
+    # The defaults are the standard settings that scores are measured at.
+    max_steps: int = 200
     # Greedy episodes behind each score.
     eval_episodes: int = 10
 
@@ -45,12 +44,8 @@ def make_functional(cfg: Any) -> FunctionalTwin:
 
 def evaluate(cfg: Any, policy: Policy, seed: int) -> float:
     """Mean return of the greedy policy over ``cfg.eval_episodes`` standard-length episodes."""
-    return mean_greedy_return(
-        lambda: gym.make(ENV_ID, max_episode_steps=STANDARD_MAX_STEPS),
-        policy,
-        cfg.eval_episodes,
-        seed,
-    )
+    standard = PendulumTaskConfig()
+    return mean_greedy_return(lambda: make_env(standard), policy, cfg.eval_episodes, seed)
 
 
 SPEC = TaskSpec(

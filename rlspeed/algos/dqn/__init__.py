@@ -17,6 +17,9 @@ from rlspeed.errors import ConfigError
 class DQNConfig:
     name: str = "dqn"
     learning_rate: float = 3e-4
+    # Decay the learning rate linearly to 0 over the run's updates: holds on to a learned
+    # policy at the end (DQN on CartPole otherwise drifts off after solving it).
+    anneal_lr: bool = False
     optimizer: str = "adam"
     buffer_size: int = 50_000
     batch_size: int = 128
@@ -43,6 +46,14 @@ OPTIMIZERS = ("adam", "sgd")
 def epsilon_at(step: Any, algo: Any, total_steps: int, xp: Any = np) -> Any:
     duration = algo.exploration_fraction * total_steps
     return linear_schedule(step, algo.start_e, algo.end_e, duration, xp)
+
+
+def learning_rate_at(update: Any, algo: Any, total_steps: int) -> Any:
+    """Learning rate of gradient update number ``update`` (from 0); NumPy or JAX scalars."""
+    if not algo.anneal_lr:
+        return algo.learning_rate
+    total_updates = multiples_between(0, total_steps, algo.train_frequency, algo.learning_starts)
+    return algo.learning_rate * (1.0 - update / max(int(total_updates), 1))
 
 
 class DQNSchedule:

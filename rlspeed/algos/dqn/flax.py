@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from rlspeed.algos.dqn import DQNSchedule, epsilon_at
+from rlspeed.algos.dqn import DQNSchedule, epsilon_at, learning_rate_at
 from rlspeed.algos.encoding import one_hot_classes
 from rlspeed.algos.fused import FusedTrainer, save_pytree, train_fused
 from rlspeed.algos.offpolicy import train_off_policy
@@ -56,14 +56,18 @@ class Agent(NamedTuple):
 class DQNFunctions:
     """Pure functions of one DQN configuration: init, act, update, target sync."""
 
-    def __init__(self, obs_space: Any, action_space: Any, algo: Any) -> None:
+    def __init__(self, obs_space: Any, action_space: Any, algo: Any, total_steps: int) -> None:
         self.algo = algo
         self.n_actions = int(action_space.n)
         self.network = QNetwork(
             self.n_actions, tuple(algo.hidden_sizes), one_hot_classes(obs_space)
         )
         optimizer = optax.adam if algo.optimizer == "adam" else optax.sgd
-        self.optimizer = optimizer(algo.learning_rate)
+        self.optimizer = optimizer(
+            partial(learning_rate_at, algo=algo, total_steps=total_steps)
+            if algo.anneal_lr
+            else algo.learning_rate
+        )
         self._dummy_obs = jnp.zeros((1, *obs_space.shape), dtype=obs_space.dtype)
 
     def init(self, key: jax.Array) -> Agent:
@@ -108,7 +112,7 @@ class FlaxLearner(DQNSchedule):
         self, obs_space: Any, action_space: Any, algo: Any, seed: int, total_steps: int
     ) -> None:
         self.algo, self.total_steps = algo, total_steps
-        self.fns = DQNFunctions(obs_space, action_space, algo)
+        self.fns = DQNFunctions(obs_space, action_space, algo, total_steps)
         init_key, self.key = jax.random.split(jax.random.key(seed))
         self.agent = self.fns.init(init_key)
         self._act = jax.jit(self.fns.act)
@@ -170,7 +174,7 @@ class ChunkStats(NamedTuple):
 
 def make_train(cfg: Any, env: VmapEnv) -> FusedTrainer:
     algo, n = cfg.algo, env.num_envs
-    fns = DQNFunctions(env.single_observation_space, env.single_action_space, algo)
+    fns = DQNFunctions(env.single_observation_space, env.single_action_space, algo, cfg.total_steps)
     obs_space = env.single_observation_space
     capacity = algo.buffer_size
     total_iterations = math.ceil(cfg.total_steps / n)

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rlspeed.algos.dqn import DQNSchedule
+from rlspeed.algos.dqn import DQNSchedule, learning_rate_at
 from rlspeed.algos.encoding import input_size, one_hot_classes
 from rlspeed.algos.offpolicy import train_off_policy
 from rlspeed.algos.replay import Batch
@@ -58,6 +58,9 @@ class TorchLearner(DQNSchedule):
         self.target_network.load_state_dict(self.q_network.state_dict())
         optimizer = torch.optim.Adam if algo.optimizer == "adam" else torch.optim.SGD
         self.optimizer = optimizer(self.q_network.parameters(), lr=algo.learning_rate)
+        self.lr_schedule = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda k: learning_rate_at(k, algo, total_steps) / algo.learning_rate
+        )
         self.gamma, self.tau = algo.gamma, algo.tau
         self.generator = torch.Generator().manual_seed(seed)
 
@@ -87,6 +90,7 @@ class TorchLearner(DQNSchedule):
         self.optimizer.zero_grad()
         loss.backward()
         self.optimizer.step()
+        self.lr_schedule.step()
         return {"losses/td_loss": loss.detach(), "losses/q_values": q.detach().mean()}
 
     @torch.no_grad()

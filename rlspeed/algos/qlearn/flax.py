@@ -1,0 +1,217 @@
+"""Tabular Q-learning in JAX (``backend=flax``: the table is a JAX array, no network).
+
+With a Gymnasium engine the Python loop of ``rlspeed/algos/qlearn/loop.py`` calls jitted
+``act`` and ``update``. With ``env=jax-vmap`` everything is fused: ``make_train`` builds a
+pure ``iteration`` (state index, act, env step, table update) that ``lax.scan`` repeats,
+driven by ``rlspeed/algos/fused.py``, which vmaps it over seeds for ``num_seeds`` > 1.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import partial, reduce
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rlspeed.algos.dqn import epsilon_at
+from rlspeed.algos.fused import FusedTrainer, save_pytree, train_fused
+from rlspeed.algos.qlearn.loop import train_tabular
+from rlspeed.engines.jax_vmap import VmapEnv, VmapState
+from rlspeed.registry import TASKS
+from rlspeed.run import RunContext, TrainResult
+
+
+def max_over_actions(values: jax.Array) -> jax.Array:
+    """``values.max(axis=1)`` as elementwise maxima of the action columns: XLA:CPU (jax
+    0.10) hands small reductions to YNNPACK, which is ~8x slower on these [envs, actions]
+    tables than one fused elementwise loop (measured in the fused gridworld loop)."""
+    return reduce(jnp.maximum, [values[:, a] for a in range(values.shape[1])])
+
+
+def explore_greedy(q: jax.Array, states: jax.Array, u: jax.Array, epsilon: Any) -> jax.Array:
+    """Epsilon-greedy with random tie-breaking: a uniform pick among all actions with
+    probability epsilon, else among the maximal ones. One uniform number per env (``u``)
+    does both: below epsilon it explores, and rescaled to [0, 1) within its branch it
+    picks which candidate (random numbers are a main cost of the fused loop on CPU)."""
+    values = q[states]
+    explore = u < epsilon
+    candidates = explore[:, None] | (values == max_over_actions(values)[:, None])
+    v = jnp.where(explore, u / epsilon, (u - epsilon) / (1.0 - epsilon))
+    count = candidates.sum(axis=1)
+    pick = jnp.minimum((v * count).astype(jnp.int32), count - 1)
+    # The action of the pick-th candidate (0-based), in action order.
+    return (jnp.cumsum(candidates, axis=1) <= pick[:, None]).sum(axis=1).astype(jnp.int32)
+
+
+def step_uniforms(key: jax.Array, step: jax.Array, num_envs: int) -> jax.Array:
+    """The uniform numbers ``explore_greedy`` takes at env step ``step``, one per env: a
+    function of ``(key, step)`` alone."""
+    return jax.random.uniform(jax.random.fold_in(key, step), (num_envs,))
+
+
+def greedy(q: jax.Array, states: jax.Array) -> jax.Array:
+    """Evaluation: the first maximal action (deterministic)."""
+    return q[states].argmax(axis=1)
+
+
+def td_update(
+    q: jax.Array,
+    states: jax.Array,
+    actions: jax.Array,
+    rewards: jax.Array,
+    next_states: jax.Array,
+    terminated: jax.Array,
+    alpha: float,
+    gamma: float,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """``Q[s, a] += alpha * mean(td)`` over the batch's transitions at each ``(s, a)``;
+    returns the new table, the TD errors and ``Q[s, a]`` (both of the table before it)."""
+    q_sa = q[states, actions]
+    next_value = max_over_actions(q[next_states])
+    td = rewards + gamma * (1.0 - terminated.astype(jnp.float32)) * next_value - q_sa
+    index = states * q.shape[1] + actions
+    hits = jnp.zeros(q.size).at[index].add(1.0)[index]
+    q = q.reshape(-1).at[index].add(alpha * td / hits).reshape(q.shape)
+    return q, td, q_sa
+
+
+class FlaxQTable:
+    """Jitted act/update for the Python-driven loop (Gymnasium engines)."""
+
+    def __init__(self, num_states: int, n_actions: int, algo: Any, seed: int) -> None:
+        self.q = jnp.zeros((num_states, n_actions))
+        self.key = jax.random.key(seed)
+
+        def act(q: jax.Array, states: jax.Array, step: int, epsilon: float) -> jax.Array:
+            return explore_greedy(q, states, step_uniforms(self.key, step, len(states)), epsilon)
+
+        def update(q: jax.Array, *batch: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
+            q, td, q_sa = td_update(q, *batch, algo.alpha, algo.gamma)
+            return q, {"losses/td_error": jnp.abs(td).mean(), "losses/q_values": q_sa.mean()}
+
+        self._act = jax.jit(act)
+        self._greedy = jax.jit(greedy)
+        self._update = jax.jit(update)
+
+    def act(self, states: np.ndarray, step: int, epsilon: float) -> jax.Array:
+        return self._act(self.q, states, step, epsilon)
+
+    def greedy(self, states: np.ndarray) -> np.ndarray:
+        return np.asarray(self._greedy(self.q, states))
+
+    def update(
+        self,
+        states: np.ndarray,
+        actions: jax.Array,
+        rewards: Any,
+        next_states: np.ndarray,
+        terminated: Any,
+    ) -> dict[str, jax.Array]:
+        self.q, metrics = self._update(self.q, states, actions, rewards, next_states, terminated)
+        return metrics
+
+    def save(self, path: Path) -> Path:
+        return save_pytree({"q_table": self.q}, path)
+
+
+# ---------------------------------------------------------------- fused jax-vmap path
+
+
+class TrainState(NamedTuple):
+    q: jax.Array
+    env: VmapState
+    key: jax.Array  # fixed: each step's exploration numbers are step_uniforms(key, step)
+    step: jax.Array
+    updates: jax.Array
+
+
+class ChunkStats(NamedTuple):
+    """Per iteration of a chunk: finished episodes [iters, num_envs] and update stats [iters]."""
+
+    done: jax.Array
+    episode_return: jax.Array
+    episode_length: jax.Array
+    td_error: jax.Array
+    q_values: jax.Array
+    epsilon: jax.Array
+
+
+def make_train(cfg: Any, env: VmapEnv) -> FusedTrainer:
+    algo, task_cfg, n = cfg.algo, cfg.task, env.num_envs
+    tabular = TASKS.get(task_cfg.name).tabular
+    num_states, n_actions = tabular.num_states(task_cfg), int(env.single_action_space.n)
+
+    def states_of(obs: jax.Array) -> jax.Array:
+        return tabular.state_index(task_cfg, obs, jnp)
+
+    def init(key: jax.Array) -> TrainState:
+        env_key, key = jax.random.split(key)
+        q = jnp.zeros((num_states, n_actions))
+        return TrainState(q, env.init(env_key), key, jnp.int32(0), jnp.int32(0))
+
+    def iteration(state: TrainState, u: jax.Array) -> tuple[TrainState, ChunkStats]:
+        epsilon = epsilon_at(state.step, algo, cfg.total_steps, xp=jnp)
+        states = states_of(state.env.obs)
+        actions = explore_greedy(state.q, states, u, epsilon)
+        env_state, result = env.step(state.env, actions)
+        # The true next state is the final observation where an episode ended.
+        q, td, q_sa = td_update(
+            state.q,
+            states,
+            actions,
+            result.reward,
+            states_of(result.final_obs),
+            result.terminated,
+            algo.alpha,
+            algo.gamma,
+        )
+        stats = ChunkStats(
+            result.terminated | result.truncated,
+            result.episode_return,
+            result.episode_length,
+            jnp.abs(td).mean(),
+            q_sa.mean(),
+            epsilon,
+        )
+        return TrainState(q, env_state, state.key, state.step + n, state.updates + 1), stats
+
+    def run(state: TrainState, iterations: int) -> tuple[TrainState, ChunkStats]:
+        # XLA:CPU runs threefry as a loop with a cost per call: drawing the chunk's numbers
+        # in one call is much faster, and each step's stay the same whatever the chunking.
+        steps = state.step + n * jnp.arange(iterations)
+        u = jax.vmap(step_uniforms, in_axes=(None, 0, None))(state.key, steps, n)
+        return jax.lax.scan(iteration, state, u)
+
+    def summarize(stats: ChunkStats) -> dict[str, float]:
+        return {
+            "charts/epsilon": float(stats.epsilon[-1]),
+            "losses/td_error": float(stats.td_error.mean()),
+            "losses/q_values": float(stats.q_values.mean()),
+        }
+
+    return FusedTrainer(
+        init=init,
+        run=run,
+        total_iterations=math.ceil(cfg.total_steps / n),
+        steps_per_iteration=n,
+        policy_params=lambda state: state.q,
+        greedy=lambda q, obs: greedy(q, states_of(obs)),
+        checkpoint=lambda state: {"q_table": state.q},
+        summarize=summarize,
+    )
+
+
+def train(ctx: RunContext) -> TrainResult:
+    if ctx.engine.needs_functional_env:
+        return train_fused(ctx, make_train)
+    return ctx.each_seed(
+        lambda seed_ctx: train_tabular(
+            seed_ctx,
+            partial(FlaxQTable, algo=ctx.cfg.algo, seed=seed_ctx.seed),
+            "checkpoint.msgpack",
+        )
+    )

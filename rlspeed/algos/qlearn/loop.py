@@ -1,0 +1,93 @@
+"""The tabular Q-learning loop driven from Python, shared by the torch learner (any engine)
+and the flax learner on the Gymnasium engines (``flax`` + ``jax-vmap`` is fused instead).
+
+Observations become state indices in NumPy (``np.asarray`` views engine arrays without a
+copy); the learner only ever sees int32 state indices. Every env step batch is one update.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from rlspeed.algos.dqn import epsilon_at
+from rlspeed.run import RunContext, TrainResult
+
+
+class TabularLearner(Protocol):
+    def act(self, states: np.ndarray, step: int, epsilon: float) -> Any:
+        """Epsilon-greedy actions (random among tied maxima) at env step ``step``, as
+        arrays the engine takes."""
+
+    def greedy(self, states: np.ndarray) -> np.ndarray:
+        """Greedy actions (first maximum) as NumPy, for evaluation."""
+
+    def update(
+        self,
+        states: np.ndarray,
+        actions: Any,
+        rewards: Any,
+        next_states: np.ndarray,
+        terminated: Any,
+    ) -> dict[str, Any]:
+        """One table update from a batch of transitions; metrics as backend scalars."""
+
+    def save(self, path: Path) -> Path: ...
+
+
+def train_tabular(
+    ctx: RunContext,
+    make_learner: Callable[[int, int], TabularLearner],
+    checkpoint_name: str,
+) -> TrainResult:
+    """``make_learner(num_states, n_actions)`` runs after the engine exists, so
+    AsyncVectorEnv forks its workers before the backend starts threads of its own."""
+    cfg = ctx.cfg
+    tabular = ctx.task.tabular
+    engine = ctx.make_engine()
+    learner = make_learner(tabular.num_states(cfg.task), int(engine.single_action_space.n))
+    ctx.set_checkpoint(checkpoint_name, learner.save)
+
+    def states_of(obs: Any) -> np.ndarray:
+        return tabular.state_index(cfg.task, np.asarray(obs), np)
+
+    def greedy_policy(obs: np.ndarray) -> np.ndarray:
+        return learner.greedy(states_of(obs))
+
+    step = updates = 0
+    next_log = cfg.log_every
+    interval: dict[str, list[Any]] = {}
+    try:
+        states = states_of(engine.reset())
+        while step < cfg.total_steps:
+            epsilon = float(epsilon_at(step, cfg.algo, cfg.total_steps))
+            actions = learner.act(states, step, epsilon)
+            result = engine.step(actions)
+            # The true next state is the final observation where an episode ended.
+            metrics = learner.update(
+                states, actions, result.reward, states_of(result.final_obs), result.terminated
+            )
+            for name, value in metrics.items():
+                interval.setdefault(name, []).append(value)
+            ctx.monitor.episodes(
+                np.asarray(result.terminated) | np.asarray(result.truncated),
+                result.episode_return,
+                result.episode_length,
+            )
+            states = states_of(result.obs)
+            step, updates = step + engine.num_envs, updates + 1
+            if step >= next_log or step >= cfg.total_steps:
+                # One host sync per log, not per step.
+                logged = {
+                    name: float(np.mean([float(v) for v in vs])) for name, vs in interval.items()
+                }
+                logged["charts/epsilon"] = epsilon
+                interval = {}
+                ctx.monitor.log(step, updates, logged, greedy_policy)
+                next_log += cfg.log_every
+    finally:
+        engine.close()
+    return TrainResult(steps=step, updates=updates)

@@ -1,0 +1,103 @@
+"""Tabular Q-learning in PyTorch, on any engine (Gymnasium or JAX through DLPack)."""
+
+from __future__ import annotations
+
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from rlspeed.algos.qlearn.loop import train_tabular
+from rlspeed.run import RunContext, TrainResult
+
+
+def explore_greedy(
+    q: torch.Tensor, states: torch.Tensor, u: torch.Tensor, epsilon: float
+) -> torch.Tensor:
+    """Epsilon-greedy with random tie-breaking, from one uniform number per env (``u``):
+    below epsilon it explores, and rescaled to [0, 1) within its branch it picks which of
+    the candidates (all actions when exploring, else the maximal ones). As in flax.py."""
+    values = q[states]
+    explore = u < epsilon
+    candidates = explore[:, None] | (values == values.max(dim=1, keepdim=True).values)
+    v = torch.where(explore, u / epsilon, (u - epsilon) / (1.0 - epsilon))
+    count = candidates.sum(dim=1)
+    pick = torch.minimum((v * count).long(), count - 1)
+    # The action of the pick-th candidate (0-based), in action order.
+    return (candidates.cumsum(dim=1) <= pick[:, None]).sum(dim=1)
+
+
+@torch.no_grad()
+def td_update_(
+    q: torch.Tensor,
+    states: torch.Tensor,
+    actions: torch.Tensor,
+    rewards: torch.Tensor,
+    next_states: torch.Tensor,
+    terminated: torch.Tensor,
+    alpha: float,
+    gamma: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``Q[s, a] += alpha * mean(td)`` over the batch's transitions at each ``(s, a)``, in
+    place; returns the TD errors and ``Q[s, a]`` (both of the table before the update)."""
+    n_actions = q.shape[1]
+    q_sa = q[states, actions]
+    next_value = q[next_states].max(dim=1).values
+    td = rewards + gamma * (1.0 - terminated.float()) * next_value - q_sa
+    index = states * n_actions + actions
+    flat = q.view(-1)
+    hits = torch.zeros_like(flat).index_add_(0, index, torch.ones_like(td))[index]
+    flat.index_add_(0, index, alpha * td / hits)
+    return td, q_sa
+
+
+class TorchQTable:
+    def __init__(self, num_states: int, n_actions: int, algo: Any, seed: int) -> None:
+        self.alpha, self.gamma = algo.alpha, algo.gamma
+        self.q = torch.zeros(num_states, n_actions)
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def act(self, states: np.ndarray, step: int, epsilon: float) -> torch.Tensor:
+        u = torch.rand(len(states), generator=self.generator)
+        actions = explore_greedy(self.q, torch.from_numpy(states), u, epsilon)
+        # int32 is what the JAX engine takes with x64 disabled.
+        return actions.to(torch.int32)
+
+    def greedy(self, states: np.ndarray) -> np.ndarray:
+        return self.q[torch.from_numpy(states)].argmax(dim=1).numpy()
+
+    def update(
+        self,
+        states: np.ndarray,
+        actions: torch.Tensor,
+        rewards: Any,
+        next_states: np.ndarray,
+        terminated: Any,
+    ) -> dict[str, torch.Tensor]:
+        # DLPack: NumPy and JAX arrays become tensors without a copy.
+        td, q_sa = td_update_(
+            self.q,
+            torch.from_numpy(states).long(),
+            actions.long(),
+            torch.from_dlpack(rewards),
+            torch.from_numpy(next_states).long(),
+            torch.from_dlpack(terminated),
+            self.alpha,
+            self.gamma,
+        )
+        return {"losses/td_error": td.abs().mean(), "losses/q_values": q_sa.mean()}
+
+    def save(self, path: Path) -> Path:
+        torch.save({"q_table": self.q}, path)
+        return path
+
+
+def train_one(ctx: RunContext) -> TrainResult:
+    learner = partial(TorchQTable, algo=ctx.cfg.algo, seed=ctx.seed)
+    return train_tabular(ctx, learner, "checkpoint.pt")
+
+
+def train(ctx: RunContext) -> TrainResult:
+    return ctx.each_seed(train_one)

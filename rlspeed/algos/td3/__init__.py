@@ -1,0 +1,122 @@
+"""TD3 (Fujimoto et al. 2018) as CleanRL users know it: a deterministic tanh actor, twin
+critics, target policy smoothing, delayed actor and target updates, Gaussian exploration.
+
+The action math below is written once for every backend: ``xp`` is ``numpy``,
+``jax.numpy`` or ``torch`` (each has ``tanh`` and ``clip`` with array bounds), and the
+random draws come in as standard-normal or uniform arrays from the backend's own RNG.
+All step counts are environment steps, whatever ``num_envs``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from rlspeed.algos import AlgoSpec
+from rlspeed.errors import ConfigError
+
+
+@dataclass
+class TD3Config:
+    name: str = "td3"
+    learning_rate: float = 3e-4
+    buffer_size: int = 1_000_000
+    batch_size: int = 256
+    gamma: float = 0.99
+    # Polyak factor of the target networks (1.0 copies the online networks).
+    tau: float = 0.005
+    # Target policy smoothing noise and its clip, in units of half the action range.
+    policy_noise: float = 0.2
+    noise_clip: float = 0.5
+    # Exploration noise std, in units of half the action range.
+    exploration_noise: float = 0.1
+    # Critic updates per actor (and target) update.
+    policy_frequency: int = 2
+    # Env steps per gradient update (1 -> one update per env step).
+    train_frequency: int = 1
+    # Uniformly random actions before this env step; updates start here too.
+    learning_starts: int = 25_000
+    hidden_sizes: list[int] = field(default_factory=lambda: [256, 256])
+
+
+class ActionBounds(NamedTuple):
+    """A Box action space as arrays of one backend: actions live in ``[low, high]``."""
+
+    low: Any
+    high: Any
+    scale: Any  # half the range: tanh's [-1, 1] maps onto [low, high]
+    center: Any
+
+
+def action_bounds(space: Any, as_array: Callable[[np.ndarray], Any] = np.asarray) -> ActionBounds:
+    low, high = (np.asarray(b, dtype=np.float32) for b in (space.low, space.high))
+    return ActionBounds(*(as_array(x) for x in (low, high, (high - low) / 2, (high + low) / 2)))
+
+
+def squash(x: Any, bounds: ActionBounds, xp: Any) -> Any:
+    """The actor's output layer: unbounded ``x`` -> actions in ``[low, high]``."""
+    return xp.tanh(x) * bounds.scale + bounds.center
+
+
+def uniform_actions(uniform: Any, bounds: ActionBounds) -> Any:
+    """Uniform draws in [0, 1) -> uniformly random actions (before ``learning_starts``)."""
+    return bounds.low + uniform * (bounds.high - bounds.low)
+
+
+def explore(actions: Any, normal: Any, bounds: ActionBounds, algo: Any, xp: Any) -> Any:
+    """Gaussian exploration around the actor's actions, kept inside the bounds."""
+    noisy = actions + normal * (algo.exploration_noise * bounds.scale)
+    return xp.clip(noisy, bounds.low, bounds.high)
+
+
+def smoothed_target_actions(
+    actions: Any, normal: Any, bounds: ActionBounds, algo: Any, xp: Any
+) -> Any:
+    """Target policy smoothing: clipped Gaussian noise on the target actor's actions."""
+    limit = algo.noise_clip * bounds.scale
+    noise = xp.clip(normal * (algo.policy_noise * bounds.scale), -limit, limit)
+    return xp.clip(actions + noise, bounds.low, bounds.high)
+
+
+def is_actor_step(updates: Any, algo: Any) -> Any:
+    """Whether critic update number ``updates`` (counted from 1) also updates the actor."""
+    return updates % algo.policy_frequency == 0
+
+
+def validate(algo: Any, cfg: Any) -> None:
+    for key in ("buffer_size", "batch_size", "train_frequency", "policy_frequency"):
+        if algo[key] < 1:
+            raise ConfigError(f"algo.{key}", algo[key], "an integer >= 1")
+    if algo.batch_size > algo.buffer_size:
+        raise ConfigError(
+            "algo.batch_size", algo.batch_size, f"<= algo.buffer_size ({algo.buffer_size})"
+        )
+    if algo.learning_starts < 0:
+        raise ConfigError("algo.learning_starts", algo.learning_starts, "an integer >= 0")
+    for key in ("gamma", "tau"):
+        if not 0.0 <= algo[key] <= 1.0:
+            raise ConfigError(f"algo.{key}", algo[key], "a number in [0, 1]")
+    for key in ("policy_noise", "noise_clip", "exploration_noise"):
+        if algo[key] < 0:
+            raise ConfigError(f"algo.{key}", algo[key], "a number >= 0")
+    if algo.learning_rate <= 0:
+        raise ConfigError("algo.learning_rate", algo.learning_rate, "a number > 0")
+    if not algo.hidden_sizes or min(algo.hidden_sizes) < 1:
+        raise ConfigError(
+            "algo.hidden_sizes", list(algo.hidden_sizes), "a non-empty list of integers >= 1"
+        )
+
+
+SPEC = AlgoSpec(
+    name="td3",
+    schema=TD3Config,
+    action_kinds=("continuous",),
+    implementations={
+        "torch": "rlspeed.algos.td3.torch:train",
+        "flax": "rlspeed.algos.td3.flax:train",
+    },
+    validate=validate,
+)

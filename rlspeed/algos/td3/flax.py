@@ -1,0 +1,340 @@
+"""TD3 in Flax + Optax.
+
+With a Gymnasium engine the Python loop of ``rlspeed/algos/offpolicy.py`` calls jitted
+``act`` and ``update``. With ``env=jax-vmap`` everything is fused: ``make_train`` builds
+pure functions in which acting, stepping, storing and updating run inside one
+``lax.scan`` with the replay buffer in JAX arrays (driven by ``rlspeed/algos/fused.py``).
+The twin critics are one parameter pytree stacked on a leading axis of 2, evaluated
+with ``jax.vmap``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from functools import partial
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from rlspeed.algos.fused import FusedTrainer, save_pytree, train_fused
+from rlspeed.algos.offpolicy import train_off_policy
+from rlspeed.algos.replay import (
+    Batch,
+    JaxReplay,
+    jax_replay_add,
+    jax_replay_init,
+    jax_replay_sample,
+)
+from rlspeed.algos.schedule import multiples_between
+from rlspeed.algos.td3 import (
+    action_bounds,
+    explore,
+    is_actor_step,
+    smoothed_target_actions,
+    squash,
+    uniform_actions,
+)
+from rlspeed.engines.jax_vmap import VmapEnv, VmapState
+from rlspeed.run import RunContext, TrainResult
+
+
+def _flat(obs: jax.Array) -> jax.Array:
+    return obs.reshape(obs.shape[0], -1).astype(jnp.float32)
+
+
+class Actor(nn.Module):
+    """Deterministic policy before the tanh squashing (see ``TD3Functions.actor``)."""
+
+    action_dim: int
+    hidden_sizes: Sequence[int]
+
+    @nn.compact
+    def __call__(self, obs: jax.Array) -> jax.Array:
+        x = _flat(obs)
+        for size in self.hidden_sizes:
+            x = nn.relu(nn.Dense(size)(x))
+        return nn.Dense(self.action_dim)(x)
+
+
+class QNetwork(nn.Module):
+    hidden_sizes: Sequence[int]
+
+    @nn.compact
+    def __call__(self, obs: jax.Array, actions: jax.Array) -> jax.Array:
+        x = jnp.concatenate([_flat(obs), actions.astype(jnp.float32)], axis=1)
+        for size in self.hidden_sizes:
+            x = nn.relu(nn.Dense(size)(x))
+        return nn.Dense(1)(x)[:, 0]
+
+
+class Agent(NamedTuple):
+    actor_params: Any
+    critic_params: Any  # Q1 and Q2, stacked on a leading axis of 2
+    actor_target: Any
+    critic_target: Any
+    actor_opt_state: Any
+    critic_opt_state: Any
+
+
+class TD3Functions:
+    """Pure functions of one TD3 configuration: init, act, and the update."""
+
+    def __init__(self, obs_space: Any, action_space: Any, algo: Any) -> None:
+        self.algo = algo
+        self.bounds = action_bounds(action_space, jnp.asarray)
+        self.action_shape = tuple(action_space.shape)
+        hidden = tuple(algo.hidden_sizes)
+        self.actor_net = Actor(int(np.prod(action_space.shape)), hidden)
+        self.critic_net = QNetwork(hidden)
+        self.optimizer = optax.adam(algo.learning_rate)
+        self._dummy_obs = jnp.zeros((1, *obs_space.shape), jnp.float32)
+        self._dummy_actions = jnp.zeros((1, *action_space.shape), jnp.float32)
+
+    def init(self, key: jax.Array) -> Agent:
+        actor_key, critic_key = jax.random.split(key)
+        actor = self.actor_net.init(actor_key, self._dummy_obs)
+        critics = jax.vmap(self.critic_net.init, in_axes=(0, None, None))(
+            jax.random.split(critic_key), self._dummy_obs, self._dummy_actions
+        )
+        opt = self.optimizer
+        return Agent(actor, critics, actor, critics, opt.init(actor), opt.init(critics))
+
+    def actor(self, params: Any, obs: jax.Array) -> jax.Array:
+        """The deterministic (greedy) actions."""
+        return squash(self.actor_net.apply(params, obs), self.bounds, jnp)
+
+    def critics(self, params: Any, obs: jax.Array, actions: jax.Array) -> jax.Array:
+        """Q1 and Q2 of each (obs, action): shape [2, B]."""
+        return jax.vmap(self.critic_net.apply, in_axes=(0, None, None))(params, obs, actions)
+
+    def act(self, params: Any, obs: jax.Array, key: jax.Array, step: jax.Array) -> jax.Array:
+        """Uniformly random actions before ``learning_starts``, then the actor's plus noise."""
+        noise_key, random_key = jax.random.split(key)
+        actions = self.actor(params, obs)
+        noisy = explore(
+            actions, jax.random.normal(noise_key, actions.shape), self.bounds, self.algo, jnp
+        )
+        random = uniform_actions(jax.random.uniform(random_key, actions.shape), self.bounds)
+        return jnp.where(step < self.algo.learning_starts, random, noisy)
+
+    def update_critics(
+        self, agent: Agent, batch: Batch, target_noise: jax.Array
+    ) -> tuple[Agent, dict[str, jax.Array]]:
+        algo = self.algo
+        next_actions = smoothed_target_actions(
+            self.actor(agent.actor_target, batch.next_obs), target_noise, self.bounds, algo, jnp
+        )
+        next_q = self.critics(agent.critic_target, batch.next_obs, next_actions).min(axis=0)
+        target = batch.rewards + algo.gamma * (1.0 - batch.dones) * next_q
+
+        def loss_fn(params: Any) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+            q = self.critics(params, batch.obs, batch.actions)
+            losses = jnp.mean((q - target) ** 2, axis=1)
+            return losses.sum(), (losses, q[0].mean())
+
+        (_, (losses, q1_mean)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+            agent.critic_params
+        )
+        updates, opt_state = self.optimizer.update(
+            grads, agent.critic_opt_state, agent.critic_params
+        )
+        agent = agent._replace(
+            critic_params=optax.apply_updates(agent.critic_params, updates),
+            critic_opt_state=opt_state,
+        )
+        metrics = {
+            "losses/qf1_loss": losses[0],
+            "losses/qf2_loss": losses[1],
+            "losses/qf1_values": q1_mean,
+        }
+        return agent, metrics
+
+    def update_actor(self, agent: Agent, batch: Batch) -> tuple[Agent, jax.Array]:
+        """The delayed step: the actor ascends Q1, then every target moves by ``tau``."""
+        q1_params = jax.tree.map(lambda x: x[0], agent.critic_params)
+
+        def loss_fn(params: Any) -> jax.Array:
+            actions = self.actor(params, batch.obs)
+            return -self.critic_net.apply(q1_params, batch.obs, actions).mean()
+
+        loss, grads = jax.value_and_grad(loss_fn)(agent.actor_params)
+        updates, opt_state = self.optimizer.update(grads, agent.actor_opt_state, agent.actor_params)
+        actor = optax.apply_updates(agent.actor_params, updates)
+        tau = self.algo.tau
+        agent = Agent(
+            actor,
+            agent.critic_params,
+            optax.incremental_update(actor, agent.actor_target, tau),
+            optax.incremental_update(agent.critic_params, agent.critic_target, tau),
+            opt_state,
+            agent.critic_opt_state,
+        )
+        return agent, loss
+
+    def update(
+        self, agent: Agent, batch: Batch, target_noise: jax.Array, actor_step: jax.Array
+    ) -> tuple[Agent, dict[str, jax.Array]]:
+        """One critic update, and the actor's where ``actor_step`` (actor_loss 0 elsewhere)."""
+        agent, metrics = self.update_critics(agent, batch, target_noise)
+        agent, metrics["losses/actor_loss"] = jax.lax.cond(
+            actor_step, self.update_actor, lambda a, b: (a, jnp.float32(0.0)), agent, batch
+        )
+        return agent, metrics
+
+
+class FlaxLearner:
+    """Jitted act/update for the Python-driven loop (Gymnasium engines)."""
+
+    def __init__(self, obs_space: Any, action_space: Any, algo: Any, seed: int) -> None:
+        self.algo = algo
+        self.fns = TD3Functions(obs_space, action_space, algo)
+        init_key, self.key = jax.random.split(jax.random.key(seed))
+        self.agent = self.fns.init(init_key)
+        self.updates = 0
+        self._act = jax.jit(self.fns.act)
+        self._greedy = jax.jit(self.fns.actor)
+        self._update = jax.jit(self.fns.update)
+        self._normal = jax.jit(jax.random.normal, static_argnums=1)
+
+    def act(self, obs: Any, step: int) -> jax.Array:
+        self.key, key = jax.random.split(self.key)
+        return self._act(self.agent.actor_params, obs, key, step)
+
+    def greedy(self, obs: np.ndarray) -> np.ndarray:
+        return np.asarray(self._greedy(self.agent.actor_params, obs))
+
+    def update(self, batch: Batch, target_noise: Any = None) -> dict[str, jax.Array]:
+        """One critic update, plus the actor and target updates every ``policy_frequency``.
+        ``target_noise``: the standard-normal draws of target policy smoothing (drawn
+        here unless given)."""
+        if target_noise is None:
+            self.key, key = jax.random.split(self.key)
+            target_noise = self._normal(key, batch.actions.shape)
+        self.updates += 1
+        actor_step = bool(is_actor_step(self.updates, self.algo))
+        self.agent, metrics = self._update(self.agent, batch, target_noise, actor_step)
+        if not actor_step:
+            del metrics["losses/actor_loss"]
+        return metrics
+
+    def after_env_steps(self, prev_step: int, step: int) -> dict[str, float]:
+        return {}
+
+    def save(self, path: Path) -> Path:
+        return save_pytree(self.agent._asdict(), path)
+
+
+# ---------------------------------------------------------------- fused jax-vmap path
+
+
+class TrainState(NamedTuple):
+    agent: Agent
+    replay: JaxReplay
+    env: VmapState
+    key: jax.Array
+    step: jax.Array
+    updates: jax.Array
+
+
+class ChunkStats(NamedTuple):
+    """Per iteration of a chunk: finished episodes [iters, num_envs] and update stats [iters]."""
+
+    done: jax.Array
+    episode_return: jax.Array
+    episode_length: jax.Array
+    loss_sums: dict[str, jax.Array]  # each metric summed over the iteration's updates
+    n_updates: jax.Array
+    n_actor_updates: jax.Array
+
+
+def make_train(cfg: Any, env: VmapEnv) -> FusedTrainer:
+    algo, n = cfg.algo, env.num_envs
+    fns = TD3Functions(env.single_observation_space, env.single_action_space, algo)
+    total_iterations = math.ceil(cfg.total_steps / n)
+
+    def init(key: jax.Array) -> TrainState:
+        agent_key, env_key, key = jax.random.split(key, 3)
+        replay = jax_replay_init(
+            algo.buffer_size, env.single_observation_space, env.single_action_space
+        )
+        return TrainState(
+            fns.init(agent_key), replay, env.init(env_key), key, jnp.int32(0), jnp.int32(0)
+        )
+
+    def iteration(state: TrainState, _: None) -> tuple[TrainState, ChunkStats]:
+        key, act_key, update_key = jax.random.split(state.key, 3)
+        actions = fns.act(state.agent.actor_params, state.env.obs, act_key, state.step)
+        env_state, result = env.step(state.env, actions)
+        replay = jax_replay_add(
+            state.replay, state.env.obs, result.final_obs, actions, result.reward, result.terminated
+        )
+        step = state.step + n
+        n_updates = multiples_between(
+            state.step, step, algo.train_frequency, algo.learning_starts, jnp
+        )
+
+        def one_update(i: jax.Array, carry: tuple) -> tuple:
+            agent, sums = carry
+            sample_key, noise_key = jax.random.split(jax.random.fold_in(update_key, i))
+            batch = jax_replay_sample(replay, sample_key, algo.batch_size)
+            noise = jax.random.normal(noise_key, batch.actions.shape)
+            actor_step = is_actor_step(state.updates + i + 1, algo)
+            agent, metrics = fns.update(agent, batch, noise, actor_step)
+            return agent, jax.tree.map(jnp.add, sums, metrics)
+
+        zeros = dict.fromkeys(
+            ("losses/qf1_loss", "losses/qf2_loss", "losses/qf1_values", "losses/actor_loss"),
+            jnp.float32(0.0),
+        )
+        agent, sums = jax.lax.fori_loop(0, n_updates, one_update, (state.agent, zeros))
+        updates = state.updates + n_updates
+        stats = ChunkStats(
+            result.terminated | result.truncated,
+            result.episode_return,
+            result.episode_length,
+            sums,
+            n_updates,
+            updates // algo.policy_frequency - state.updates // algo.policy_frequency,
+        )
+        return TrainState(agent, replay, env_state, key, step, updates), stats
+
+    def run(state: TrainState, iterations: int) -> tuple[TrainState, ChunkStats]:
+        return jax.lax.scan(iteration, state, None, length=iterations)
+
+    def summarize(stats: ChunkStats) -> dict[str, float]:
+        metrics = {}
+        counts = {"losses/actor_loss": int(stats.n_actor_updates.sum())}
+        for name, values in stats.loss_sums.items():
+            count = counts.get(name, int(stats.n_updates.sum()))
+            if count:
+                metrics[name] = float(values.sum()) / count
+        return metrics
+
+    return FusedTrainer(
+        init=init,
+        run=run,
+        total_iterations=total_iterations,
+        steps_per_iteration=n,
+        policy_params=lambda state: state.agent.actor_params,
+        greedy=fns.actor,
+        checkpoint=lambda state: state.agent._asdict(),
+        summarize=summarize,
+    )
+
+
+def train(ctx: RunContext) -> TrainResult:
+    if ctx.engine.needs_functional_env:
+        return train_fused(ctx, make_train)
+    return ctx.each_seed(
+        lambda seed_ctx: train_off_policy(
+            seed_ctx,
+            partial(FlaxLearner, algo=ctx.cfg.algo, seed=seed_ctx.seed),
+            "checkpoint.msgpack",
+        )
+    )

@@ -1,0 +1,154 @@
+"""TD3 in PyTorch, on any engine (Gymnasium, or JAX through DLPack)."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from rlspeed.algos.dqn.torch import lecun_normal_
+from rlspeed.algos.offpolicy import train_off_policy
+from rlspeed.algos.replay import Batch
+from rlspeed.algos.td3 import (
+    action_bounds,
+    explore,
+    is_actor_step,
+    smoothed_target_actions,
+    squash,
+    uniform_actions,
+)
+from rlspeed.run import RunContext, TrainResult
+
+
+def mlp(sizes: Sequence[int]) -> nn.Sequential:
+    """Linear layers of the given widths with ReLU between them (none after the last)."""
+    layers: list[nn.Module] = []
+    for fan_in, fan_out in zip(sizes[:-1], sizes[1:], strict=True):
+        layers += [lecun_normal_(nn.Linear(fan_in, fan_out)), nn.ReLU()]
+    return nn.Sequential(*layers[:-1])
+
+
+class Actor(nn.Module):
+    def __init__(self, obs_space: Any, action_space: Any, hidden_sizes: Sequence[int]) -> None:
+        super().__init__()
+        self.bounds = action_bounds(action_space, torch.from_numpy)
+        obs_dim, action_dim = int(np.prod(obs_space.shape)), int(np.prod(action_space.shape))
+        self.net = mlp([obs_dim, *hidden_sizes, action_dim])
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return squash(self.net(obs.flatten(1).float()), self.bounds, torch)
+
+
+class QNetwork(nn.Module):
+    def __init__(self, obs_space: Any, action_space: Any, hidden_sizes: Sequence[int]) -> None:
+        super().__init__()
+        obs_dim, action_dim = int(np.prod(obs_space.shape)), int(np.prod(action_space.shape))
+        self.net = mlp([obs_dim + action_dim, *hidden_sizes, 1])
+
+    def forward(self, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        return self.net(torch.cat([obs.flatten(1).float(), actions.float()], dim=1)).squeeze(1)
+
+
+class TorchLearner:
+    def __init__(self, obs_space: Any, action_space: Any, algo: Any, seed: int) -> None:
+        self.algo = algo
+        self.bounds = action_bounds(action_space, torch.from_numpy)
+        self.actor = Actor(obs_space, action_space, algo.hidden_sizes)
+        self.qf1 = QNetwork(obs_space, action_space, algo.hidden_sizes)
+        self.qf2 = QNetwork(obs_space, action_space, algo.hidden_sizes)
+        self.actor_target = copy.deepcopy(self.actor)
+        self.qf1_target = copy.deepcopy(self.qf1)
+        self.qf2_target = copy.deepcopy(self.qf2)
+        self.q_optimizer = torch.optim.Adam(
+            [*self.qf1.parameters(), *self.qf2.parameters()], lr=algo.learning_rate
+        )
+        self.actor_optimizer = torch.optim.Adam(self.actor.parameters(), lr=algo.learning_rate)
+        self.generator = torch.Generator().manual_seed(seed)
+        self.updates = 0
+
+    @torch.no_grad()
+    def act(self, obs: Any, step: int) -> torch.Tensor:
+        # DLPack: NumPy arrays and JAX arrays become tensors without a copy.
+        obs = torch.from_dlpack(obs)
+        shape = (obs.shape[0], *self.bounds.low.shape)
+        if step < self.algo.learning_starts:
+            return uniform_actions(torch.rand(shape, generator=self.generator), self.bounds)
+        normal = torch.randn(shape, generator=self.generator)
+        return explore(self.actor(obs), normal, self.bounds, self.algo, torch)
+
+    @torch.no_grad()
+    def greedy(self, obs: np.ndarray) -> np.ndarray:
+        return self.actor(torch.from_numpy(obs)).numpy()
+
+    def update(self, batch: Batch, target_noise: Any = None) -> dict[str, torch.Tensor]:
+        """One critic update, plus the actor and target updates every ``policy_frequency``.
+        ``target_noise``: the standard-normal draws of target policy smoothing (drawn
+        here unless given)."""
+        algo = self.algo
+        obs, next_obs, actions, rewards, dones = (torch.from_numpy(np.asarray(x)) for x in batch)
+        with torch.no_grad():
+            if target_noise is None:
+                target_noise = torch.randn(actions.shape, generator=self.generator)
+            next_actions = smoothed_target_actions(
+                self.actor_target(next_obs), torch.as_tensor(target_noise), self.bounds, algo, torch
+            )
+            next_q = torch.min(
+                self.qf1_target(next_obs, next_actions), self.qf2_target(next_obs, next_actions)
+            )
+            target = rewards + algo.gamma * (1.0 - dones) * next_q
+        q1, q2 = self.qf1(obs, actions), self.qf2(obs, actions)
+        qf1_loss, qf2_loss = F.mse_loss(q1, target), F.mse_loss(q2, target)
+        self.q_optimizer.zero_grad()
+        (qf1_loss + qf2_loss).backward()
+        self.q_optimizer.step()
+        metrics = {
+            "losses/qf1_loss": qf1_loss.detach(),
+            "losses/qf2_loss": qf2_loss.detach(),
+            "losses/qf1_values": q1.detach().mean(),
+        }
+        self.updates += 1
+        if is_actor_step(self.updates, algo):
+            actor_loss = -self.qf1(obs, self.actor(obs)).mean()
+            self.actor_optimizer.zero_grad()
+            actor_loss.backward()
+            self.actor_optimizer.step()
+            self._update_targets()
+            metrics["losses/actor_loss"] = actor_loss.detach()
+        return metrics
+
+    @torch.no_grad()
+    def _update_targets(self) -> None:
+        for target, online in (
+            (self.actor_target, self.actor),
+            (self.qf1_target, self.qf1),
+            (self.qf2_target, self.qf2),
+        ):
+            for t, o in zip(target.parameters(), online.parameters(), strict=True):
+                t.lerp_(o, self.algo.tau)
+
+    def after_env_steps(self, prev_step: int, step: int) -> dict[str, float]:
+        return {}
+
+    def save(self, path: Path) -> Path:
+        networks = ("actor", "qf1", "qf2", "actor_target", "qf1_target", "qf2_target")
+        state = {name: getattr(self, name).state_dict() for name in networks}
+        state["q_optimizer"] = self.q_optimizer.state_dict()
+        state["actor_optimizer"] = self.actor_optimizer.state_dict()
+        torch.save(state, path)
+        return path
+
+
+def train_one(ctx: RunContext) -> TrainResult:
+    learner = partial(TorchLearner, algo=ctx.cfg.algo, seed=ctx.seed)
+    return train_off_policy(ctx, learner, "checkpoint.pt")
+
+
+def train(ctx: RunContext) -> TrainResult:
+    return ctx.each_seed(train_one)

@@ -24,7 +24,13 @@ from rlspeed.algos.dqn import DQNSchedule, epsilon_at, learning_rate_at
 from rlspeed.algos.encoding import one_hot_classes
 from rlspeed.algos.fused import FusedTrainer, save_pytree, train_fused
 from rlspeed.algos.offpolicy import train_off_policy
-from rlspeed.algos.replay import Batch
+from rlspeed.algos.replay import (
+    Batch,
+    JaxReplay,
+    jax_replay_add,
+    jax_replay_init,
+    jax_replay_sample,
+)
 from rlspeed.algos.schedule import multiples_between
 from rlspeed.engines.jax_vmap import VmapEnv, VmapState
 from rlspeed.run import RunContext, TrainResult
@@ -141,19 +147,9 @@ class FlaxLearner(DQNSchedule):
 # ---------------------------------------------------------------- fused jax-vmap path
 
 
-class ReplayState(NamedTuple):
-    obs: jax.Array
-    next_obs: jax.Array
-    actions: jax.Array
-    rewards: jax.Array
-    dones: jax.Array
-    position: jax.Array
-    size: jax.Array
-
-
 class TrainState(NamedTuple):
     agent: Agent
-    replay: ReplayState
+    replay: JaxReplay
     env: VmapState
     key: jax.Array
     step: jax.Array
@@ -175,35 +171,15 @@ class ChunkStats(NamedTuple):
 def make_train(cfg: Any, env: VmapEnv) -> FusedTrainer:
     algo, n = cfg.algo, env.num_envs
     fns = DQNFunctions(env.single_observation_space, env.single_action_space, algo, cfg.total_steps)
-    obs_space = env.single_observation_space
-    capacity = algo.buffer_size
     total_iterations = math.ceil(cfg.total_steps / n)
 
     def init(key: jax.Array) -> TrainState:
         agent_key, env_key, key = jax.random.split(key, 3)
-        replay = ReplayState(
-            obs=jnp.zeros((capacity, *obs_space.shape), obs_space.dtype),
-            next_obs=jnp.zeros((capacity, *obs_space.shape), obs_space.dtype),
-            actions=jnp.zeros(capacity, jnp.int32),
-            rewards=jnp.zeros(capacity, jnp.float32),
-            dones=jnp.zeros(capacity, jnp.float32),
-            position=jnp.int32(0),
-            size=jnp.int32(0),
+        replay = jax_replay_init(
+            algo.buffer_size, env.single_observation_space, env.single_action_space
         )
         return TrainState(
             fns.init(agent_key), replay, env.init(env_key), key, jnp.int32(0), jnp.int32(0)
-        )
-
-    def store(replay: ReplayState, obs, next_obs, actions, rewards, terminated) -> ReplayState:  # noqa: ANN001
-        index = (replay.position + jnp.arange(n)) % capacity
-        return ReplayState(
-            replay.obs.at[index].set(obs),
-            replay.next_obs.at[index].set(next_obs),
-            replay.actions.at[index].set(actions),
-            replay.rewards.at[index].set(rewards),
-            replay.dones.at[index].set(terminated.astype(jnp.float32)),
-            (replay.position + n) % capacity,
-            jnp.minimum(replay.size + n, capacity),
         )
 
     def iteration(state: TrainState, _: None) -> tuple[TrainState, ChunkStats]:
@@ -211,7 +187,7 @@ def make_train(cfg: Any, env: VmapEnv) -> FusedTrainer:
         epsilon = epsilon_at(state.step, algo, cfg.total_steps, xp=jnp)
         actions = fns.act(state.agent.params, state.env.obs, act_key, epsilon)
         env_state, result = env.step(state.env, actions)
-        replay = store(
+        replay = jax_replay_add(
             state.replay, state.env.obs, result.final_obs, actions, result.reward, result.terminated
         )
         step = state.step + n
@@ -221,13 +197,7 @@ def make_train(cfg: Any, env: VmapEnv) -> FusedTrainer:
 
         def one_update(i: jax.Array, carry: tuple) -> tuple:
             agent, loss_sum, q_sum = carry
-            index = jax.random.randint(
-                jax.random.fold_in(update_key, i), (algo.batch_size,), 0, replay.size
-            )
-            batch = Batch(
-                replay.obs[index], replay.next_obs[index], replay.actions[index],
-                replay.rewards[index], replay.dones[index],
-            )  # fmt: skip
+            batch = jax_replay_sample(replay, jax.random.fold_in(update_key, i), algo.batch_size)
             agent, loss, q_mean = fns.update(agent, batch)
             return agent, loss_sum + loss, q_sum + q_mean
 

@@ -1,0 +1,66 @@
+"""CartPole: Gymnasium's ``CartPole-v1``, and a functional JAX twin with the same dynamics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+from gymnasium.envs.classic_control.cartpole import CartPoleEnv
+
+from rlspeed.config import TaskConfig
+from rlspeed.tasks import Policy, TaskSpec
+from rlspeed.tasks.episodes import FunctionalTwin, mean_greedy_return
+
+ENV_ID = "CartPole-v1"
+# The score is measured at the registered episode length, whatever the training length.
+STANDARD_MAX_STEPS = 500
+
+
+@dataclass
+class CartPoleTaskConfig(TaskConfig):
+    name: str = "cartpole"
+    max_steps: int = STANDARD_MAX_STEPS
+    # Greedy episodes behind each score.
+    eval_episodes: int = 10
+
+
+def make_env(cfg: Any) -> gym.Env:
+    return gym.make(ENV_ID, max_episode_steps=cfg.max_steps)
+
+
+def make_functional(cfg: Any) -> FunctionalTwin:
+    """Gymnasium's functional JAX CartPole with ``CartPole-v1``'s parameters.
+
+    Gymnasium's default ``CartPoleParams.polemass_length`` is ``masspole + length`` (0.6)
+    where v1 has ``masspole * length`` (0.05): a different pole. The rest is v1's: uniform
+    start in [-0.05, 0.05]^4, explicit Euler with tau 0.02, a +-10 N push, reward 1 on
+    every step including the terminating one, termination beyond |x| 2.4 or |theta| 12
+    degrees, observation = state. Only the precision differs (float32 here, float64 in v1).
+    """
+    # Imported here: selecting a task must not load JAX and flax; only jax-vmap needs them.
+    from gymnasium.envs.phys2d.cartpole import CartPoleFunctional, CartPoleParams
+
+    v1 = CartPoleEnv()
+    params = CartPoleParams(polemass_length=v1.polemass_length)
+    return FunctionalTwin(CartPoleFunctional(), params, v1)
+
+
+def evaluate(cfg: Any, policy: Policy, seed: int) -> float:
+    """Mean return of the greedy policy over ``cfg.eval_episodes`` standard-length episodes."""
+    return mean_greedy_return(
+        lambda: gym.make(ENV_ID, max_episode_steps=STANDARD_MAX_STEPS),
+        policy,
+        cfg.eval_episodes,
+        seed,
+    )
+
+
+SPEC = TaskSpec(
+    name="cartpole",
+    schema=CartPoleTaskConfig,
+    action_kind="discrete",
+    make_env=make_env,
+    make_functional=make_functional,
+    evaluate=evaluate,
+)

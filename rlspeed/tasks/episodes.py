@@ -1,0 +1,74 @@
+"""Shared by the tasks built on Gymnasium's registered envs: greedy evaluation episodes, and
+the adapter that fits Gymnasium's functional JAX twins to their registered envs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.experimental.functional import FuncEnv
+
+from rlspeed.tasks import Policy
+
+
+def mean_greedy_return(
+    make_env: Callable[[], gym.Env], policy: Policy, episodes: int, seed: int
+) -> float:
+    """Mean return of ``policy`` over ``episodes`` episodes, episode ``i`` reset with ``seed + i``.
+
+    The envs step in lockstep with one batched policy call per step. Each env plays exactly
+    one episode: once it has ended it is no longer stepped (no auto-reset) and its last
+    observation stays in the batch, so the batch shape never changes.
+    """
+    envs = [make_env() for _ in range(episodes)]
+    obs = np.stack([env.reset(seed=seed + i)[0] for i, env in enumerate(envs)])
+    returns = np.zeros(episodes)
+    running = np.ones(episodes, dtype=bool)
+    while running.any():
+        actions = np.asarray(policy(obs))
+        for i in np.flatnonzero(running):
+            obs[i], reward, terminated, truncated, _ = envs[i].step(actions[i])
+            returns[i] += float(reward)
+            running[i] = not (terminated or truncated)
+    for env in envs:
+        env.close()
+    return float(returns.mean())
+
+
+class FunctionalTwin(FuncEnv):
+    """A Gymnasium functional JAX env fitted to its registered env, for ``VmapEnv``.
+
+    It takes the registered env's observation and action spaces (Gymnasium's ``phys2d``
+    twins declare unbounded observation spaces), uses ``params`` unless a call passes its
+    own, and makes ``rng`` optional everywhere (the ``phys2d`` twins require it in
+    ``observation`` and ``terminal``, where ``VmapEnv`` passes none).
+    """
+
+    def __init__(self, env: FuncEnv, params: Any, registered: gym.Env) -> None:
+        self._env = env
+        self._params = params
+        self.observation_space = registered.observation_space
+        self.action_space = registered.action_space
+        super().__init__()
+
+    def get_default_params(self, **kwargs: Any) -> Any:
+        return self._params
+
+    def initial(self, rng: Any, params: Any = None) -> Any:
+        return self._env.initial(rng, params or self.default_params)
+
+    def transition(self, state: Any, action: Any, rng: Any = None, params: Any = None) -> Any:
+        return self._env.transition(state, action, rng, params or self.default_params)
+
+    def observation(self, state: Any, rng: Any = None, params: Any = None) -> Any:
+        return self._env.observation(state, rng, params or self.default_params)
+
+    def reward(
+        self, state: Any, action: Any, next_state: Any, rng: Any = None, params: Any = None
+    ) -> Any:
+        return self._env.reward(state, action, next_state, rng, params or self.default_params)
+
+    def terminal(self, state: Any, rng: Any = None, params: Any = None) -> Any:
+        return self._env.terminal(state, rng, params or self.default_params)

@@ -1,0 +1,63 @@
+"""Pendulum: Gymnasium's ``Pendulum-v1``, and a functional JAX twin with the same dynamics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+from gymnasium.envs.classic_control.pendulum import PendulumEnv
+
+from rlspeed.config import TaskConfig
+from rlspeed.tasks import Policy, TaskSpec
+from rlspeed.tasks.episodes import FunctionalTwin, mean_greedy_return
+
+ENV_ID = "Pendulum-v1"
+# The score is measured at the registered episode length, whatever the training length.
+STANDARD_MAX_STEPS = 200
+
+
+@dataclass
+class PendulumTaskConfig(TaskConfig):
+    name: str = "pendulum"
+    max_steps: int = STANDARD_MAX_STEPS
+    # Greedy episodes behind each score.
+    eval_episodes: int = 10
+
+
+def make_env(cfg: Any) -> gym.Env:
+    return gym.make(ENV_ID, max_episode_steps=cfg.max_steps)
+
+
+def make_functional(cfg: Any) -> FunctionalTwin:
+    """Gymnasium's functional JAX Pendulum, whose dynamics already are ``Pendulum-v1``'s.
+
+    Uniform start in [-pi, pi] x [-1, 1], torque clipped to +-2 (action shape (1,)), speed
+    clipped to +-8 before the angle update, reward ``-(angle_normalize(th)^2 + 0.1 thdot^2
+    + 0.001 u^2)`` of the state before the step, never terminal, observation
+    ``(cos th, sin th, thdot)``. Only the precision differs (float32 here, float64 in v1).
+    """
+    # Imported here: selecting a task must not load JAX and flax; only jax-vmap needs them.
+    from gymnasium.envs.phys2d.pendulum import PendulumFunctional, PendulumParams
+
+    return FunctionalTwin(PendulumFunctional(), PendulumParams(), PendulumEnv())
+
+
+def evaluate(cfg: Any, policy: Policy, seed: int) -> float:
+    """Mean return of the greedy policy over ``cfg.eval_episodes`` standard-length episodes."""
+    return mean_greedy_return(
+        lambda: gym.make(ENV_ID, max_episode_steps=STANDARD_MAX_STEPS),
+        policy,
+        cfg.eval_episodes,
+        seed,
+    )
+
+
+SPEC = TaskSpec(
+    name="pendulum",
+    schema=PendulumTaskConfig,
+    action_kind="continuous",
+    make_env=make_env,
+    make_functional=make_functional,
+    evaluate=evaluate,
+)

@@ -59,8 +59,8 @@ def advantage_terms(
     episode goes on, the bootstrap where it was truncated; a termination zeroes it. The
     decay cuts the sum at every episode end, terminated or truncated.
     """
-    deltas = rewards + gamma * (1.0 - terminated) * next_values - values
-    decays = gamma * lam * (1.0 - dones)
+    deltas = rewards + gamma * (1.0 - terminated.astype(rewards.dtype)) * next_values - values
+    decays = gamma * lam * (1.0 - dones.astype(rewards.dtype))
     return deltas, decays
 
 
@@ -75,11 +75,8 @@ def gae(
 ) -> np.ndarray:
     """GAE(gamma, lambda) advantages [T, N] in NumPy (the host-driven paths of both backends;
     the fused path runs the same recursion as a ``lax.scan`` in ``flax.py``)."""
-    deltas, decays = advantage_terms(
-        rewards, values, next_values, terminated.astype(np.float32), dones.astype(np.float32),
-        gamma, lam,
-    )  # fmt: skip
-    advantages = np.zeros_like(deltas, dtype=np.float32)
+    deltas, decays = advantage_terms(rewards, values, next_values, terminated, dones, gamma, lam)
+    advantages = np.zeros_like(deltas)
     next_advantage = np.zeros_like(advantages[0])
     for t in reversed(range(len(deltas))):
         next_advantage = deltas[t] + decays[t] * next_advantage

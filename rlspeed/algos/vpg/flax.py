@@ -86,10 +86,7 @@ def gae_scan(
     lam: float,
 ) -> jax.Array:
     """GAE advantages [T, N]: the recursion of ``rlspeed.algos.vpg.gae`` as a reverse scan."""
-    deltas, decays = advantage_terms(
-        rewards, values, next_values, terminated.astype(jnp.float32), dones.astype(jnp.float32),
-        gamma, lam,
-    )  # fmt: skip
+    deltas, decays = advantage_terms(rewards, values, next_values, terminated, dones, gamma, lam)
 
     def backward(next_advantage: jax.Array, term: tuple[jax.Array, jax.Array]) -> tuple:
         delta, decay = term
@@ -172,7 +169,8 @@ class VPGFunctions:
         return log_prob[:, 0], entropy.mean()
 
     def update(self, agent: Agent, batch: RolloutBatch) -> tuple[Agent, dict[str, jax.Array]]:
-        """One policy gradient step, then ``value_iterations`` full-batch value steps."""
+        """One policy gradient step, then ``value_iterations`` full-batch value steps; the
+        value loss reported is the mean over those steps."""
         algo = self.algo
         advantages = batch.advantages
         if algo.normalize_advantages:
@@ -198,9 +196,11 @@ class VPGFunctions:
             return (optax.apply_updates(params, updates), opt_state), loss
 
         (value_params, value_opt_state), value_losses = jax.lax.scan(
-            value_step, (agent.value_params, agent.value_opt_state), None,
+            value_step,
+            (agent.value_params, agent.value_opt_state),
+            None,
             length=algo.value_iterations,
-        )  # fmt: skip
+        )
         agent = Agent(policy_params, value_params, policy_opt_state, value_opt_state)
         return agent, {
             "losses/policy_loss": policy_loss,
@@ -259,14 +259,12 @@ class Transition(NamedTuple):
 
 class ChunkStats(NamedTuple):
     """Per iteration of a chunk: finished episodes [iters, num_steps, num_envs] (in time
-    order, as the monitor reads them) and the update's losses [iters]."""
+    order, as the monitor reads them) and the update's metrics [iters]."""
 
     done: jax.Array
     episode_return: jax.Array
     episode_length: jax.Array
-    policy_loss: jax.Array
-    value_loss: jax.Array
-    entropy: jax.Array
+    metrics: dict[str, jax.Array]
 
 
 def make_train(cfg: Any, env: VmapEnv) -> FusedTrainer:
@@ -299,9 +297,14 @@ def make_train(cfg: Any, env: VmapEnv) -> FusedTrainer:
         values = fns.values(agent.value_params, flat(trajectory.obs)).reshape(horizon, n)
         next_values = fns.values(agent.value_params, flat(result.final_obs)).reshape(horizon, n)
         advantages = gae_scan(
-            result.reward, values, next_values, result.terminated, dones,
-            algo.gamma, algo.gae_lambda,
-        )  # fmt: skip
+            result.reward,
+            values,
+            next_values,
+            result.terminated,
+            dones,
+            algo.gamma,
+            algo.gae_lambda,
+        )
         batch = RolloutBatch(
             flat(trajectory.obs),
             flat(trajectory.actions),
@@ -309,14 +312,7 @@ def make_train(cfg: Any, env: VmapEnv) -> FusedTrainer:
             (advantages + values).reshape(-1),
         )
         agent, metrics = fns.update(agent, batch)
-        stats = ChunkStats(
-            dones,
-            result.episode_return,
-            result.episode_length,
-            metrics["losses/policy_loss"],
-            metrics["losses/value_loss"],
-            metrics["losses/entropy"],
-        )
+        stats = ChunkStats(dones, result.episode_return, result.episode_length, metrics)
         step = state.step + batch_size
         updates = state.updates + 1 + algo.value_iterations
         return TrainState(agent, env_state, key, step, updates), stats
@@ -325,11 +321,7 @@ def make_train(cfg: Any, env: VmapEnv) -> FusedTrainer:
         return jax.lax.scan(iteration, state, None, length=iterations)
 
     def summarize(stats: ChunkStats) -> dict[str, float]:
-        return {
-            "losses/policy_loss": float(np.mean(stats.policy_loss)),
-            "losses/value_loss": float(np.mean(stats.value_loss)),
-            "losses/entropy": float(np.mean(stats.entropy)),
-        }
+        return {name: float(np.mean(values)) for name, values in stats.metrics.items()}
 
     return FusedTrainer(
         init=init,

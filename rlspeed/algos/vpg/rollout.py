@@ -38,7 +38,9 @@ class OnPolicyLearner(Protocol):
         """Deterministic actions as NumPy, for evaluation."""
 
     def update(self, batch: RolloutBatch) -> dict[str, Any]:
-        """One policy step and ``value_iterations`` value steps; metrics as backend scalars."""
+        """One policy step and ``value_iterations`` value steps; metrics as backend scalars.
+        The batch's arrays are overwritten by the next rollout: done with them by the time
+        the next ``act`` returns (a jitted update is: ``act`` waits for its parameters)."""
 
     def save(self, path: Path) -> Path: ...
 

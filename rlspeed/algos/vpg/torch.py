@@ -11,7 +11,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.distributions import Categorical, Distribution, Normal
+from torch.distributions import Categorical, Distribution, Independent, Normal
 
 from rlspeed.algos.dqn.torch import lecun_normal_
 from rlspeed.algos.encoding import input_size, one_hot_classes
@@ -55,7 +55,9 @@ class Policy(nn.Module):
     def forward(self, obs: torch.Tensor) -> Distribution:
         out = self.net(obs)
         if self.continuous:
-            return Normal(out, self.log_std.exp(), validate_args=False)
+            # Independent: log-probabilities and entropies summed over the action dimensions.
+            normal = Normal(out, self.log_std.exp(), validate_args=False)
+            return Independent(normal, 1, validate_args=False)
         return Categorical(logits=out, validate_args=False)
 
 
@@ -70,10 +72,6 @@ class TorchLearner:
             self.low = torch.as_tensor(action_space.low)
             self.high = torch.as_tensor(action_space.high)
         self.generator = torch.Generator().manual_seed(seed)
-
-    def _log_prob(self, dist: Distribution, actions: torch.Tensor) -> torch.Tensor:
-        log_prob = dist.log_prob(actions)
-        return log_prob.sum(-1) if self.policy.continuous else log_prob
 
     @torch.no_grad()
     def act(self, obs: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -107,15 +105,16 @@ class TorchLearner:
         optimizer.step()
 
     def update(self, batch: RolloutBatch) -> dict[str, torch.Tensor]:
+        """One policy gradient step, then ``value_iterations`` full-batch value steps; the
+        value loss reported is the mean over those steps."""
         algo = self.algo
         obs, actions, advantages, returns = (torch.from_numpy(x) for x in batch)
         if algo.normalize_advantages:
             advantages = (advantages - advantages.mean()) / (advantages.std(correction=0) + 1e-8)
 
         dist = self.policy(obs)
-        policy_loss = -(self._log_prob(dist, actions) * advantages).mean()
-        entropy = dist.entropy()
-        entropy = (entropy.sum(-1) if self.policy.continuous else entropy).mean()
+        policy_loss = -(dist.log_prob(actions) * advantages).mean()
+        entropy = dist.entropy().mean()
         self._step(self.policy_optimizer, self.policy, policy_loss - algo.ent_coef * entropy)
 
         value_losses = []

@@ -107,6 +107,10 @@ def validate(cfg: DictConfig) -> None:
             algo.name,
             f"an algorithm for {task.action_kind} actions on task={task.name}: {', '.join(fits)}",
         )
+    if algo.tasks is not None and task.name not in algo.tasks:
+        raise ConfigError(
+            "task", task.name, f"a task algo={algo.name} runs on: {', '.join(algo.tasks)}"
+        )
     if backend.name not in algo.backends:
         raise ConfigError("backend", backend.name, f"one of {', '.join(algo.backends)}")
     if engine.needs_functional_env and task.make_functional is None:

@@ -20,6 +20,8 @@ INVALID = [
     ("qlearn", "pendulum", "jax-vmap", "algo", ["algo=qlearn", "continuous"]),
     ("qlearn", "cartpole", "gym-sync", "task", ["task=cartpole", "tabular", "gridworld"]),
     ("td3", "halfcheetah", "jax-vmap", "env", ["env=jax-vmap", "gym-sync", "halfcheetah"]),
+    ("vpg", "halfcheetah", "jax-vmap", "env", ["env=jax-vmap", "gym-async", "halfcheetah"]),
+    ("vpg", "gridworld", "gym-sync", "task", ["task=gridworld", "algo=vpg", "cartpole"]),
 ]
 
 
@@ -58,7 +60,8 @@ QUIET = ["tracking=none", "progress=none"]
 
 # (algo, task) -> small seeded budget, and the score a clearly learning run beats. Cells
 # covered by an algorithm's own test file: dqn x doors (test_learning.py), qlearn x
-# gridworld (test_qlearn.py), td3 x pendulum (test_td3.py).
+# gridworld (test_qlearn.py), td3 x pendulum (test_td3.py), vpg x cartpole and doors
+# (test_vpg.py).
 LEARNS = {
     # Greedy from an untrained network loops (score 0); 1.0 = the goal within 50 steps.
     ("dqn", "gridworld"): (

@@ -22,6 +22,8 @@ class AlgoSpec:
     # so a torch run never imports flax and the reverse).
     implementations: dict[str, str] = field(default_factory=dict)
     validate: Callable[[Any, Any], None] = _no_extra_checks
+    # Tasks the algorithm is offered on (SPEC §4); None: every task whose action kind fits.
+    tasks: tuple[str, ...] | None = None
 
     @property
     def backends(self) -> tuple[str, ...]:

@@ -110,4 +110,5 @@ SPEC = AlgoSpec(
         "flax": "rlspeed.algos.vpg.flax:train",
     },
     validate=validate,
+    tasks=("doors", "cartpole", "pendulum", "halfcheetah"),
 )

@@ -11,13 +11,17 @@ import signal
 import subprocess
 import textwrap
 import time
+from pathlib import Path
 
 import optuna
 import pytest
 import yaml
 from mlflow.tracking import MlflowClient
+from omegaconf import OmegaConf
 from optuna.trial import TrialState
 
+from rlspeed.cli import CONF_DIR
+from rlspeed.config import validate
 from rlspeed.sweep import open_storage
 from tests.conftest import RLSPEED, assert_one_line_error, cli_env, run_cli
 
@@ -319,3 +323,17 @@ def test_bad_search_input_gets_one_clear_line(tmp_path, args, fragments):
     result = run_cli([*base, *args], cwd=tmp_path)
     assert_one_line_error(result, *fragments)
     assert not (tmp_path / "outputs").exists(), "no trial may start on bad input"
+
+
+HPARAMS = sorted(path.stem for path in (Path(CONF_DIR) / "hparams").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("option", HPARAMS)
+def test_every_shipped_search_space_names_keys_of_the_run_it_selects(option, make_cfg):
+    """A search space whose keys drifted from the configs would fail only at sweep time."""
+    cfg = make_cfg([f"hparams={option}"])
+    assert cfg.algo.name == option.removesuffix("_search")
+    validate(cfg)
+    space = OmegaConf.load(Path(CONF_DIR) / "hparams" / f"{option}.yaml").hydra.sweeper.params
+    for key in space:
+        assert OmegaConf.select(cfg, key) is not None, f"{option}: {key} is not a config key"

@@ -3,6 +3,9 @@ shows a learning signal; every invalid one stops at start-up with one clear line
 
 from __future__ import annotations
 
+import json
+
+import numpy as np
 import pytest
 
 from rlspeed.config import validate
@@ -60,8 +63,7 @@ QUIET = ["tracking=none", "progress=none"]
 
 # (algo, task) -> small seeded budget, and the score a clearly learning run beats. Cells
 # covered by an algorithm's own test file: dqn x doors (test_learning.py), qlearn x
-# gridworld (test_qlearn.py), td3 x pendulum (test_td3.py), vpg x cartpole and doors
-# (test_vpg.py).
+# gridworld (test_qlearn.py), td3 x pendulum (test_td3.py), vpg x cartpole (test_vpg.py).
 LEARNS = {
     # Greedy from an untrained network loops (score 0); 1.0 = the goal within 50 steps.
     ("dqn", "gridworld"): (
@@ -78,6 +80,28 @@ LEARNS = {
         ["task.grid_size=7", "total_steps=64000", "num_envs=8", "log_every=8000"],
         0.7,
     ),
+    ("vpg", "doors"): (
+        [
+            "task.grid_size=7",
+            "total_steps=40960",
+            "num_envs=8",
+            "algo.policy_lr=0.003",
+            "algo.hidden_sizes=[32]",
+        ],
+        0.3,
+    ),
+    # A random policy's greedy-evaluation score is about -1250 (test_vpg.py checks < -1000).
+    ("vpg", "pendulum"): (
+        [
+            "total_steps=98304",
+            "log_every=16384",
+            "algo.policy_lr=0.01",
+            "algo.value_lr=0.01",
+            "algo.hidden_sizes=[32]",
+            "task.eval_episodes=5",
+        ],
+        -1000.0,
+    ),
 }
 LEARNING_CELLS = [(*pair, *stack) for pair in LEARNS for stack in STACKS]
 
@@ -91,3 +115,31 @@ def test_valid_cell_learns(make_cfg, tmp_path, monkeypatch, algo, task, backend,
     monkeypatch.chdir(tmp_path)
     score = run(cfg)
     assert score >= beats, f"{algo} {task} {backend}+{engine}: score {score}"
+
+
+# HalfCheetah learns only over tens of thousands of MuJoCo steps (minutes: SPEC §6 makes the
+# full run a benchmark), so its cells are smoke runs: every gym stack trains, evaluates at
+# the standard 1000 steps and records finite numbers. One multirun process per algorithm.
+HALFCHEETAH_SMOKE = {
+    "td3": ["algo.learning_starts=100", "algo.batch_size=16"],
+    "vpg": ["algo.num_steps=25"],
+}
+
+
+@pytest.mark.parametrize("algo", sorted(HALFCHEETAH_SMOKE))
+def test_halfcheetah_trains_on_every_gym_stack(tmp_path, algo):
+    args = [
+        "-m", f"algo={algo}", "task=halfcheetah", "backend=torch,flax", "env=gym-sync,gym-async",
+        "num_envs=2", "total_steps=200", "log_every=100", "eval_every=200", "task.max_steps=50",
+        "task.eval_episodes=1", "algo.hidden_sizes=[16]", *HALFCHEETAH_SMOKE[algo],
+        "tracking=none", "progress=plain",
+    ]  # fmt: skip
+    result = run_cli(args, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    jobs = sorted((tmp_path / "outputs" / "multirun").glob(f"*/*/*_{algo}_halfcheetah"))
+    stacks = sorted(tuple(job.name.split("_")[1:3]) for job in jobs)
+    assert stacks == sorted((b, e) for b in ("torch", "flax") for e in ("gym-sync", "gym-async"))
+    for job in jobs:
+        metrics = json.loads((job / "metrics.json").read_text())
+        assert metrics["env_steps"] == 200 and metrics["gradient_updates"] > 0, job.name
+        assert np.isfinite(metrics["score"]) and np.isfinite(metrics["recent_return"]), job.name

@@ -189,36 +189,6 @@ def test_fused_stack_learns_pendulum_with_seeds_in_one_program(make_cfg, tmp_pat
     assert [p.name for p in (tmp_path / "run").glob("checkpoint*")] == ["checkpoint.msgpack"]
 
 
-def test_halfcheetah_runs_on_gym_sync_with_both_backends(tmp_path):
-    """A smoke run per backend (one multirun process): MuJoCo observations are float64."""
-    args = [
-        "-m",
-        "algo=td3",
-        "task=halfcheetah",
-        "backend=torch,flax",
-        "env=gym-sync",
-        "num_envs=2",
-        "total_steps=200",
-        "log_every=100",
-        "eval_every=200",
-        "task.max_steps=50",
-        "task.eval_episodes=1",
-        "algo.learning_starts=100",
-        "algo.batch_size=16",
-        "algo.hidden_sizes=[16]",
-        "tracking=none",
-        "progress=plain",
-    ]
-    result = run_cli(args, cwd=tmp_path)
-    assert result.returncode == 0, result.stderr
-    jobs = sorted((tmp_path / "outputs" / "multirun").glob("*/*/*_td3_halfcheetah"))
-    assert [job.name.split("_")[1] for job in jobs] == ["torch", "flax"]
-    for job in jobs:
-        metrics = json.loads((job / "metrics.json").read_text())
-        assert metrics["env_steps"] == 200 and metrics["gradient_updates"] == 100
-        assert np.isfinite(metrics["score"]) and np.isfinite(metrics["recent_return"])
-
-
 @pytest.mark.parametrize(
     ("args", "fragments"),
     [

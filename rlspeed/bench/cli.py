@@ -1,0 +1,62 @@
+"""``rlspeed-bench``: run benchmarks by name, each into ``OUT/<name>.{csv,md,png}``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+import time
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
+
+from rlspeed.cli import CONF_DIR
+from rlspeed.config import register_configs
+
+# name -> what it measures (each is rlspeed.bench.<name> with run(out_dir, quick, compose)).
+BENCHMARKS = {
+    "envs": "env steps/s against num_envs: gym-sync, gym-async, jax-vmap, jax-fused",
+    "table2": "DQN on Doors, four stacks at equal env steps (the seed's Table 2)",
+    "qlearn": "agent-steps/s of 1, 30 and 1024 tabular Q-learning agents in one program",
+    "cartpole": "DQN on CartPole per stack: env steps/s and the return reached",
+    "updates": "one TD3 and one VPG update step, flax against torch, across batch sizes",
+}
+
+
+def compose_config(overrides: list[str]) -> DictConfig:
+    """The real config tree with overrides, as ``rlspeed`` composes it."""
+    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+        return compose(config_name="config", overrides=overrides)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="rlspeed-bench",
+        description="Benchmarks: " + "; ".join(f"{k}: {v}" for k, v in BENCHMARKS.items()),
+    )
+    parser.add_argument("names", nargs="+", metavar="NAME", help="a benchmark name, or all")
+    parser.add_argument("--quick", action="store_true", help="a small version (under a minute)")
+    parser.add_argument("--out", type=Path, default=Path("bench-results"), help="results folder")
+    args = parser.parse_args(argv)
+    names = list(BENCHMARKS) if args.names == ["all"] else args.names
+    unknown = [n for n in names if n not in BENCHMARKS]
+    if unknown:
+        print(
+            f"rlspeed-bench: invalid NAME={unknown[0]}: expected all or one of "
+            f"{', '.join(BENCHMARKS)}",
+            file=sys.stderr,
+        )
+        return 2
+    register_configs()
+    for name in names:
+        print(f"== {name}: {BENCHMARKS[name]}{' (quick)' if args.quick else ''}", flush=True)
+        start = time.perf_counter()
+        module = importlib.import_module(f"rlspeed.bench.{name}")
+        paths = module.run(args.out, args.quick, compose_config)
+        print(f"   {time.perf_counter() - start:.1f} s -> " + ", ".join(map(str, paths)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,169 @@
+"""``envs``: environment steps/s against ``num_envs`` for every way rlspeed steps a task.
+
+Random actions, no learning: this is the engine's own cost. Four modes per task:
+``gym-sync`` and ``gym-async`` (Gymnasium vector envs stepped from Python), ``jax-vmap``
+(the jitted vmapped step called once per vector step from Python, as torch+jax-vmap does)
+and ``jax-fused`` (the same step inside one compiled ``lax.scan``, as the fused path runs
+it; actions drawn inside the loop).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rlspeed.bench.common import Table, write_results
+from rlspeed.engines.jax_vmap import make_vmap_env
+from rlspeed.registry import ENGINES, TASKS
+
+MODES = ("gym-sync", "gym-async", "jax-vmap", "jax-fused")
+# One OS process per env: beyond this the machine thrashes long before it measures anything.
+ASYNC_MAX_ENVS = 64
+
+
+def _timed(step_block: Any, steps_per_block: int, budget_s: float) -> float:
+    """Env steps/s of repeated ``step_block()`` calls, after one warm-up call."""
+    step_block()
+    blocks, start = 0, time.perf_counter()
+    while True:
+        step_block()
+        blocks += 1
+        elapsed = time.perf_counter() - start
+        if elapsed >= budget_s and blocks >= 2:
+            return blocks * steps_per_block / elapsed
+
+
+def _make_engine(cfg: Any, num_envs: int) -> Any:
+    task = TASKS.get(cfg.task.name)
+    engine = ENGINES.get(cfg.env.name).make(task, cfg.task, cfg.env, num_envs, 0)
+    engine.reset()
+    return engine
+
+
+def _gym_rate(cfg: Any, num_envs: int, budget_s: float) -> float:
+    engine = _make_engine(cfg, num_envs)
+    n_actions = int(engine.single_action_space.n)
+    rng = np.random.default_rng(0)
+    actions = rng.integers(0, n_actions, size=(64, num_envs))
+    counter = iter(range(1 << 62))
+
+    def block() -> None:
+        engine.step(actions[next(counter) % len(actions)])
+
+    try:
+        return _timed(block, num_envs, budget_s)
+    finally:
+        engine.close()
+
+
+def _vmap_rate(cfg: Any, num_envs: int, budget_s: float) -> float:
+    engine = _make_engine(cfg, num_envs)
+    n_actions = int(engine.single_action_space.n)
+    actions = jax.random.randint(jax.random.key(0), (64, num_envs), 0, n_actions)
+    counter = iter(range(1 << 62))
+
+    def block() -> None:
+        result = engine.step(actions[next(counter) % 64])
+        result.reward.block_until_ready()
+
+    return _timed(block, num_envs, budget_s)
+
+
+def _fused_rate(cfg: Any, num_envs: int, budget_s: float) -> float:
+    env = make_vmap_env(TASKS.get(cfg.task.name), cfg.task, num_envs)
+    n_actions = int(env.single_action_space.n)
+    # Long enough per call that dispatch is negligible, short enough to compile quickly.
+    length = max(16, min(4096, 262_144 // num_envs))
+
+    @jax.jit
+    def run(state: Any) -> Any:
+        def body(state: Any, _: None) -> tuple[Any, jax.Array]:
+            key, action_key = jax.random.split(state.key)
+            actions = jax.random.randint(action_key, (num_envs,), 0, n_actions)
+            state, result = env.step(state._replace(key=key), actions)
+            return state, result.reward.sum()
+
+        state, rewards = jax.lax.scan(body, state, None, length=length)
+        return state, rewards.sum()
+
+    state = [env.init(jax.random.key(0))]
+
+    def block() -> None:
+        state[0], total = run(state[0])
+        jnp.asarray(total).block_until_ready()
+
+    return _timed(block, num_envs * length, budget_s)
+
+
+def measure(mode: str, task_name: str, compose: Any, num_envs: int, budget_s: float) -> float:
+    """Env steps/s of ``task_name`` stepped ``mode``'s way, ``num_envs`` wide."""
+    engine = "jax-vmap" if mode == "jax-fused" else mode
+    cfg = compose([f"task={task_name}", f"env={engine}"])
+    rates = {"gym-sync": _gym_rate, "gym-async": _gym_rate, "jax-vmap": _vmap_rate}
+    return rates.get(mode, _fused_rate)(cfg, num_envs, budget_s)
+
+
+def run(out_dir: Path, quick: bool, compose: Any) -> list[Path]:
+    env_counts = (1, 8) if quick else (1, 8, 64, 512, 4096)
+    budget_s = 0.05 if quick else 1.5
+    table = Table(
+        "envs",
+        "Environment steps/s against num_envs (random actions, no learning)",
+        ["task", "mode", "num_envs", "env_steps_per_s", "x_gym_sync"],
+        notes=[
+            f"gym-async runs one process per env and stops at {ASYNC_MAX_ENVS} envs.",
+            "jax-fused: the vmapped step inside one jitted lax.scan (compile time excluded);"
+            " jax-vmap: the same step jitted, called once per vector step from Python.",
+            "x_gym_sync: env steps/s divided by gym-sync's at the same task and num_envs.",
+            f"Each figure: at least {budget_s} s of stepping after one warm-up call.",
+        ],
+    )
+    for task_name in ("doors", "cartpole"):
+        task_cfg = compose([f"task={task_name}"]).task
+        table.configs.append(f"task={task_name}: {dict(task_cfg)}")
+        for num_envs in env_counts:
+            baseline = float("nan")
+            for mode in MODES:
+                if mode == "gym-async" and num_envs > ASYNC_MAX_ENVS:
+                    continue
+                rate = measure(mode, task_name, compose, num_envs, budget_s)
+                if mode == "gym-sync":
+                    baseline = rate
+                table.add(
+                    task=task_name,
+                    mode=mode,
+                    num_envs=num_envs,
+                    env_steps_per_s=rate,
+                    x_gym_sync=rate / baseline,
+                )
+    return write_results(table, out_dir, _plot)
+
+
+def _plot(table: Table, ax: Any) -> None:
+    styles = {"doors": "-", "cartpole": "--"}
+    for task_name in ("doors", "cartpole"):
+        for color, mode in enumerate(MODES):
+            rows = [r for r in table.rows if r["task"] == task_name and r["mode"] == mode]
+            if rows:
+                ax.plot(
+                    [r["num_envs"] for r in rows],
+                    [r["env_steps_per_s"] for r in rows],
+                    styles[task_name],
+                    color=f"C{color}",
+                    marker="o",
+                    label=f"{task_name} {mode}",
+                )
+    counts = sorted({r["num_envs"] for r in table.rows})
+    ax.set_xscale("log")
+    ax.set_xticks(counts, [str(c) for c in counts])
+    ax.minorticks_off()
+    ax.set_yscale("log")
+    ax.set_xlabel("num_envs")
+    ax.set_ylabel("env steps / s")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)

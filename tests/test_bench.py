@@ -1,0 +1,92 @@
+"""``rlspeed-bench NAME --quick`` through the installed command: every benchmark writes its
+CSV, markdown and PNG, stamped with the machine, and compares equal work. No timing is
+asserted: speed is what the benchmarks report, not what tests check."""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import assert_one_line_error, cli_env
+
+RLSPEED_BENCH = str(Path(sys.executable).with_name("rlspeed-bench"))
+
+
+def _bench(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [RLSPEED_BENCH, *args], cwd=cwd, env=cli_env(), capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+
+
+def _rows(path: Path) -> list[dict[str, str]]:
+    with path.open() as handle:
+        return list(csv.DictReader(handle))
+
+
+def _check_equal_work(rows: list[dict[str, str]]) -> None:
+    """Stacks compared side by side did the same env steps and gradient updates."""
+    assert [(r["backend"], r["engine"]) for r in rows] == [
+        ("torch", "gym-sync"), ("flax", "gym-sync"), ("torch", "jax-vmap"), ("flax", "jax-vmap"),
+    ]  # fmt: skip
+    assert len({r["env_steps"] for r in rows}) == 1
+    assert len({r["gradient_updates"] for r in rows}) == 1 and int(rows[0]["gradient_updates"])
+    assert float(rows[0]["speedup"]) == 1.0
+
+
+def _check_envs(rows: list[dict[str, str]]) -> None:
+    modes = {"gym-sync", "gym-async", "jax-vmap", "jax-fused"}
+    for task in ("doors", "cartpole"):
+        for num_envs in ("1", "8"):
+            cell = [r for r in rows if r["task"] == task and r["num_envs"] == num_envs]
+            assert {r["mode"] for r in cell} == modes
+    assert all(float(r["env_steps_per_s"]) > 0 for r in rows)
+
+
+def _check_qlearn(rows: list[dict[str, str]]) -> None:
+    assert [r["agents"] for r in rows] == ["1", "30", "1024"]
+    steps_per_agent = [int(r["agent_steps"]) // int(r["agents"]) for r in rows]
+    assert steps_per_agent == [20_000, 20_000, 2_048]
+    assert all(float(r["mean_score"]) == 1.0 for r in rows[:2])  # the goal, in 20k steps
+
+
+def _check_updates(rows: list[dict[str, str]]) -> None:
+    assert [(r["algo"], r["batch_size"]) for r in rows] == [
+        ("td3", "64"), ("td3", "256"), ("vpg", "256"), ("vpg", "1024"),
+    ]  # fmt: skip
+    for row in rows:
+        ratio = float(row["torch_ms"]) / float(row["flax_ms"])
+        assert float(row["torch_over_flax"]) == pytest.approx(ratio, rel=1e-3)
+
+
+CHECKS = {
+    "envs": _check_envs,
+    "table2": _check_equal_work,
+    "cartpole": _check_equal_work,
+    "qlearn": _check_qlearn,
+    "updates": _check_updates,
+}
+
+
+@pytest.mark.parametrize("name", sorted(CHECKS))
+def test_quick_benchmark_writes_csv_markdown_and_plot(name, tmp_path):
+    result = _bench([name, "--quick", "--out", "results"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = tmp_path / "results"
+    files = sorted(p.name for p in out.iterdir())
+    assert files == [f"{name}.{ext}" for ext in ("csv", "md", "png")]
+    CHECKS[name](_rows(out / f"{name}.csv"))
+    markdown = (out / f"{name}.md").read_text()
+    for stamp in ("CPU:", "GPU:", "jax ", "torch ", "## Configs"):
+        assert stamp in markdown, stamp
+    assert (out / f"{name}.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_unknown_benchmark_is_one_clear_line(tmp_path):
+    result = _bench(["tabel2"], cwd=tmp_path)
+    assert_one_line_error(result, "NAME=tabel2", "table2", "envs")
+    assert not (tmp_path / "bench-results").exists()

@@ -24,6 +24,17 @@ class VmapState(NamedTuple):
     key: jax.Array
 
 
+# The envs' own random stream. Philox draws 4-5x more words per second than JAX's default
+# threefry on XLA:CPU, and every env step draws for every env (its resets).
+ENV_PRNG = "philox4x32"
+
+
+def env_stream(key: jax.Array) -> jax.Array:
+    """A key of the ``ENV_PRNG`` kind, derived from any JAX key."""
+    data_shape = jax.random.key_data(jax.random.key(0, impl=ENV_PRNG)).shape
+    return jax.random.wrap_key_data(jax.random.bits(key, data_shape, jnp.uint32), impl=ENV_PRNG)
+
+
 class VmapEnv:
     """Pure, batched step/reset of a gymnasium ``FuncEnv`` with a time limit."""
 
@@ -33,8 +44,14 @@ class VmapEnv:
         self.max_episode_steps = max_episode_steps
         self.single_observation_space = func_env.observation_space
         self.single_action_space = func_env.action_space
+        # Per-env keys cost more than a whole Doors step on XLA:CPU (threefry, ~14 ns per
+        # word), so none are drawn for methods that ignore theirs. A functional env says so
+        # with these attributes; one that does not say gets keys everywhere.
+        self._transition_rng = getattr(func_env, "transition_uses_rng", True)
+        self._initial_rng = getattr(func_env, "initial_uses_rng", True)
 
     def init(self, key: jax.Array) -> VmapState:
+        key = env_stream(key)
         key, reset_key = jax.random.split(key)
         env_state = jax.vmap(self.func_env.initial)(jax.random.split(reset_key, self.num_envs))
         obs = jax.vmap(self.func_env.observation)(env_state)
@@ -47,10 +64,10 @@ class VmapEnv:
         ep_return: jax.Array,
         ep_length: jax.Array,
         action: Any,
-        key: jax.Array,
+        step_key: jax.Array | None,
+        reset_key: jax.Array | None,
     ) -> tuple[Any, ...]:
         f = self.func_env
-        step_key, reset_key = jax.random.split(key)
         next_state = f.transition(env_state, action, step_key)
         reward = f.reward(env_state, action, next_state, step_key).astype(jnp.float32)
         terminated = f.terminal(next_state)
@@ -67,10 +84,16 @@ class VmapEnv:
         return next_state, jnp.where(done, 0.0, ep_return), jnp.where(done, 0, ep_length), result
 
     def step(self, state: VmapState, actions: jax.Array) -> tuple[VmapState, StepResult]:
-        key, step_key = jax.random.split(state.key)
-        keys = jax.random.split(step_key, self.num_envs)
+        key, step_key, reset_key = jax.random.split(state.key, 3)
+        step_keys = jax.random.split(step_key, self.num_envs) if self._transition_rng else None
+        reset_keys = jax.random.split(reset_key, self.num_envs) if self._initial_rng else None
         env_state, ep_return, ep_length, result = jax.vmap(self._step_one)(
-            state.env_state, state.episode_return, state.episode_length, actions, keys
+            state.env_state,
+            state.episode_return,
+            state.episode_length,
+            actions,
+            step_keys,
+            reset_keys,
         )
         return VmapState(env_state, result.obs, ep_return, ep_length, key), result
 

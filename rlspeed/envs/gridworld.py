@@ -104,6 +104,10 @@ class GridWorldFunctional(
 ):
     """Pure-JAX twin of :class:`GridWorldEnv`; the state is the int32 cell index."""
 
+    # Deterministic moves from a fixed start: VmapEnv draws no keys for it.
+    transition_uses_rng = False
+    initial_uses_rng = False
+
     def __init__(self, size: int = 5) -> None:
         super().__init__()
         self.size = size

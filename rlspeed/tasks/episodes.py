@@ -46,6 +46,9 @@ class FunctionalTwin(FuncEnv):
     ``observation`` and ``terminal``, where ``VmapEnv`` passes none).
     """
 
+    # The phys2d dynamics are deterministic: only the start state is random (VmapEnv).
+    transition_uses_rng = False
+
     def __init__(self, env: FuncEnv, params: Any, registered: gym.Env) -> None:
         self._env = env
         self._params = params

@@ -56,7 +56,7 @@ def _check_qlearn(rows: list[dict[str, str]]) -> None:
 
 def _check_updates(rows: list[dict[str, str]]) -> None:
     assert [(r["algo"], r["batch_size"]) for r in rows] == [
-        ("td3", "64"), ("td3", "256"), ("vpg", "256"), ("vpg", "1024"),
+        ("td3", "64"), ("td3", "256"), ("vpg", "256"), ("vpg", "1024"), ("dqn", "128"),
     ]  # fmt: skip
     for row in rows:
         ratio = float(row["torch_ms"]) / float(row["flax_ms"])

@@ -20,7 +20,7 @@ BENCHMARKS = {
     "table2": "DQN on Doors, four stacks at equal env steps (the seed's Table 2)",
     "qlearn": "agent-steps/s of 1, 30 and 1024 tabular Q-learning agents in one program",
     "cartpole": "DQN on CartPole per stack: env steps/s and the return reached",
-    "updates": "one TD3 and one VPG update step, flax against torch, across batch sizes",
+    "updates": "one TD3, VPG and DQN update step, flax against torch, across batch sizes",
 }
 
 

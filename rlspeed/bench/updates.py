@@ -1,11 +1,12 @@
-"""``updates``: the time of one TD3 and one VPG update step, flax against torch, across
-batch sizes, on HalfCheetah's spaces (17-dim observations, 6-dim actions) as in seed 003.
+"""``updates``: the time of one update step, flax against torch, across batch sizes: TD3
+and VPG on HalfCheetah's spaces (17-dim observations, 6-dim actions) as in seed 003, and
+DQN on Doors' (225 cells, one-hot encoded: the update that dominates ``table2``).
 
 Each backend's own host-loop learner is timed on the same NumPy batch, as the
 Gymnasium engines hand it over: torch wraps it without a copy, jax transfers it into its
 jitted update. One TD3 update is the mean over an even number of calls, so half of them
 include the delayed actor and target step; one VPG update is one policy step plus
-``value_iterations`` value steps.
+``value_iterations`` value steps; one DQN update is one gradient step on a replay batch.
 """
 
 from __future__ import annotations
@@ -24,18 +25,29 @@ from rlspeed.algos.replay import Batch
 from rlspeed.algos.vpg.rollout import RolloutBatch
 from rlspeed.bench.common import Table, write_results
 
-OBS_SPACE = gym.spaces.Box(-np.inf, np.inf, (17,), np.float32)
-ACTION_SPACE = gym.spaces.Box(-1.0, 1.0, (6,), np.float32)
-FULL_BATCH_SIZES = {"td3": (64, 256, 1024, 4096), "vpg": (256, 1024, 4096, 16384)}
-QUICK_BATCH_SIZES = {"td3": (64, 256), "vpg": (256, 1024)}
+HALFCHEETAH = (
+    gym.spaces.Box(-np.inf, np.inf, (17,), np.float32),
+    gym.spaces.Box(-1.0, 1.0, (6,), np.float32),
+)
+DOORS = (gym.spaces.MultiDiscrete(np.full(15 * 15, 4), dtype=np.int8), gym.spaces.Discrete(5))
+# algo -> (task its config comes from, its spaces, batch sizes, quick batch sizes)
+CASES = {
+    "td3": ("halfcheetah", HALFCHEETAH, (64, 256, 1024, 4096), (64, 256)),
+    "vpg": ("halfcheetah", HALFCHEETAH, (256, 1024, 4096, 16384), (256, 1024)),
+    "dqn": ("doors", DOORS, (32, 128, 512, 2048), (128,)),
+}
 
 
 def _batch(algo: str, size: int, rng: np.random.Generator) -> Any:
-    obs = rng.standard_normal((size, *OBS_SPACE.shape), dtype=np.float32)
-    actions = rng.uniform(-1, 1, (size, *ACTION_SPACE.shape)).astype(np.float32)
+    obs_space, action_space = CASES[algo][1]
     rewards = rng.standard_normal(size, dtype=np.float32)
+    if algo == "dqn":
+        obs, next_obs = rng.integers(0, 4, (2, size, obs_space.shape[0])).astype(np.int8)
+        actions = rng.integers(0, action_space.n, size)
+        return Batch(obs, next_obs, actions, rewards, np.zeros(size, np.float32))
+    obs, next_obs = rng.standard_normal((2, size, *obs_space.shape), dtype=np.float32)
+    actions = rng.uniform(-1, 1, (size, *action_space.shape)).astype(np.float32)
     if algo == "td3":
-        next_obs = rng.standard_normal(obs.shape, dtype=np.float32)
         return Batch(obs, next_obs, actions, rewards, np.zeros(size, np.float32))
     return RolloutBatch(obs, actions, rewards, rewards + 1.0)
 
@@ -51,7 +63,8 @@ def time_update(algo: str, backend: str, algo_cfg: Any, size: int, budget_s: flo
     """Seconds per update step after warm-up (which includes compilation)."""
     module = importlib.import_module(f"rlspeed.algos.{algo}.{backend}")
     learner_cls = module.TorchLearner if backend == "torch" else module.FlaxLearner
-    learner = learner_cls(OBS_SPACE, ACTION_SPACE, algo_cfg, 0)
+    extra = {"total_steps": 10**9} if algo == "dqn" else {}
+    learner = learner_cls(*CASES[algo][1], algo_cfg, 0, **extra)
     batch = _batch(algo, size, np.random.default_rng(0))
     for _ in range(4):
         _sync(learner.update(batch), learner)
@@ -67,11 +80,10 @@ def time_update(algo: str, backend: str, algo_cfg: Any, size: int, budget_s: flo
 
 
 def run(out_dir: Path, quick: bool, compose: Any) -> list[Path]:
-    sizes = QUICK_BATCH_SIZES if quick else FULL_BATCH_SIZES
     budget_s = 0.05 if quick else 1.5
     table = Table(
         "updates",
-        "One update step on HalfCheetah's spaces: flax against torch",
+        "One update step, flax against torch (TD3, VPG: HalfCheetah; DQN: Doors)",
         [
             "algo",
             "batch_size",
@@ -84,14 +96,15 @@ def run(out_dir: Path, quick: bool, compose: Any) -> list[Path]:
         notes=[
             "torch_over_flax > 1: flax's update is that many times faster.",
             "TD3: mean of critic-only and critic + delayed actor/target updates;"
-            " VPG: one policy step plus value_iterations full-batch value steps.",
+            " VPG: one policy step plus value_iterations full-batch value steps;"
+            " DQN: one step on a replay batch (one-hot Doors grid, 900 inputs).",
             f"torch threads: {torch.get_num_threads()}; jax devices: {jax.devices()}.",
         ],
     )
-    for algo in ("td3", "vpg"):
-        algo_cfg = compose([f"algo={algo}", "task=halfcheetah"]).algo
-        table.configs.append(f"algo={algo} task=halfcheetah: {dict(algo_cfg)}")
-        for size in sizes[algo]:
+    for algo, (task, _, full_sizes, quick_sizes) in CASES.items():
+        algo_cfg = compose([f"algo={algo}", f"task={task}"]).algo
+        table.configs.append(f"algo={algo} task={task}: {dict(algo_cfg)}")
+        for size in quick_sizes if quick else full_sizes:
             seconds = {b: time_update(algo, b, algo_cfg, size, budget_s) for b in ("torch", "flax")}
             table.add(
                 algo=algo,
@@ -106,7 +119,7 @@ def run(out_dir: Path, quick: bool, compose: Any) -> list[Path]:
 
 
 def _plot(table: Table, ax: Any) -> None:
-    for color, algo in enumerate(("td3", "vpg")):
+    for color, algo in enumerate(CASES):
         rows = [r for r in table.rows if r["algo"] == algo]
         sizes = [r["batch_size"] for r in rows]
         ax.plot(

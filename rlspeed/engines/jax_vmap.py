@@ -79,7 +79,9 @@ class VmapEnv:
         final_obs = f.observation(next_state)
         reset_state = f.initial(reset_key)
         next_state = jax.tree.map(lambda r, n: jnp.where(done, r, n), reset_state, next_state)
-        obs = jnp.where(done, f.observation(reset_state), final_obs)
+        # Observing the selected state, not selecting between two observations: Doors'
+        # observation is a 225-cell grid, and memory traffic bounds its step.
+        obs = f.observation(next_state)
         result = StepResult(obs, reward, terminated, truncated, final_obs, ep_return, ep_length)
         return next_state, jnp.where(done, 0.0, ep_return), jnp.where(done, 0, ep_length), result
 

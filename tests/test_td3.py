@@ -122,15 +122,16 @@ def test_actions_stay_inside_the_action_box(backend):
     assert (greedy >= BOX_ACTIONS.low).all() and (greedy <= BOX_ACTIONS.high).all()
 
 
-# Seconds per stack: 3000 env steps, small networks, fast targets and a short horizon (8 of
-# 8 seeds of the fused path scored -100 to -171 with these settings).
+# Seconds per stack: 4000 env steps, small networks, fast targets and a short horizon. At
+# 3000 steps 8 of 8 fused seeds scored -100 to -171, but torch + jax-vmap scored -699 once
+# the envs drew from a Philox stream (other start states): 4000 gives the margin back.
 SMALL_PENDULUM = [
     "algo=td3",
     "task=pendulum",
     "num_envs=8",
-    "total_steps=3000",
+    "total_steps=4000",
     "log_every=1000",
-    "eval_every=3000",
+    "eval_every=4000",
     "algo.learning_starts=300",
     "algo.learning_rate=0.003",
     "algo.gamma=0.95",
@@ -172,7 +173,7 @@ def test_host_driven_stacks_learn_pendulum(backend, engine, make_cfg, tmp_path, 
     cfg = make_cfg([f"backend={backend}", f"env={engine}", *SMALL_PENDULUM])
     metrics = _run_in(tmp_path / "run", monkeypatch, cfg)
     assert metrics["score"] > LEARNED, (backend, engine, metrics["score"])
-    assert metrics["env_steps"] == 3000 and metrics["gradient_updates"] == 3000 - 300
+    assert metrics["env_steps"] == 4000 and metrics["gradient_updates"] == 4000 - 300
     assert np.isfinite(metrics["final"]["losses/actor_loss"])
 
 
@@ -184,7 +185,7 @@ def test_fused_stack_learns_pendulum_with_seeds_in_one_program(make_cfg, tmp_pat
     assert len(set(scores)) == 3, scores
     assert min(scores) > LEARNED, scores
     assert metrics["score"] == pytest.approx(np.mean(scores))
-    assert metrics["env_steps"] == 3 * 3000 and metrics["gradient_updates"] == 3 * (3000 - 300)
+    assert metrics["env_steps"] == 3 * 4000 and metrics["gradient_updates"] == 3 * (4000 - 300)
     # One program: one checkpoint with the three agents' parameters side by side.
     assert [p.name for p in (tmp_path / "run").glob("checkpoint*")] == ["checkpoint.msgpack"]
 

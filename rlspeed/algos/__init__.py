@@ -7,6 +7,34 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlspeed.errors import ConfigError
+
+# Range name -> (the test a hyperparameter must pass, what is allowed, as the error says it).
+RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "count": (lambda value: value >= 1, "an integer >= 1"),
+    "unit": (lambda value: 0.0 <= value <= 1.0, "a number in [0, 1]"),
+    "positive": (lambda value: value > 0, "a number > 0"),
+    "non_negative": (lambda value: value >= 0, "a number >= 0"),
+    "off_at_zero": (lambda value: value >= 0, "a number >= 0 (0 turns it off)"),
+}
+
+
+def check_ranges(algo: Any, **keys_by_range: tuple[str, ...]) -> None:
+    """Reject the first ``algo.<key>`` outside its range (a key of ``RANGES``), in the order
+    given, with one ConfigError line."""
+    for range_name, keys in keys_by_range.items():
+        test, allowed = RANGES[range_name]
+        for key in keys:
+            if not test(algo[key]):
+                raise ConfigError(f"algo.{key}", algo[key], allowed)
+
+
+def check_batch_fits_buffer(algo: Any) -> None:
+    if algo.batch_size > algo.buffer_size:
+        raise ConfigError(
+            "algo.batch_size", algo.batch_size, f"<= algo.buffer_size ({algo.buffer_size})"
+        )
+
 
 def _no_extra_checks(algo_cfg: Any, cfg: Any) -> None:
     return None

@@ -19,3 +19,10 @@ def multiples_between(prev: Any, step: Any, every: int, start: int, xp: Any = np
 def linear_schedule(step: Any, start: float, end: float, duration: float, xp: Any = np) -> Any:
     """``start`` at step 0, linearly to ``end`` at ``duration``, then ``end``."""
     return start + (end - start) * xp.minimum(step / max(duration, 1.0), 1.0)
+
+
+def epsilon_at(step: Any, algo: Any, total_steps: int, xp: Any = np) -> Any:
+    """Exploration rate at env ``step``: ``algo.start_e`` linearly to ``algo.end_e`` over
+    ``algo.exploration_fraction`` of the run (DQN and tabular Q-learning)."""
+    duration = algo.exploration_fraction * total_steps
+    return linear_schedule(step, algo.start_e, algo.end_e, duration, xp)

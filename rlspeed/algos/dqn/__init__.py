@@ -6,10 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
-from rlspeed.algos import AlgoSpec
-from rlspeed.algos.schedule import linear_schedule, multiples_between
+from rlspeed.algos import AlgoSpec, check_batch_fits_buffer, check_ranges
+from rlspeed.algos.schedule import epsilon_at, multiples_between
 from rlspeed.errors import ConfigError
 
 
@@ -43,11 +41,6 @@ class DQNConfig:
 OPTIMIZERS = ("adam", "sgd")
 
 
-def epsilon_at(step: Any, algo: Any, total_steps: int, xp: Any = np) -> Any:
-    duration = algo.exploration_fraction * total_steps
-    return linear_schedule(step, algo.start_e, algo.end_e, duration, xp)
-
-
 def learning_rate_at(update: Any, algo: Any, total_steps: int) -> Any:
     """Learning rate of gradient update number ``update`` (from 0); NumPy or JAX scalars."""
     if not algo.anneal_lr:
@@ -79,18 +72,15 @@ class DQNSchedule:
 def validate(algo: Any, cfg: Any) -> None:
     if algo.optimizer not in OPTIMIZERS:
         raise ConfigError("algo.optimizer", algo.optimizer, f"one of {', '.join(OPTIMIZERS)}")
-    for key in ("buffer_size", "batch_size", "train_frequency", "target_network_frequency"):
-        if algo[key] < 1:
-            raise ConfigError(f"algo.{key}", algo[key], "an integer >= 1")
-    if algo.batch_size > algo.buffer_size:
-        raise ConfigError(
-            "algo.batch_size", algo.batch_size, f"<= algo.buffer_size ({algo.buffer_size})"
-        )
-    for key in ("gamma", "tau", "start_e", "end_e", "exploration_fraction"):
-        if not 0.0 <= algo[key] <= 1.0:
-            raise ConfigError(f"algo.{key}", algo[key], "a number in [0, 1]")
-    if algo.learning_rate <= 0:
-        raise ConfigError("algo.learning_rate", algo.learning_rate, "a number > 0")
+    check_ranges(
+        algo, count=("buffer_size", "batch_size", "train_frequency", "target_network_frequency")
+    )
+    check_batch_fits_buffer(algo)
+    check_ranges(
+        algo,
+        unit=("gamma", "tau", "start_e", "end_e", "exploration_fraction"),
+        positive=("learning_rate",),
+    )
 
 
 SPEC = AlgoSpec(

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from rlspeed.algos.dqn import DQNSchedule, epsilon_at, learning_rate_at
+from rlspeed.algos.dqn import DQNSchedule, learning_rate_at
 from rlspeed.algos.encoding import one_hot_classes
 from rlspeed.algos.fused import FusedTrainer, save_pytree, train_fused
 from rlspeed.algos.offpolicy import train_off_policy
@@ -31,7 +31,7 @@ from rlspeed.algos.replay import (
     jax_replay_init,
     jax_replay_sample,
 )
-from rlspeed.algos.schedule import multiples_between
+from rlspeed.algos.schedule import epsilon_at, multiples_between
 from rlspeed.engines.jax_vmap import VmapEnv, VmapState
 from rlspeed.run import RunContext, TrainResult
 

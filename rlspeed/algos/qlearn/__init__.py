@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from rlspeed.algos import AlgoSpec
+from rlspeed.algos import AlgoSpec, check_ranges
 from rlspeed.errors import ConfigError
 from rlspeed.registry import TASKS
 
@@ -35,9 +35,7 @@ class QLearnConfig:
 def validate(algo: Any, cfg: Any) -> None:
     if not 0.0 < algo.alpha <= 1.0:
         raise ConfigError("algo.alpha", algo.alpha, "a number in (0, 1]")
-    for key in ("gamma", "start_e", "end_e", "exploration_fraction"):
-        if not 0.0 <= algo[key] <= 1.0:
-            raise ConfigError(f"algo.{key}", algo[key], "a number in [0, 1]")
+    check_ranges(algo, unit=("gamma", "start_e", "end_e", "exploration_fraction"))
     if TASKS.get(cfg.task.name).tabular is None:
         tabular = sorted(task.name for task in TASKS if task.tabular is not None)
         raise ConfigError(

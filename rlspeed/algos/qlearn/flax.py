@@ -17,9 +17,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rlspeed.algos.dqn import epsilon_at
 from rlspeed.algos.fused import FusedTrainer, save_pytree, train_fused
 from rlspeed.algos.qlearn.loop import train_tabular
+from rlspeed.algos.schedule import epsilon_at
 from rlspeed.engines.jax_vmap import VmapEnv, VmapState
 from rlspeed.registry import TASKS
 from rlspeed.run import RunContext, TrainResult

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from rlspeed.algos.dqn import epsilon_at
+from rlspeed.algos.schedule import epsilon_at
 from rlspeed.run import RunContext, TrainResult
 
 

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from rlspeed.algos import AlgoSpec
+from rlspeed.algos import AlgoSpec, check_batch_fits_buffer, check_ranges
 from rlspeed.errors import ConfigError
 
 
@@ -87,23 +87,16 @@ def is_actor_step(updates: Any, algo: Any) -> Any:
 
 
 def validate(algo: Any, cfg: Any) -> None:
-    for key in ("buffer_size", "batch_size", "train_frequency", "policy_frequency"):
-        if algo[key] < 1:
-            raise ConfigError(f"algo.{key}", algo[key], "an integer >= 1")
-    if algo.batch_size > algo.buffer_size:
-        raise ConfigError(
-            "algo.batch_size", algo.batch_size, f"<= algo.buffer_size ({algo.buffer_size})"
-        )
+    check_ranges(algo, count=("buffer_size", "batch_size", "train_frequency", "policy_frequency"))
+    check_batch_fits_buffer(algo)
     if algo.learning_starts < 0:
         raise ConfigError("algo.learning_starts", algo.learning_starts, "an integer >= 0")
-    for key in ("gamma", "tau"):
-        if not 0.0 <= algo[key] <= 1.0:
-            raise ConfigError(f"algo.{key}", algo[key], "a number in [0, 1]")
-    for key in ("policy_noise", "noise_clip", "exploration_noise"):
-        if algo[key] < 0:
-            raise ConfigError(f"algo.{key}", algo[key], "a number >= 0")
-    if algo.learning_rate <= 0:
-        raise ConfigError("algo.learning_rate", algo.learning_rate, "a number > 0")
+    check_ranges(
+        algo,
+        unit=("gamma", "tau"),
+        non_negative=("policy_noise", "noise_clip", "exploration_noise"),
+        positive=("learning_rate",),
+    )
     if not algo.hidden_sizes or min(algo.hidden_sizes) < 1:
         raise ConfigError(
             "algo.hidden_sizes", list(algo.hidden_sizes), "a non-empty list of integers >= 1"

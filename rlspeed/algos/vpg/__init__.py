@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from rlspeed.algos import AlgoSpec
+from rlspeed.algos import AlgoSpec, check_ranges
 from rlspeed.errors import ConfigError
 
 
@@ -85,18 +85,13 @@ def gae(
 
 
 def validate(algo: Any, cfg: Any) -> None:
-    for key in ("num_steps", "value_iterations"):
-        if algo[key] < 1:
-            raise ConfigError(f"algo.{key}", algo[key], "an integer >= 1")
-    for key in ("gamma", "gae_lambda"):
-        if not 0.0 <= algo[key] <= 1.0:
-            raise ConfigError(f"algo.{key}", algo[key], "a number in [0, 1]")
-    for key in ("policy_lr", "value_lr"):
-        if algo[key] <= 0:
-            raise ConfigError(f"algo.{key}", algo[key], "a number > 0")
-    for key in ("ent_coef", "max_grad_norm"):
-        if algo[key] < 0:
-            raise ConfigError(f"algo.{key}", algo[key], "a number >= 0 (0 turns it off)")
+    check_ranges(
+        algo,
+        count=("num_steps", "value_iterations"),
+        unit=("gamma", "gae_lambda"),
+        positive=("policy_lr", "value_lr"),
+        off_at_zero=("ent_coef", "max_grad_norm"),
+    )
     if any(size < 1 for size in algo.hidden_sizes):
         raise ConfigError("algo.hidden_sizes", list(algo.hidden_sizes), "integers >= 1")
 

@@ -93,6 +93,20 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
+def calls_per_second(call: Callable[[], Any], budget_s: float, warm_up_calls: int = 1) -> float:
+    """How many times per second ``call()`` runs (it must wait for its own work), timed
+    over at least ``budget_s`` and two calls, after ``warm_up_calls`` (compilation)."""
+    for _ in range(warm_up_calls):
+        call()
+    calls, start = 0, time.perf_counter()
+    while True:
+        call()
+        calls += 1
+        elapsed = time.perf_counter() - start
+        if elapsed >= budget_s and calls >= 2:
+            return calls / elapsed
+
+
 def write_results(table: Table, out_dir: Path, plot: Callable[[Table, Any], None]) -> list[Path]:
     """``<name>.csv``, ``<name>.md`` and ``<name>.png`` in ``out_dir``; returns their paths."""
     import matplotlib

@@ -9,7 +9,6 @@ it). Every mode cycles through the same kind of 64 pre-drawn rows of random acti
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -17,25 +16,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rlspeed.bench.common import Table, write_results
+from rlspeed.bench.common import Table, calls_per_second, write_results
 from rlspeed.engines.jax_vmap import make_vmap_env
 from rlspeed.registry import ENGINES, TASKS
 
 MODES = ("gym-sync", "gym-async", "jax-vmap", "jax-fused")
 # One OS process per env: beyond this the machine thrashes long before it measures anything.
 ASYNC_MAX_ENVS = 64
-
-
-def _timed(step_block: Any, steps_per_block: int, budget_s: float) -> float:
-    """Env steps/s of repeated ``step_block()`` calls, after one warm-up call."""
-    step_block()
-    blocks, start = 0, time.perf_counter()
-    while True:
-        step_block()
-        blocks += 1
-        elapsed = time.perf_counter() - start
-        if elapsed >= budget_s and blocks >= 2:
-            return blocks * steps_per_block / elapsed
 
 
 def _make_engine(cfg: Any, num_envs: int) -> Any:
@@ -56,7 +43,7 @@ def _gym_rate(cfg: Any, num_envs: int, budget_s: float) -> float:
         engine.step(actions[next(counter) % len(actions)])
 
     try:
-        return _timed(block, num_envs, budget_s)
+        return num_envs * calls_per_second(block, budget_s)
     finally:
         engine.close()
 
@@ -71,7 +58,7 @@ def _vmap_rate(cfg: Any, num_envs: int, budget_s: float) -> float:
         result = engine.step(actions[next(counter) % 64])
         result.reward.block_until_ready()
 
-    return _timed(block, num_envs, budget_s)
+    return num_envs * calls_per_second(block, budget_s)
 
 
 def _fused_rate(cfg: Any, num_envs: int, budget_s: float) -> float:
@@ -99,7 +86,7 @@ def _fused_rate(cfg: Any, num_envs: int, budget_s: float) -> float:
         state[0], total = run(state[0])
         jnp.asarray(total).block_until_ready()
 
-    return _timed(block, num_envs * length, budget_s)
+    return num_envs * length * calls_per_second(block, budget_s)
 
 
 def measure(mode: str, task_name: str, compose: Any, num_envs: int, budget_s: float) -> float:

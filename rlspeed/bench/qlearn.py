@@ -5,14 +5,13 @@
 from __future__ import annotations
 
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import jax
 
 from rlspeed.algos.qlearn.flax import make_train
-from rlspeed.bench.common import Table, run_rlspeed, write_results
+from rlspeed.bench.common import Table, calls_per_second, run_rlspeed, write_results
 from rlspeed.engines.jax_vmap import make_vmap_env
 from rlspeed.registry import TASKS
 
@@ -31,13 +30,13 @@ def steady_rate(agents: int, overrides: list[str], compose: Any, budget_s: float
     iterations = 512
     run_chunk = jax.jit(jax.vmap(lambda state: trainer.run(state, iterations)[0]))
     state = jax.jit(jax.vmap(trainer.init))(jax.random.split(jax.random.key(cfg.seed), agents))
-    state = jax.block_until_ready(run_chunk(state))
-    chunks, start = 0, time.perf_counter()
-    while time.perf_counter() - start < budget_s or chunks < 2:
-        state = jax.block_until_ready(run_chunk(state))
-        chunks += 1
-    elapsed = time.perf_counter() - start
-    return chunks * iterations * trainer.steps_per_iteration * agents / elapsed
+    states = [state]
+
+    def chunk() -> None:
+        states[0] = jax.block_until_ready(run_chunk(states[0]))
+
+    chunks_per_s = calls_per_second(chunk, budget_s)
+    return chunks_per_s * iterations * trainer.steps_per_iteration * agents
 
 
 def run(out_dir: Path, quick: bool, compose: Any) -> list[Path]:

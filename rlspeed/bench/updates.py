@@ -12,7 +12,6 @@ include the delayed actor and target step; one VPG update is one policy step plu
 from __future__ import annotations
 
 import importlib
-import time
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,7 @@ import torch
 
 from rlspeed.algos.replay import Batch
 from rlspeed.algos.vpg.rollout import RolloutBatch
-from rlspeed.bench.common import Table, write_results
+from rlspeed.bench.common import Table, calls_per_second, write_results
 
 HALFCHEETAH = (
     gym.spaces.Box(-np.inf, np.inf, (17,), np.float32),
@@ -66,17 +65,13 @@ def time_update(algo: str, backend: str, algo_cfg: Any, size: int, budget_s: flo
     extra = {"total_steps": 10**9} if algo == "dqn" else {}
     learner = learner_cls(*CASES[algo][1], algo_cfg, 0, **extra)
     batch = _batch(algo, size, np.random.default_rng(0))
-    for _ in range(4):
+
+    def two_updates() -> None:
+        # Pairs, so a TD3 figure averages critic-only and critic + delayed actor updates.
+        learner.update(batch)
         _sync(learner.update(batch), learner)
-    calls, start = 0, time.perf_counter()
-    while True:
-        for _ in range(2):
-            result = learner.update(batch)
-        _sync(result, learner)
-        calls += 2
-        elapsed = time.perf_counter() - start
-        if elapsed >= budget_s and calls >= 4:
-            return elapsed / calls
+
+    return 1.0 / (2 * calls_per_second(two_updates, budget_s, warm_up_calls=2))
 
 
 def run(out_dir: Path, quick: bool, compose: Any) -> list[Path]:

@@ -29,9 +29,11 @@ def _rows(path: Path) -> list[dict[str, str]]:
 
 
 def _check_equal_work(rows: list[dict[str, str]]) -> None:
-    """Stacks compared side by side did the same env steps and gradient updates."""
+    """Stacks compared side by side, and the CleanRL-style script run with the torch
+    stack's hyperparameters, did the same env steps and gradient updates."""
     assert [(r["backend"], r["engine"]) for r in rows] == [
-        ("torch", "gym-sync"), ("flax", "gym-sync"), ("torch", "jax-vmap"), ("flax", "jax-vmap"),
+        ("torch", "gym-sync"), ("cleanrl-script", "gym-sync"), ("flax", "gym-sync"),
+        ("torch", "jax-vmap"), ("flax", "jax-vmap"),
     ]  # fmt: skip
     assert len({r["env_steps"] for r in rows}) == 1
     assert len({r["gradient_updates"] for r in rows}) == 1 and int(rows[0]["gradient_updates"])

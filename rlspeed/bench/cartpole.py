@@ -43,4 +43,5 @@ def run(out_dir: Path, quick: bool, compose: Any) -> list[Path]:
             "Seed 004: 15,807 env steps/s (one CPU). SPEC goal: >= 100,000 env steps/s while the"
             " last-20-episode return reaches >= 475."
         ],
+        baseline_env_id="CartPole-v1",
     )

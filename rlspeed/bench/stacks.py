@@ -3,6 +3,9 @@ in a fresh process, compared against the first stack at equal env steps."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -27,11 +30,59 @@ COLUMNS = [
 ]
 
 
+# The DQN hyperparameters the CleanRL-style script takes, by their rlspeed names.
+BASELINE_ALGO_KEYS = (
+    "learning_rate",
+    "anneal_lr",
+    "buffer_size",
+    "gamma",
+    "tau",
+    "target_network_frequency",
+    "batch_size",
+    "start_e",
+    "end_e",
+    "exploration_fraction",
+    "learning_starts",
+    "train_frequency",
+    "hidden_sizes",
+)
+
+
+def run_cleanrl_baseline(config: dict[str, Any], env_id: str) -> dict[str, Any]:
+    """Run ``rlspeed.bench.cleanrl_dqn`` in a fresh process with the hyperparameters of
+    the resolved rlspeed ``config`` (a DQN run) and return its final JSON line."""
+    args = [f"--env-id={env_id}", f"--seed={config['seed']}", f"--num-envs={config['num_envs']}"]
+    args.append(f"--total-steps={config['total_steps']}")
+    for key in BASELINE_ALGO_KEYS:
+        flag, value = "--" + key.replace("_", "-"), config["algo"][key]
+        if isinstance(value, bool):
+            args.append(flag if value else "--no-" + flag[2:])
+        elif isinstance(value, list):
+            args += [flag, *map(str, value)]
+        else:
+            args.append(f"{flag}={value}")
+    command = [sys.executable, "-m", "rlspeed.bench.cleanrl_dqn", *args]
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        tail = (result.stderr or result.stdout).strip().splitlines()[-5:]
+        raise RuntimeError("CleanRL-style baseline failed: " + " | ".join(tail))
+    metrics = json.loads(result.stdout.strip().splitlines()[-1])
+    metrics["command"] = "python -m rlspeed.bench.cleanrl_dqn " + " ".join(args)
+    return metrics
+
+
 def compare_stacks(
-    name: str, title: str, overrides: list[str], out_dir: Path, notes: list[str]
+    name: str,
+    title: str,
+    overrides: list[str],
+    out_dir: Path,
+    notes: list[str],
+    baseline_env_id: str,
 ) -> list[Path]:
     """Train ``overrides`` on every stack of ``STACKS``; ``speedup`` is wall time relative
-    to the first stack (equal env steps and gradient updates, so equal work)."""
+    to the first stack (equal env steps and gradient updates, so equal work). After the
+    first stack, the CleanRL-style script (``rlspeed.bench.cleanrl_dqn``) trains with its
+    resolved hyperparameters, so the PyTorch path is checked against a plain script."""
     table = Table(
         name,
         title,
@@ -40,6 +91,9 @@ def compare_stacks(
             "Every stack trains the same config for the same env steps and gradient updates;"
             " wall time includes start-up, JIT compilation and evaluation.",
             "speedup: wall time of torch + gym-sync divided by this stack's.",
+            "cleanrl-script: a single-file CleanRL-style DQN (rlspeed/bench/cleanrl_dqn.py)"
+            " with torch + gym-sync's hyperparameters; it times env creation to the last update,"
+            " with no evaluation or tracking, and has no greedy score.",
             *notes,
         ],
     )
@@ -63,6 +117,18 @@ def compare_stacks(
                 updates_per_s=metrics["updates_per_s"],
                 speedup=baseline / metrics["wall_time_s"],
             )
+            if len(table.rows) == 1:
+                script = run_cleanrl_baseline(metrics["config"], baseline_env_id)
+                table.configs.append(script["command"])
+                table.add(
+                    **{key: script[key] for key in COLUMNS if key in script},
+                    backend="cleanrl-script",
+                    engine="gym-sync",
+                    num_envs=metrics["config"]["num_envs"],
+                    score=float("nan"),
+                    rolling_step_reward=float("nan"),
+                    speedup=baseline / script["wall_time_s"],
+                )
     return write_results(table, out_dir, _plot)
 
 
@@ -71,7 +137,7 @@ def _plot(table: Table, ax: Any) -> None:
     bars = ax.bar(labels, [r["env_steps_per_s"] for r in table.rows], color="tab:blue")
     for bar, row in zip(bars, table.rows, strict=True):
         ax.annotate(
-            f"{row['speedup']:.1f}x\nscore {row['score']:.3g}",
+            f"{row['speedup']:.1f}x\n" + _learning_label(row),
             (bar.get_x() + bar.get_width() / 2, bar.get_height()),
             ha="center",
             va="bottom",
@@ -80,3 +146,10 @@ def _plot(table: Table, ax: Any) -> None:
     ax.set_yscale("log")
     ax.set_ylabel("env steps / s (whole training run)")
     ax.margins(y=0.3)
+
+
+def _learning_label(row: dict[str, Any]) -> str:
+    # The CleanRL-style script has no greedy evaluation; it shows its last-20 return.
+    if row["score"] == row["score"]:
+        return f"score {row['score']:.3g}"
+    return f"return {row['recent_return']:.3g}"

@@ -42,8 +42,8 @@ class SeedStream:
     def __init__(self, eval_every: int) -> None:
         self.eval_every = eval_every
         self.window: deque[tuple[float, int]] = deque(maxlen=ROLLING_EPISODES)
-        self.interval_returns: list[float] = []
-        self.interval_lengths: list[int] = []
+        # Finished episodes since the last log: count, total return, total length.
+        self.interval = np.zeros(3)
         self.next_eval = eval_every
         self.last_time, self.last_step, self.last_updates = time.perf_counter(), 0, 0
         self.steps = self.updates = 0
@@ -53,11 +53,12 @@ class SeedStream:
         done = np.asarray(done)
         if not done.any():
             return
-        returns = np.asarray(episode_return)[done].tolist()
-        lengths = np.asarray(episode_length)[done].tolist()
-        self.interval_returns.extend(returns)
-        self.interval_lengths.extend(lengths)
-        self.window.extend(zip(returns, lengths, strict=True))
+        returns = np.asarray(episode_return)[done]
+        lengths = np.asarray(episode_length)[done]
+        self.interval += (len(returns), returns.sum(), lengths.sum())
+        # Fused chunks hand over many thousands of episodes; only the newest fit the window.
+        recent = slice(-ROLLING_EPISODES, None)
+        self.window.extend(zip(returns[recent].tolist(), lengths[recent].tolist(), strict=True))
 
     @property
     def rolling_step_reward(self) -> float:
@@ -85,12 +86,13 @@ class SeedStream:
             "charts/gradient_updates": float(updates),
             **metrics,
         }
-        if self.interval_returns:
-            row["charts/episodic_return"] = float(np.mean(self.interval_returns))
-            row["charts/episodic_length"] = float(np.mean(self.interval_lengths))
+        count, total_return, total_length = self.interval
+        if count:
+            row["charts/episodic_return"] = float(total_return / count)
+            row["charts/episodic_length"] = float(total_length / count)
             row["charts/rolling_step_reward"] = self.rolling_step_reward
             row["charts/recent_return"] = self.recent_return
-        self.interval_returns, self.interval_lengths = [], []
+        self.interval = np.zeros(3)
         if step >= self.next_eval or step >= total_steps:
             self.score = float(evaluate(policy))
             row["eval/score"] = self.score

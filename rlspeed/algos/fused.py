@@ -48,6 +48,15 @@ class FusedTrainer(NamedTuple):
         return self.run(self.init(key), self.total_iterations)
 
 
+def scan_unroll(batch: int) -> int:
+    """How many loop iterations ``lax.scan`` should unroll when each one works on
+    ``batch`` numbers in all (envs x vmapped seeds). XLA:CPU pays a fixed cost per loop
+    iteration that dominates small bodies; unrolling 4 amortizes it (tabular Q-learning,
+    30 agents x 1 env: 4.0 M -> 5.6 M agent-steps/s) but slows large ones (256 x 1:
+    8.8 M -> 7.6 M), where the extra code costs more than the loop."""
+    return 4 if batch <= 128 else 1
+
+
 def save_pytree(tree: Any, path: Path) -> Path:
     path.write_bytes(flax.serialization.to_bytes(jax.device_get(tree)))
     return path

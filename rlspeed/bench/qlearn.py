@@ -8,35 +8,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import jax
-
-from rlspeed.algos.qlearn.flax import make_train
-from rlspeed.bench.common import Table, calls_per_second, run_rlspeed, write_results
-from rlspeed.engines.jax_vmap import make_vmap_env
-from rlspeed.registry import TASKS
+from rlspeed.bench.common import Table, run_rlspeed, write_results
+from rlspeed.bench.compiled import compiled_env_steps_per_s
 
 # (agents, env steps per agent) with one env per agent, as the seed ran them.
-FULL = ((1, 2_000_000), (30, 1_000_000), (1024, 65_536))
-QUICK = ((1, 20_000), (30, 20_000), (1024, 2_048))
-
-
-def steady_rate(agents: int, overrides: list[str], compose: Any, budget_s: float) -> float:
-    """Agent-steps/s of the same vmapped program once compiled: chunks of 512 iterations,
-    timed after a warm-up chunk (what the whole-run figure pays on top is start-up,
-    compilation and evaluating every agent)."""
-    cfg = compose(overrides)
-    env = make_vmap_env(TASKS.get(cfg.task.name), cfg.task, cfg.num_envs)
-    trainer = make_train(cfg, env)
-    iterations = 512
-    run_chunk = jax.jit(jax.vmap(lambda state: trainer.run(state, iterations)[0]))
-    state = jax.jit(jax.vmap(trainer.init))(jax.random.split(jax.random.key(cfg.seed), agents))
-    states = [state]
-
-    def chunk() -> None:
-        states[0] = jax.block_until_ready(run_chunk(states[0]))
-
-    chunks_per_s = calls_per_second(chunk, budget_s)
-    return chunks_per_s * iterations * trainer.steps_per_iteration * agents
+FULL = ((1, 2_000_000), (30, 1_000_000), (256, 262_144), (1024, 65_536))
+QUICK = ((1, 20_000), (30, 20_000), (256, 2_048), (1024, 2_048))
 
 
 def run(out_dir: Path, quick: bool, compose: Any) -> list[Path]:
@@ -58,7 +35,8 @@ def run(out_dir: Path, quick: bool, compose: Any) -> list[Path]:
             " 2 cores for 30+ agents.",
             "agent_steps_per_s: the whole CLI run (wall_time_s covers start-up, JIT"
             " compilation, training and the greedy evaluation of every agent; score 1.0 = the"
-            " goal reached). compiled_agent_steps_per_s: the same program once compiled.",
+            " goal reached). compiled_agent_steps_per_s: the same program once compiled, in"
+            " the CLI's chunks of log_every env steps with their episode statistics fetched.",
         ],
     )
     with tempfile.TemporaryDirectory(prefix="rlspeed-bench-qlearn-") as tmp:
@@ -84,8 +62,8 @@ def run(out_dir: Path, quick: bool, compose: Any) -> list[Path]:
                 agent_steps_per_s=metrics["env_steps_per_s"],
                 updates_per_s=metrics["updates_per_s"],
                 mean_score=metrics["score"],
-                compiled_agent_steps_per_s=steady_rate(
-                    agents, overrides, compose, 0.2 if quick else 3.0
+                compiled_agent_steps_per_s=compiled_env_steps_per_s(
+                    overrides, compose, 0.2 if quick else 3.0
                 ),
             )
     return write_results(table, out_dir, _plot)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from rlspeed.bench.common import Table, run_rlspeed, write_results
+from rlspeed.bench.compiled import compiled_env_steps_per_s
 
 # The seed's Table 2 columns, torch + gym-sync (the baseline) first.
 STACKS = (("torch", "gym-sync"), ("flax", "gym-sync"), ("torch", "jax-vmap"), ("flax", "jax-vmap"))
@@ -26,6 +27,7 @@ COLUMNS = [
     "wall_time_s",
     "env_steps_per_s",
     "updates_per_s",
+    "compiled_env_steps_per_s",
     "speedup",
 ]
 
@@ -78,6 +80,8 @@ def compare_stacks(
     out_dir: Path,
     notes: list[str],
     baseline_env_id: str,
+    compose: Any,
+    budget_s: float,
 ) -> list[Path]:
     """Train ``overrides`` on every stack of ``STACKS``; ``speedup`` is wall time relative
     to the first stack (equal env steps and gradient updates, so equal work). After the
@@ -91,6 +95,9 @@ def compare_stacks(
             "Every stack trains the same config for the same env steps and gradient updates;"
             " wall time includes start-up, JIT compilation and evaluation.",
             "speedup: wall time of torch + gym-sync divided by this stack's.",
+            "compiled_env_steps_per_s (flax + jax-vmap): the same training program once"
+            " compiled, timed after learning_starts in the CLI's chunks of log_every env steps"
+            " (no start-up, compilation or evaluation).",
             "cleanrl-script: a single-file CleanRL-style DQN (rlspeed/bench/cleanrl_dqn.py)"
             " with torch + gym-sync's hyperparameters; it times env creation to the last update,"
             " with no evaluation or tracking, and has no greedy score.",
@@ -115,6 +122,11 @@ def compare_stacks(
                 wall_time_s=metrics["wall_time_s"],
                 env_steps_per_s=metrics["env_steps_per_s"],
                 updates_per_s=metrics["updates_per_s"],
+                compiled_env_steps_per_s=(
+                    compiled_env_steps_per_s(stack, compose, budget_s)
+                    if (backend, engine) == ("flax", "jax-vmap")
+                    else float("nan")
+                ),
                 speedup=baseline / metrics["wall_time_s"],
             )
             if len(table.rows) == 1:
@@ -127,6 +139,7 @@ def compare_stacks(
                     num_envs=metrics["config"]["num_envs"],
                     score=float("nan"),
                     rolling_step_reward=float("nan"),
+                    compiled_env_steps_per_s=float("nan"),
                     speedup=baseline / script["wall_time_s"],
                 )
     return write_results(table, out_dir, _plot)

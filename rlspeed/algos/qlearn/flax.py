@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rlspeed.algos.fused import FusedTrainer, save_pytree, train_fused
+from rlspeed.algos.fused import FusedTrainer, save_pytree, scan_unroll, train_fused
 from rlspeed.algos.qlearn.loop import train_tabular
 from rlspeed.algos.schedule import epsilon_at
 from rlspeed.engines.jax_vmap import VmapEnv, VmapState
@@ -144,6 +144,7 @@ def make_train(cfg: Any, env: VmapEnv) -> FusedTrainer:
     algo, task_cfg, n = cfg.algo, cfg.task, env.num_envs
     tabular = TASKS.get(task_cfg.name).tabular
     num_states, n_actions = tabular.num_states(task_cfg), int(env.single_action_space.n)
+    unroll = scan_unroll(n * cfg.num_seeds)
 
     def states_of(obs: jax.Array) -> jax.Array:
         return tabular.state_index(task_cfg, obs, jnp)
@@ -184,7 +185,7 @@ def make_train(cfg: Any, env: VmapEnv) -> FusedTrainer:
         # in one call is much faster, and each step's stay the same whatever the chunking.
         steps = state.step + n * jnp.arange(iterations)
         u = jax.vmap(step_uniforms, in_axes=(None, 0, None))(state.key, steps, n)
-        return jax.lax.scan(iteration, state, u)
+        return jax.lax.scan(iteration, state, u, unroll=unroll)
 
     def summarize(stats: ChunkStats) -> dict[str, float]:
         return {

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import numpy as np
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.table import Table
 
-from rlspeed.config import flatten, to_yaml, validate
+from rlspeed.config import RunConfig, flatten, to_yaml, validate
 from rlspeed.engines import Engine, EngineSpec
 from rlspeed.monitor import RECENT_EPISODES, RunMonitor, SeedMonitor
 from rlspeed.registry import ALGOS, BACKENDS, ENGINES, TASKS, TRACKERS
@@ -38,7 +38,7 @@ class RunContext:
     """What an algorithm's ``train(ctx)`` gets: the config, the task, the engine, the
     monitor, and which of the run's ``num_seeds`` agents it trains."""
 
-    cfg: DictConfig
+    cfg: RunConfig  # plain dataclasses, not DictConfig (see ``run``)
     task: TaskSpec
     engine: EngineSpec
     run_monitor: RunMonitor
@@ -115,16 +115,19 @@ def run(cfg: DictConfig) -> float:
         tags.update({"optuna.study": cfg.trial.study_name, "optuna.trial": str(cfg.trial.number)})
     tracker = TRACKERS.get(cfg.tracking.name).make(cfg.tracking)
     tracker.start(run_name=run_name, params=flatten(cfg), tags=tags)
+    # The training loops read the config on every step: as the schema's dataclasses an
+    # attribute costs ~30 ns, through DictConfig ~10 us (18% of a CartPole DQN run).
+    plain_cfg = OmegaConf.to_object(cfg)
     monitor = RunMonitor(
         tracker,
         cfg.total_steps,
         cfg.eval_every,
-        evaluate=lambda policy, index: task.evaluate(cfg.task, policy, cfg.seed + index),
+        evaluate=lambda policy, index: task.evaluate(plain_cfg.task, policy, cfg.seed + index),
         progress=cfg.progress,
         on_score=reporter.report if reporter is not None else None,
         num_seeds=cfg.num_seeds,
     )
-    ctx = RunContext(cfg, task, engine, monitor, out_dir)
+    ctx = RunContext(plain_cfg, task, engine, monitor, out_dir)
     # optuna.TrialPruned for a trial run; () matches nothing, so other runs never import optuna.
     pruned_error = reporter.pruned_error if reporter is not None else ()
     status = "FAILED"

@@ -58,9 +58,7 @@ class TorchLearner(DQNSchedule):
         self.target_network.load_state_dict(self.q_network.state_dict())
         optimizer = torch.optim.Adam if algo.optimizer == "adam" else torch.optim.SGD
         self.optimizer = optimizer(self.q_network.parameters(), lr=algo.learning_rate)
-        self.lr_schedule = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda k: learning_rate_at(k, algo, total_steps) / algo.learning_rate
-        )
+        self.updates = 0
         self.gamma, self.tau = algo.gamma, algo.tau
         self.generator = torch.Generator().manual_seed(seed)
 
@@ -89,8 +87,12 @@ class TorchLearner(DQNSchedule):
         loss = F.mse_loss(q, td_target)
         self.optimizer.zero_grad()
         loss.backward()
+        if self.algo.anneal_lr:
+            # Set directly: LambdaLR's bookkeeping cost more than the update's arithmetic.
+            lr = learning_rate_at(self.updates, self.algo, self.total_steps)
+            self.optimizer.param_groups[0]["lr"] = lr
         self.optimizer.step()
-        self.lr_schedule.step()
+        self.updates += 1
         return {"losses/td_loss": loss.detach(), "losses/q_values": q.detach().mean()}
 
     @torch.no_grad()

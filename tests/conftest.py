@@ -16,6 +16,10 @@ from omegaconf import DictConfig
 from rlspeed.cli import CONF_DIR
 from rlspeed.config import register_configs
 
+# pytest-xdist runs one worker per core: one torch thread each (in-process runs and the
+# CLI subprocesses alike) keeps them from oversubscribing the cores.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 RLSPEED = str(Path(sys.executable).with_name("rlspeed"))
 # This checkout, first on the CLI's path: its code and its Hydra plugins (hydra_plugins/),
 # whichever checkout the installed package points at.

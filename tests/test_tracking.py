@@ -84,7 +84,14 @@ def test_interrupted_run_is_killed_and_checkpointed(tmp_path, stop):
         f"tracking.uri={uri}",
     ]
     process = subprocess.Popen(
-        [RLSPEED, *args], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        [RLSPEED, *args],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        # A shell's background job starts with SIGINT ignored, and Python then installs no
+        # KeyboardInterrupt handler: give the CLI the default, as a terminal would.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     deadline = time.monotonic() + 120
     for line in process.stdout:  # wait until training has logged twice

@@ -122,7 +122,9 @@ def run(cfg: DictConfig) -> float:
         tracker,
         cfg.total_steps,
         cfg.eval_every,
-        evaluate=lambda policy, index: task.evaluate(plain_cfg.task, policy, cfg.seed + index),
+        evaluate=lambda policy, index: task.evaluate(
+            plain_cfg.task, policy, plain_cfg.seed + index
+        ),
         progress=cfg.progress,
         on_score=reporter.report if reporter is not None else None,
         num_seeds=cfg.num_seeds,

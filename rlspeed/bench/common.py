@@ -156,16 +156,22 @@ def write_results(table: Table, out_dir: Path, plot: Callable[[Table, Any], None
     return [csv_path, md_path, png_path]
 
 
-def run_rlspeed(overrides: Sequence[str], run_dir: Path) -> dict[str, Any]:
-    """Train through the real CLI in a fresh process (no shared JIT caches or torch threads
-    between the stacks compared) and return its ``metrics.json``."""
-    args = [*overrides, "tracking=none", "progress=none", f"hydra.run.dir={run_dir}"]
-    result = subprocess.run(
-        [sys.executable, "-m", "rlspeed.cli", *args], capture_output=True, text=True
-    )
+def run_module(module: str, args: Sequence[str]) -> str:
+    """``python -m module *args`` in a fresh process (no shared JIT caches or torch threads
+    between the runs compared); its stdout, or a RuntimeError with the output's tail."""
+    result = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True)
     if result.returncode != 0:
         tail = (result.stderr or result.stdout).strip().splitlines()[-5:]
-        raise RuntimeError(f"rlspeed {' '.join(overrides)} failed: " + " | ".join(tail))
+        raise RuntimeError(f"{module} {' '.join(args)} failed: " + " | ".join(tail))
+    return result.stdout
+
+
+def run_rlspeed(overrides: Sequence[str], run_dir: Path) -> dict[str, Any]:
+    """Train through the real CLI in a fresh process and return its ``metrics.json``."""
+    run_module(
+        "rlspeed.cli",
+        [*overrides, "tracking=none", "progress=none", f"hydra.run.dir={run_dir}"],
+    )
     metrics = json.loads((run_dir / "metrics.json").read_text())
     metrics["config"] = yaml.safe_load((run_dir / "config.yaml").read_text())
     return metrics

@@ -4,13 +4,11 @@ in a fresh process, compared against the first stack at equal env steps."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from rlspeed.bench.common import Table, run_rlspeed, write_results
+from rlspeed.bench.common import Table, run_module, run_rlspeed, write_results
 from rlspeed.bench.compiled import compiled_env_steps_per_s
 
 # The seed's Table 2 columns, torch + gym-sync (the baseline) first.
@@ -63,12 +61,8 @@ def run_cleanrl_baseline(config: dict[str, Any], env_id: str) -> dict[str, Any]:
             args += [flag, *map(str, value)]
         else:
             args.append(f"{flag}={value}")
-    command = [sys.executable, "-m", "rlspeed.bench.cleanrl_dqn", *args]
-    result = subprocess.run(command, capture_output=True, text=True)
-    if result.returncode != 0:
-        tail = (result.stderr or result.stdout).strip().splitlines()[-5:]
-        raise RuntimeError("CleanRL-style baseline failed: " + " | ".join(tail))
-    metrics = json.loads(result.stdout.strip().splitlines()[-1])
+    stdout = run_module("rlspeed.bench.cleanrl_dqn", args)
+    metrics = json.loads(stdout.strip().splitlines()[-1])
     metrics["command"] = "python -m rlspeed.bench.cleanrl_dqn " + " ".join(args)
     return metrics
 

@@ -3,27 +3,40 @@
 The whole-run figures of the CLI benchmarks include start-up, JIT compilation, logging
 and evaluation; this times the same ``lax.scan`` program alone, in chunks, after a
 warm-up. The chunk's statistics are returned and fetched as the CLI's loop fetches
-them, so XLA cannot drop the work of recording episodes.
+them, so XLA cannot drop the work of recording episodes. It runs in a fresh process
+that applies the backend's settings before JAX starts, as the CLI does
+(``backend.threads`` sizes XLA's thread pools).
+
+    python -m rlspeed.bench.compiled --budget-s 5 algo=dqn task=cartpole ...
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib
+import json
 import math
-from typing import Any
 
-import jax
-
-from rlspeed.bench.common import calls_per_second
-from rlspeed.engines.jax_vmap import make_vmap_env
-from rlspeed.registry import ALGOS, TASKS
+from rlspeed.bench.common import calls_per_second, run_module
 
 
-def compiled_env_steps_per_s(overrides: list[str], compose: Any, budget_s: float) -> float:
+def measure(overrides: list[str], budget_s: float) -> float:
     """Env steps/s (over all ``num_seeds`` agents) of the fused program for ``overrides``
     in the CLI's chunks of ``log_every`` env steps, timed after the algorithm's
-    ``learning_starts`` so that off-policy updates run."""
-    cfg = compose(overrides)
+    ``learning_starts`` so that off-policy updates run. Call it before JAX computes
+    anything in this process."""
+    from rlspeed.bench.cli import compose_config
+    from rlspeed.config import register_configs
+    from rlspeed.registry import ALGOS, BACKENDS, TASKS
+
+    register_configs()
+    cfg = compose_config(["backend=flax", "env=jax-vmap", *overrides])
+    BACKENDS.get(cfg.backend.name).setup(cfg.backend, cfg.seed)
+
+    import jax
+
+    from rlspeed.engines.jax_vmap import make_vmap_env
+
     module_name = ALGOS.get(cfg.algo.name).implementations["flax"].partition(":")[0]
     make_train = importlib.import_module(module_name).make_train
     trainer = make_train(cfg, make_vmap_env(TASKS.get(cfg.task.name), cfg.task, cfg.num_envs))
@@ -49,3 +62,21 @@ def compiled_env_steps_per_s(overrides: list[str], compose: Any, budget_s: float
 
     chunks_per_s = calls_per_second(chunk, budget_s)
     return chunks_per_s * iterations * trainer.steps_per_iteration * agents
+
+
+def compiled_env_steps_per_s(overrides: list[str], budget_s: float) -> float:
+    """``measure`` in a fresh process (``overrides`` as for the CLI, flax + jax-vmap)."""
+    stdout = run_module("rlspeed.bench.compiled", [f"--budget-s={budget_s}", *overrides])
+    return float(json.loads(stdout.strip().splitlines()[-1])["env_steps_per_s"])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m rlspeed.bench.compiled")
+    parser.add_argument("--budget-s", type=float, default=5.0, help="seconds of timing")
+    parser.add_argument("overrides", nargs="*", help="rlspeed config overrides")
+    args = parser.parse_args()
+    print(json.dumps({"env_steps_per_s": measure(args.overrides, args.budget_s)}))
+
+
+if __name__ == "__main__":
+    main()

@@ -63,7 +63,7 @@ def run(out_dir: Path, quick: bool, compose: Any) -> list[Path]:
                 updates_per_s=metrics["updates_per_s"],
                 mean_score=metrics["score"],
                 compiled_agent_steps_per_s=compiled_env_steps_per_s(
-                    overrides, compose, 0.2 if quick else 3.0
+                    overrides, 0.2 if quick else 3.0
                 ),
             )
     return write_results(table, out_dir, _plot)

@@ -74,7 +74,6 @@ def compare_stacks(
     out_dir: Path,
     notes: list[str],
     baseline_env_id: str,
-    compose: Any,
     budget_s: float,
 ) -> list[Path]:
     """Train ``overrides`` on every stack of ``STACKS``; ``speedup`` is wall time relative
@@ -117,7 +116,7 @@ def compare_stacks(
                 env_steps_per_s=metrics["env_steps_per_s"],
                 updates_per_s=metrics["updates_per_s"],
                 compiled_env_steps_per_s=(
-                    compiled_env_steps_per_s(stack, compose, budget_s)
+                    compiled_env_steps_per_s(stack, budget_s)
                     if (backend, engine) == ("flax", "jax-vmap")
                     else float("nan")
                 ),

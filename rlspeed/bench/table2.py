@@ -24,7 +24,6 @@ def run(out_dir: Path, quick: bool, compose: Any) -> list[Path]:
             "num_envs is each engine's default (gym 8, jax-vmap 128); DQN's update schedule"
             " counts env steps, so the gradient updates are the same.",
         ],
-        compose=compose,
         budget_s=0.2 if quick else 5.0,
         baseline_env_id="rlspeed/Doors-v0",
     )

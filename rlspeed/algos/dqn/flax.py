@@ -91,10 +91,13 @@ class DQNFunctions:
     def greedy(self, params: Any, obs: jax.Array) -> jax.Array:
         return self.network.apply(params, obs).argmax(axis=1)
 
-    def update(self, agent: Agent, batch: Batch) -> tuple[Agent, jax.Array, jax.Array]:
-        gamma = self.algo.gamma
-        next_q = self.network.apply(agent.target_params, batch.next_obs).max(axis=1)
-        td_target = batch.rewards + gamma * next_q * (1.0 - batch.dones)
+    def td_targets(self, target_params: Any, batch: Batch) -> jax.Array:
+        next_q = self.network.apply(target_params, batch.next_obs).max(axis=1)
+        return batch.rewards + self.algo.gamma * next_q * (1.0 - batch.dones)
+
+    def update(
+        self, agent: Agent, batch: Batch, td_target: jax.Array
+    ) -> tuple[Agent, jax.Array, jax.Array]:
 
         def loss_fn(params: Any) -> tuple[jax.Array, jax.Array]:
             q_all = self.network.apply(params, batch.obs)
@@ -105,6 +108,10 @@ class DQNFunctions:
         updates, opt_state = self.optimizer.update(grads, agent.opt_state, agent.params)
         params = optax.apply_updates(agent.params, updates)
         return Agent(params, agent.target_params, opt_state), loss, q_mean
+
+    def learn(self, agent: Agent, batch: Batch) -> tuple[Agent, jax.Array, jax.Array]:
+        """One update on ``batch``, its TD targets from the target network."""
+        return self.update(agent, batch, self.td_targets(agent.target_params, batch))
 
     def sync_target(self, agent: Agent) -> Agent:
         target = optax.incremental_update(agent.params, agent.target_params, self.algo.tau)
@@ -123,7 +130,7 @@ class FlaxLearner(DQNSchedule):
         self.agent = self.fns.init(init_key)
         self._act = jax.jit(self.fns.act)
         self._greedy = jax.jit(self.fns.greedy)
-        self._update = jax.jit(self.fns.update)
+        self._update = jax.jit(self.fns.learn)
         self._sync = jax.jit(self.fns.sync_target)
 
     def act(self, obs: Any, step: int) -> jax.Array:
@@ -145,6 +152,10 @@ class FlaxLearner(DQNSchedule):
 
 
 # ---------------------------------------------------------------- fused jax-vmap path
+
+
+# Most transitions drawn at once for a group of fused updates (bounds the memory it takes).
+PRESAMPLE_ROWS = 8192
 
 
 class TrainState(NamedTuple):
@@ -172,6 +183,9 @@ def make_train(cfg: Any, env: VmapEnv) -> FusedTrainer:
     algo, n = cfg.algo, env.num_envs
     fns = DQNFunctions(env.single_observation_space, env.single_action_space, algo, cfg.total_steps)
     total_iterations = math.ceil(cfg.total_steps / n)
+    # Updates per group sharing one replay draw: all of an iteration's (at most
+    # ceil(n / train_frequency)), up to PRESAMPLE_ROWS transitions.
+    group_size = max(1, min(-(-n // algo.train_frequency), PRESAMPLE_ROWS // algo.batch_size))
 
     def init(key: jax.Array) -> TrainState:
         agent_key, env_key, key = jax.random.split(key, 3)
@@ -195,14 +209,32 @@ def make_train(cfg: Any, env: VmapEnv) -> FusedTrainer:
             state.step, step, algo.train_frequency, algo.learning_starts, jnp
         )
 
-        def one_update(i: jax.Array, carry: tuple) -> tuple:
-            agent, loss_sum, q_sum = carry
-            batch = jax_replay_sample(replay, jax.random.fold_in(update_key, i), algo.batch_size)
-            agent, loss, q_mean = fns.update(agent, batch)
-            return agent, loss_sum + loss, q_sum + q_mean
+        def update_group(group: jax.Array, carry: tuple) -> tuple:
+            # The target network is fixed until the sync below, so the group's batches are
+            # drawn at once and their TD targets come from one large matrix product.
+            batches = jax_replay_sample(
+                replay, jax.random.fold_in(update_key, group), group_size * algo.batch_size
+            )
+            td_targets = fns.td_targets(carry[0].target_params, batches)
+            batches, td_targets = jax.tree.map(
+                lambda x: x.reshape(group_size, algo.batch_size, *x.shape[1:]),
+                (batches, td_targets),
+            )
+
+            def one_update(i: jax.Array, carry: tuple) -> tuple:
+                agent, loss_sum, q_sum = carry
+                batch, td_target = jax.tree.map(lambda x: x[i], (batches, td_targets))
+                agent, loss, q_mean = fns.update(agent, batch, td_target)
+                return agent, loss_sum + loss, q_sum + q_mean
+
+            count = jnp.minimum(group_size, n_updates - group * group_size)
+            return jax.lax.fori_loop(0, count, one_update, carry)
 
         agent, loss_sum, q_sum = jax.lax.fori_loop(
-            0, n_updates, one_update, (state.agent, jnp.float32(0), jnp.float32(0))
+            0,
+            -(-n_updates // group_size),
+            update_group,
+            (state.agent, jnp.float32(0), jnp.float32(0)),
         )
         sync = (
             multiples_between(

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
@@ -19,6 +22,9 @@ class BackendConfig:
     deterministic: bool = True
     # CPU threads for the backend's math (0: library default).
     threads: int = 0
+    # backend=flax: the folder where compiled XLA programs are kept between runs (JAX's
+    # persistent compilation cache); None compiles every program in every run.
+    compilation_cache: str | None = None
 
 
 @dataclass
@@ -96,6 +102,8 @@ def validate(cfg: DictConfig) -> None:
             raise ConfigError(key, cfg[key], "an integer >= 1")
     if cfg.progress not in ("auto", "rich", "plain", "none"):
         raise ConfigError("progress", cfg.progress, "one of auto, rich, plain, none")
+    if cfg.backend.compilation_cache is not None:
+        _check_writable_dir("backend.compilation_cache", cfg.backend.compilation_cache)
     backend = BACKENDS.get(cfg.backend.name)
     engine = ENGINES.get(cfg.env.name)
     algo = ALGOS.get(cfg.algo.name)
@@ -139,3 +147,11 @@ def flatten(cfg: DictConfig) -> dict[str, Any]:
 
     walk(OmegaConf.to_container(cfg, resolve=True), "")
     return flat
+
+
+def _check_writable_dir(key: str, value: str) -> None:
+    path = Path(value).expanduser()
+    with contextlib.suppress(OSError):  # reported below, with what is allowed
+        path.mkdir(parents=True, exist_ok=True)
+    if not (path.is_dir() and os.access(path, os.W_OK | os.X_OK)):
+        raise ConfigError(key, value, "a folder rlspeed can create and write to, or null")

@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,6 +20,10 @@ from rlspeed.config import register_configs
 # pytest-xdist runs one worker per core: one torch thread each (in-process runs and the
 # CLI subprocesses alike) keeps them from oversubscribing the cores.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# One XLA compilation cache (backend.compilation_cache) per test session, never the user's:
+# the xdist workers inherit the controller's, so a program compiled once serves them all.
+if "PYTEST_XDIST_WORKER" not in os.environ:
+    os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="rlspeed-tests-cache-")
 
 RLSPEED = str(Path(sys.executable).with_name("rlspeed"))
 # This checkout, first on the CLI's path: its code and its Hydra plugins (hydra_plugins/),

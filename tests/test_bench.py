@@ -30,14 +30,18 @@ def _rows(path: Path) -> list[dict[str, str]]:
 
 def _check_equal_work(rows: list[dict[str, str]]) -> None:
     """Stacks compared side by side, and the CleanRL-style script run with the torch
-    stack's hyperparameters, did the same env steps and gradient updates."""
+    stack's hyperparameters, did the same env steps and gradient updates; the rerun from
+    cached compiled programs learned exactly what the first flax + jax-vmap run did."""
     assert [(r["backend"], r["engine"]) for r in rows] == [
         ("torch", "gym-sync"), ("cleanrl-script", "gym-sync"), ("flax", "gym-sync"),
-        ("torch", "jax-vmap"), ("flax", "jax-vmap"),
+        ("torch", "jax-vmap"), ("flax", "jax-vmap"), ("flax", "jax-vmap (cached)"),
     ]  # fmt: skip
     assert len({r["env_steps"] for r in rows}) == 1
     assert len({r["gradient_updates"] for r in rows}) == 1 and int(rows[0]["gradient_updates"])
     assert float(rows[0]["speedup"]) == 1.0
+    fused, cached = rows[-2:]
+    for key in ("score", "rolling_step_reward", "recent_return"):
+        assert cached[key] == fused[key], key
 
 
 def _check_envs(rows: list[dict[str, str]]) -> None:

@@ -19,6 +19,10 @@ from tests.conftest import assert_one_line_error, free_port, run_cli
         (["total_steps=-5"], ["total_steps=-5", ">= 1"]),
         (["algo.optimizer=rmsprop"], ["algo.optimizer=rmsprop", "adam, sgd"]),
         (["no_such_key=1"], ["no_such_key"]),
+        (
+            ["backend=flax", "backend.compilation_cache=/proc/rlspeed-xla"],
+            ["backend.compilation_cache=/proc/rlspeed-xla", "create and write"],
+        ),
         (["-m", "backend=torch,jax"], ["backend=jax", "flax, torch"]),
     ],
 )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 from rlspeed.backends import BackendSpec
@@ -17,6 +18,13 @@ def setup(cfg: Any, seed: int) -> None:
             os.environ["XLA_FLAGS"] = (
                 f"--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads={cfg.threads}"
             )
+    if cfg.compilation_cache is not None:
+        import jax
+
+        cache_dir = Path(cfg.compilation_cache).expanduser()
+        jax.config.update("jax_compilation_cache_dir", str(cache_dir))
+        # Every program, however quick to compile: a run compiles many small ones.
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
 
 SPEC = BackendSpec(name="flax", setup=setup)

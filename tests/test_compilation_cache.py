@@ -1,0 +1,51 @@
+"""``backend.compilation_cache``: a run whose programs were compiled before loads them
+from the cache instead of compiling, and learns exactly what the first run learned."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+from tests.conftest import run_cli
+
+FUSED_RUN = [
+    "backend=flax", "env=jax-vmap", "algo=dqn", "task=cartpole", "num_envs=8",
+    "total_steps=2048", "log_every=1024", "eval_every=2048", "algo.learning_starts=512",
+    "algo.hidden_sizes=[32]", "algo.batch_size=32", "tracking=none", "progress=none",
+]  # fmt: skip
+
+
+# Speeds, which differ between runs; every other logged metric must not.
+RATES = ("charts/SPS", "charts/updates_per_second")
+
+
+def _run(tmp_path, name: str, *extra: str, env: dict[str, str] | None = None):
+    """The run's metrics.json and its log (Hydra sends log records to stdout)."""
+    run_dir = tmp_path / name
+    result = run_cli([*FUSED_RUN, *extra, f"hydra.run.dir={run_dir}"], cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads((run_dir / "metrics.json").read_text()), result.stdout + result.stderr
+
+
+def test_second_run_loads_every_program_from_the_cache(tmp_path):
+    cache = f"backend.compilation_cache={tmp_path / 'xla'}"
+    first, _ = _run(tmp_path, "first", cache)
+    # JAX logs each program it compiles, and whether it was loaded from the cache instead.
+    second, log = _run(tmp_path, "second", cache, env={"JAX_LOG_COMPILES": "1"})
+    compiled = re.findall(r"Finished XLA compilation of (\S+)", log)
+    loaded = re.findall(r"Persistent compilation cache hit for '(\S+)'", log)
+    assert "jit_run" in loaded and len(loaded) == len(compiled), (compiled, loaded)
+    for key in ("score", "rolling_step_reward", "env_steps", "gradient_updates"):
+        assert second[key] == first[key], key
+    learned = {k: v for k, v in first["final"].items() if k not in RATES}
+    assert learned and {k: second["final"][k] for k in learned} == learned
+
+
+def test_default_cache_follows_xdg_cache_home_and_null_turns_it_off(tmp_path):
+    home = tmp_path / "cache-home"
+    _run(tmp_path, "default", env={"XDG_CACHE_HOME": str(home)})
+    assert os.listdir(home / "rlspeed" / "xla")
+    off = tmp_path / "off-home"
+    _run(tmp_path, "off", "backend.compilation_cache=null", env={"XDG_CACHE_HOME": str(off)})
+    assert not (off / "rlspeed").exists()

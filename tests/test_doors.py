@@ -156,12 +156,16 @@ def test_random_reset_is_seeded_and_valid(jfn) -> None:
         cols.add(int(col))
     assert len(cols) > 5
 
-    states = jfn["initial"](jax.random.split(jax.random.key(0), 64))
-    agent, goal = np.asarray(states.agent), np.asarray(states.goal)
-    assert (agent[:, 0] == SIZE - 1).all() and (goal[:, 0] == 0).all()
-    assert ((agent[:, 1] >= 0) & (agent[:, 1] < SIZE)).all()
-    np.testing.assert_array_equal(goal[:, 1], SIZE - 1 - agent[:, 1])
-    assert len(np.unique(agent[:, 1])) > 5
+    # One key per env, and the batched draw VmapEnv resets with (one key for all envs).
+    batched = DoorsFunctional().initial_batch(jax.random.key(0), 1500)
+    for states in (jfn["initial"](jax.random.split(jax.random.key(0), 64)), batched):
+        agent, goal = np.asarray(states.agent), np.asarray(states.goal)
+        assert (agent[:, 0] == SIZE - 1).all() and (goal[:, 0] == 0).all()
+        assert ((agent[:, 1] >= 0) & (agent[:, 1] < SIZE)).all()
+        np.testing.assert_array_equal(goal[:, 1], SIZE - 1 - agent[:, 1])
+        assert len(np.unique(agent[:, 1])) > 5
+    counts = np.bincount(np.asarray(batched.agent[:, 1]), minlength=SIZE)
+    assert counts.min() > 60 and counts.max() < 140, counts  # uniform: 100 each
 
 
 # ---------------------------------------------------------------- NumPy / JAX equivalence

@@ -181,19 +181,27 @@ class DoorsFunctional(FuncEnv[DoorsState, jax.Array, jax.Array, jax.Array, jax.A
         self.action_space = spaces.Discrete(len(MOVES))
 
     def state_from_start_column(self, col: jax.Array | int) -> DoorsState:
-        """State with the agent at ``(H-1, col)`` and the goal at ``(0, W-1-col)``."""
+        """State with the agent at ``(H-1, col)`` and the goal at ``(0, W-1-col)``; an
+        array of columns gives a batch of states."""
         col = jnp.asarray(col, dtype=jnp.int32)
-        last = jnp.int32(self.grid_size - 1)
-        agent = jnp.stack([last, col])
-        goal = jnp.stack([jnp.int32(0), last - col])
+        last = jnp.full_like(col, self.grid_size - 1)
+        agent = jnp.stack([last, col], axis=-1)
+        goal = jnp.stack([jnp.zeros_like(col), last - col], axis=-1)
         return DoorsState(agent=agent, goal=goal)
 
     def initial(self, rng: jax.Array, params: None = None) -> DoorsState:
         """Random start column drawn uniformly from ``[0, W)``."""
-        # One 32-bit word modulo W (bias below W / 2**32): randint costs 3x as much on CPU,
-        # and this runs for every env on every step.
-        col = (jax.random.bits(rng, dtype=jnp.uint32) % self.grid_size).astype(jnp.int32)
-        return self.state_from_start_column(col)
+        return self._random_starts(rng, ())
+
+    def initial_batch(self, rng: jax.Array, num_envs: int) -> DoorsState:
+        """``num_envs`` start states from one key: ``VmapEnv`` draws every env's reset at
+        every step, and one call for all of them is far cheaper than one per env."""
+        return self._random_starts(rng, (num_envs,))
+
+    def _random_starts(self, rng: jax.Array, shape: tuple[int, ...]) -> DoorsState:
+        # One 32-bit word modulo W (bias below W / 2**32): randint costs 3x as much on CPU.
+        col = jax.random.bits(rng, shape, dtype=jnp.uint32) % self.grid_size
+        return self.state_from_start_column(col.astype(jnp.int32))
 
     def transition(
         self,

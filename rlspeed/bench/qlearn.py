@@ -28,6 +28,8 @@ def run(out_dir: Path, quick: bool, compose: Any) -> list[Path]:
             "agent_steps_per_s",
             "updates_per_s",
             "mean_score",
+            "cached_wall_time_s",
+            "cached_agent_steps_per_s",
             "compiled_agent_steps_per_s",
         ],
         notes=[
@@ -35,8 +37,10 @@ def run(out_dir: Path, quick: bool, compose: Any) -> list[Path]:
             " 2 cores for 30+ agents.",
             "agent_steps_per_s: the whole CLI run (wall_time_s covers start-up, JIT"
             " compilation, training and the greedy evaluation of every agent; score 1.0 = the"
-            " goal reached). compiled_agent_steps_per_s: the same program once compiled, in"
-            " the CLI's chunks of log_every env steps with their episode statistics fetched.",
+            " goal reached), from an empty compilation cache. cached_*: the same run again with"
+            " the programs the first one cached (backend.compilation_cache), as a user's next"
+            " run of it. compiled_agent_steps_per_s: the same program once compiled, in the"
+            " CLI's chunks of log_every env steps with their episode statistics fetched.",
         ],
     )
     with tempfile.TemporaryDirectory(prefix="rlspeed-bench-qlearn-") as tmp:
@@ -53,7 +57,9 @@ def run(out_dir: Path, quick: bool, compose: Any) -> list[Path]:
                 f"eval_every={steps}",
             ]
             table.configs.append("rlspeed " + " ".join(overrides))
-            metrics = run_rlspeed(overrides, Path(tmp) / f"agents{agents}")
+            cache = f"backend.compilation_cache={tmp}/xla"
+            metrics = run_rlspeed([*overrides, cache], Path(tmp) / f"agents{agents}")
+            cached = run_rlspeed([*overrides, cache], Path(tmp) / f"agents{agents}_cached")
             table.add(
                 agents=agents,
                 envs_per_agent=1,
@@ -62,8 +68,10 @@ def run(out_dir: Path, quick: bool, compose: Any) -> list[Path]:
                 agent_steps_per_s=metrics["env_steps_per_s"],
                 updates_per_s=metrics["updates_per_s"],
                 mean_score=metrics["score"],
+                cached_wall_time_s=cached["wall_time_s"],
+                cached_agent_steps_per_s=cached["env_steps_per_s"],
                 compiled_agent_steps_per_s=compiled_env_steps_per_s(
-                    overrides, 0.2 if quick else 3.0
+                    [*overrides, cache], 0.2 if quick else 3.0
                 ),
             )
     return write_results(table, out_dir, _plot)
@@ -73,6 +81,12 @@ def _plot(table: Table, ax: Any) -> None:
     agents = [r["agents"] for r in table.rows]
     ax.plot(
         agents, [r["agent_steps_per_s"] for r in table.rows], marker="o", label="rlspeed, whole run"
+    )
+    ax.plot(
+        agents,
+        [r["cached_agent_steps_per_s"] for r in table.rows],
+        marker="^",
+        label="rlspeed, whole run, compiled programs cached",
     )
     ax.plot(
         agents,

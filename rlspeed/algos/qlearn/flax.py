@@ -74,7 +74,9 @@ def td_update(
     next_value = max_over_actions(q[next_states])
     td = rewards + gamma * (1.0 - terminated.astype(jnp.float32)) * next_value - q_sa
     index = states * q.shape[1] + actions
-    hits = jnp.zeros(q.size).at[index].add(1.0)[index]
+    # Transitions sharing a cell average their TD errors. One env per agent shares none,
+    # and skipping the count runs 30 fused agents ~20% faster (4.7 M -> 5.7 M steps/s).
+    hits = jnp.zeros(q.size).at[index].add(1.0)[index] if len(index) > 1 else 1.0
     q = q.reshape(-1).at[index].add(alpha * td / hits).reshape(q.shape)
     return q, td, q_sa
 
@@ -130,13 +132,16 @@ class TrainState(NamedTuple):
 
 
 class ChunkStats(NamedTuple):
-    """Per iteration of a chunk: finished episodes [iters, num_envs] and update stats [iters]."""
+    """Finished episodes per iteration of a chunk [iters, num_envs]; the update statistics
+    as sums over the chunk (as outputs of every iteration they cost the small programs of
+    many agents ~4%) and epsilon at its last iteration."""
 
     done: jax.Array
     episode_return: jax.Array
     episode_length: jax.Array
-    td_error: jax.Array
-    q_values: jax.Array
+    td_error_sum: jax.Array
+    q_values_sum: jax.Array
+    updates: jax.Array
     epsilon: jax.Array
 
 
@@ -154,7 +159,10 @@ def make_train(cfg: Any, env: VmapEnv) -> FusedTrainer:
         q = jnp.zeros((num_states, n_actions))
         return TrainState(q, env.init(env_key), key, jnp.int32(0), jnp.int32(0))
 
-    def iteration(state: TrainState, u: jax.Array) -> tuple[TrainState, ChunkStats]:
+    def iteration(
+        carry: tuple[TrainState, jax.Array, jax.Array], u: jax.Array
+    ) -> tuple[tuple[TrainState, jax.Array, jax.Array], tuple[jax.Array, ...]]:
+        state, td_error_sum, q_values_sum = carry
         epsilon = epsilon_at(state.step, algo, cfg.total_steps, xp=jnp)
         states = states_of(state.env.obs)
         actions = explore_greedy(state.q, states, u, epsilon)
@@ -170,28 +178,32 @@ def make_train(cfg: Any, env: VmapEnv) -> FusedTrainer:
             algo.alpha,
             algo.gamma,
         )
-        stats = ChunkStats(
+        episodes = (
             result.terminated | result.truncated,
             result.episode_return,
             result.episode_length,
-            jnp.abs(td).mean(),
-            q_sa.mean(),
-            epsilon,
         )
-        return TrainState(q, env_state, state.key, state.step + n, state.updates + 1), stats
+        state = TrainState(q, env_state, state.key, state.step + n, state.updates + 1)
+        return (state, td_error_sum + jnp.abs(td).mean(), q_values_sum + q_sa.mean()), episodes
 
     def run(state: TrainState, iterations: int) -> tuple[TrainState, ChunkStats]:
         # XLA:CPU runs threefry as a loop with a cost per call: drawing the chunk's numbers
         # in one call is much faster, and each step's stay the same whatever the chunking.
         steps = state.step + n * jnp.arange(iterations)
         u = jax.vmap(step_uniforms, in_axes=(None, 0, None))(state.key, steps, n)
-        return jax.lax.scan(iteration, state, u, unroll=unroll)
+        zero = jnp.float32(0)
+        (end, td_error_sum, q_values_sum), episodes = jax.lax.scan(
+            iteration, (state, zero, zero), u, unroll=unroll
+        )
+        epsilon = epsilon_at(end.step - n, algo, cfg.total_steps, xp=jnp)
+        updates = end.updates - state.updates
+        return end, ChunkStats(*episodes, td_error_sum, q_values_sum, updates, epsilon)
 
     def summarize(stats: ChunkStats) -> dict[str, float]:
         return {
-            "charts/epsilon": float(stats.epsilon[-1]),
-            "losses/td_error": float(stats.td_error.mean()),
-            "losses/q_values": float(stats.q_values.mean()),
+            "charts/epsilon": float(stats.epsilon),
+            "losses/td_error": float(stats.td_error_sum) / int(stats.updates),
+            "losses/q_values": float(stats.q_values_sum) / int(stats.updates),
         }
 
     return FusedTrainer(

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -24,6 +26,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # the xdist workers inherit the controller's, so a program compiled once serves them all.
 if "PYTEST_XDIST_WORKER" not in os.environ:
     os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="rlspeed-tests-cache-")
+    atexit.register(shutil.rmtree, os.environ["XDG_CACHE_HOME"], ignore_errors=True)
 
 RLSPEED = str(Path(sys.executable).with_name("rlspeed"))
 # This checkout, first on the CLI's path: its code and its Hydra plugins (hydra_plugins/),

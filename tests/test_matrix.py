@@ -91,7 +91,7 @@ LEARNS = {
     ("vpg", "doors"): (
         [
             "task.grid_size=7",
-            "total_steps=40960",
+            "total_steps=61440",
             "num_envs=8",
             "algo.policy_lr=0.003",
             "algo.hidden_sizes=[32]",

@@ -89,7 +89,7 @@ LEARNS = {
         0.7,
     ),
     # 40,960 steps left one stack's seeded run at 0.26 when the envs' random stream changed;
-    # at 61,440, seeds 1-3 scored 0.55-0.76 on each stack tried (torch and flax, jax-vmap).
+    # at 61,440, seeds 1-3 scored 0.55-0.76 on torch+jax-vmap, flax+jax-vmap, torch+gym-sync.
     ("vpg", "doors"): (
         [
             "task.grid_size=7",

@@ -9,7 +9,6 @@ pure functions in which acting, stepping, storing and updating run inside one
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -23,6 +22,7 @@ import optax
 from rlspeed.algos.dqn import DQNSchedule, learning_rate_at
 from rlspeed.algos.encoding import input_size, one_hot_classes
 from rlspeed.algos.fused import FusedTrainer, save_pytree, train_fused
+from rlspeed.algos.networks.flax import MLP
 from rlspeed.algos.offpolicy import train_off_policy
 from rlspeed.algos.replay import (
     Batch,
@@ -34,23 +34,6 @@ from rlspeed.algos.replay import (
 from rlspeed.algos.schedule import epsilon_at, multiples_between
 from rlspeed.engines.jax_vmap import VmapEnv, VmapState
 from rlspeed.run import RunContext, TrainResult
-
-
-class QNetwork(nn.Module):
-    n_actions: int
-    hidden_sizes: Sequence[int]
-    classes: int  # one-hot classes per observation entry, 0 for continuous
-
-    @nn.compact
-    def __call__(self, obs: jax.Array) -> jax.Array:
-        batch = obs.shape[0]
-        if self.classes:
-            x = jax.nn.one_hot(obs, self.classes).reshape(batch, -1)
-        else:
-            x = obs.reshape(batch, -1).astype(jnp.float32)
-        for size in self.hidden_sizes:
-            x = nn.relu(nn.Dense(size)(x))
-        return nn.Dense(self.n_actions)(x)
 
 
 class Agent(NamedTuple):
@@ -65,8 +48,8 @@ class DQNFunctions:
     def __init__(self, obs_space: Any, action_space: Any, algo: Any, total_steps: int) -> None:
         self.algo = algo
         self.n_actions = int(action_space.n)
-        self.network = QNetwork(
-            self.n_actions, tuple(algo.hidden_sizes), one_hot_classes(obs_space)
+        self.network = MLP(
+            self.n_actions, tuple(algo.hidden_sizes), one_hot_classes(obs_space), nn.relu
         )
         optimizer = optax.adam if algo.optimizer == "adam" else optax.sgd
         self.optimizer = optimizer(

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -14,37 +12,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from rlspeed.algos.dqn import DQNSchedule, learning_rate_at
-from rlspeed.algos.encoding import input_size, one_hot_classes
+from rlspeed.algos.networks.torch import MLP
 from rlspeed.algos.offpolicy import train_off_policy
 from rlspeed.algos.replay import Batch
 from rlspeed.run import RunContext, TrainResult
-
-
-def lecun_normal_(layer: nn.Linear) -> nn.Linear:
-    """Flax's default init (truncated LeCun normal, zero bias), so both stacks start alike."""
-    std = math.sqrt(1.0 / layer.in_features) / 0.87962566103423978
-    nn.init.trunc_normal_(layer.weight, std=std, a=-2 * std, b=2 * std)
-    nn.init.zeros_(layer.bias)
-    return layer
-
-
-class QNetwork(nn.Module):
-    def __init__(self, obs_space: Any, n_actions: int, hidden_sizes: Sequence[int]) -> None:
-        super().__init__()
-        self.classes = one_hot_classes(obs_space)
-        sizes = [input_size(obs_space), *hidden_sizes]
-        layers: list[nn.Module] = []
-        for fan_in, fan_out in zip(sizes[:-1], sizes[1:], strict=True):
-            layers += [lecun_normal_(nn.Linear(fan_in, fan_out)), nn.ReLU()]
-        layers.append(lecun_normal_(nn.Linear(sizes[-1], n_actions)))
-        self.net = nn.Sequential(*layers)
-
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        if self.classes:
-            x = F.one_hot(obs.long(), self.classes).flatten(1).float()
-        else:
-            x = obs.flatten(1).float()
-        return self.net(x)
 
 
 class TorchLearner(DQNSchedule):
@@ -53,8 +24,8 @@ class TorchLearner(DQNSchedule):
     ) -> None:
         self.algo, self.total_steps = algo, total_steps
         self.n_actions = int(action_space.n)
-        self.q_network = QNetwork(obs_space, self.n_actions, algo.hidden_sizes)
-        self.target_network = QNetwork(obs_space, self.n_actions, algo.hidden_sizes)
+        self.q_network = MLP(obs_space, self.n_actions, algo.hidden_sizes, nn.ReLU)
+        self.target_network = MLP(obs_space, self.n_actions, algo.hidden_sizes, nn.ReLU)
         self.target_network.load_state_dict(self.q_network.state_dict())
         optimizer = torch.optim.Adam if algo.optimizer == "adam" else torch.optim.SGD
         self.optimizer = optimizer(self.q_network.parameters(), lr=algo.learning_rate)

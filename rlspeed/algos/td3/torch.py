@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rlspeed.algos.dqn.torch import lecun_normal_
+from rlspeed.algos.networks.torch import lecun_normal_
 from rlspeed.algos.offpolicy import train_off_policy
 from rlspeed.algos.replay import Batch
 from rlspeed.algos.td3 import (

@@ -23,6 +23,7 @@ import optax
 
 from rlspeed.algos.encoding import one_hot_classes
 from rlspeed.algos.fused import FusedTrainer, save_pytree, train_fused
+from rlspeed.algos.networks.flax import MLP
 from rlspeed.algos.vpg import advantage_terms
 from rlspeed.algos.vpg.rollout import RolloutBatch, train_on_policy
 from rlspeed.engines import StepResult
@@ -30,25 +31,6 @@ from rlspeed.engines.jax_vmap import VmapEnv, VmapState
 from rlspeed.run import RunContext, TrainResult
 
 LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
-
-
-class MLP(nn.Module):
-    """Observations (one-hot encoded where categorical) -> tanh MLP -> ``out_size`` outputs."""
-
-    out_size: int
-    hidden_sizes: Sequence[int]
-    classes: int  # one-hot classes per observation entry, 0 for continuous
-
-    @nn.compact
-    def __call__(self, obs: jax.Array) -> jax.Array:
-        batch = obs.shape[0]
-        if self.classes:
-            x = jax.nn.one_hot(obs, self.classes).reshape(batch, -1)
-        else:
-            x = obs.reshape(batch, -1).astype(jnp.float32)
-        for size in self.hidden_sizes:
-            x = nn.tanh(nn.Dense(size)(x))
-        return nn.Dense(self.out_size)(x)
 
 
 class Policy(nn.Module):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -13,31 +12,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributions import Categorical, Distribution, Independent, Normal
 
-from rlspeed.algos.dqn.torch import lecun_normal_
-from rlspeed.algos.encoding import input_size, one_hot_classes
+from rlspeed.algos.networks.torch import MLP
 from rlspeed.algos.vpg.rollout import RolloutBatch, train_on_policy
 from rlspeed.run import RunContext, TrainResult
-
-
-class MLP(nn.Module):
-    """Observations (one-hot encoded where categorical) -> tanh MLP -> ``out_size`` outputs."""
-
-    def __init__(self, obs_space: Any, out_size: int, hidden_sizes: Sequence[int]) -> None:
-        super().__init__()
-        self.classes = one_hot_classes(obs_space)
-        sizes = [input_size(obs_space), *hidden_sizes]
-        layers: list[nn.Module] = []
-        for fan_in, fan_out in zip(sizes[:-1], sizes[1:], strict=True):
-            layers += [lecun_normal_(nn.Linear(fan_in, fan_out)), nn.Tanh()]
-        layers.append(lecun_normal_(nn.Linear(sizes[-1], out_size)))
-        self.net = nn.Sequential(*layers)
-
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        if self.classes:
-            x = F.one_hot(obs.long(), self.classes).flatten(1).float()
-        else:
-            x = obs.flatten(1).float()
-        return self.net(x)
 
 
 class Policy(nn.Module):

@@ -1,0 +1,2 @@
+"""The MLP that DQN and VPG share, one module per backend, with the same layers, init and
+parameter names on both (flax's ``Dense_i``, torch's ``net.<i>``), so weights carry over."""

@@ -57,7 +57,7 @@ def run(out_dir: Path, quick: bool, compose: Any) -> list[Path]:
                 f"eval_every={steps}",
             ]
             table.configs.append("rlspeed " + " ".join(overrides))
-            cache = f"backend.compilation_cache={tmp}/xla"
+            cache = f"backend.compilation_cache={tmp}/xla-{agents}"  # empty for each row
             metrics = run_rlspeed([*overrides, cache], Path(tmp) / f"agents{agents}")
             cached = run_rlspeed([*overrides, cache], Path(tmp) / f"agents{agents}_cached")
             table.add(

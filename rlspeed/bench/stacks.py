@@ -101,13 +101,14 @@ def compare_stacks(
         ],
     )
     with tempfile.TemporaryDirectory(prefix=f"rlspeed-bench-{name}-") as tmp:
-        # Every stack starts from an empty compilation cache; the last run repeats flax +
-        # jax-vmap with the programs its first run cached, as a user's next run would.
-        cache = f"backend.compilation_cache={tmp}/xla"
+        # Every stack starts from an empty compilation cache of its own; the last run
+        # repeats flax + jax-vmap with the programs its first run cached, as a user's next
+        # run would.
         runs = [(backend, engine, engine) for backend, engine in STACKS]
         runs.append(("flax", "jax-vmap", "jax-vmap (cached)"))
         for index, (backend, engine, label) in enumerate(runs):
             stack = [f"backend={backend}", f"env={engine}", *overrides]
+            cache = f"backend.compilation_cache={tmp}/xla-{backend}-{engine}"
             table.configs.append("rlspeed " + " ".join(stack))
             metrics = run_rlspeed([*stack, cache], Path(tmp) / f"run{index}")
             baseline = table.rows[0]["wall_time_s"] if table.rows else metrics["wall_time_s"]

@@ -133,15 +133,14 @@ class TrainState(NamedTuple):
 
 class ChunkStats(NamedTuple):
     """Finished episodes per iteration of a chunk [iters, num_envs]; the update statistics
-    as sums over the chunk (as outputs of every iteration they cost the small programs of
-    many agents ~4%) and epsilon at its last iteration."""
+    as sums over its iterations, one update each (as outputs of every iteration they cost
+    the small programs of many agents ~4%), and epsilon at its last iteration."""
 
     done: jax.Array
     episode_return: jax.Array
     episode_length: jax.Array
     td_error_sum: jax.Array
     q_values_sum: jax.Array
-    updates: jax.Array
     epsilon: jax.Array
 
 
@@ -196,14 +195,14 @@ def make_train(cfg: Any, env: VmapEnv) -> FusedTrainer:
             iteration, (state, zero, zero), u, unroll=unroll
         )
         epsilon = epsilon_at(end.step - n, algo, cfg.total_steps, xp=jnp)
-        updates = end.updates - state.updates
-        return end, ChunkStats(*episodes, td_error_sum, q_values_sum, updates, epsilon)
+        return end, ChunkStats(*episodes, td_error_sum, q_values_sum, epsilon)
 
     def summarize(stats: ChunkStats) -> dict[str, float]:
+        updates = len(stats.done)  # one per iteration
         return {
             "charts/epsilon": float(stats.epsilon),
-            "losses/td_error": float(stats.td_error_sum) / int(stats.updates),
-            "losses/q_values": float(stats.q_values_sum) / int(stats.updates),
+            "losses/td_error": float(stats.td_error_sum) / updates,
+            "losses/q_values": float(stats.q_values_sum) / updates,
         }
 
     return FusedTrainer(

@@ -252,6 +252,39 @@ class SeedMonitor:
         self.monitor.log(step, updates, metrics, policy, self.seed)
 
 
+class IntervalMetrics:
+    """A host loop's metrics between two logs. Values stay backend scalars as they come
+    (no host sync per update) and are averaged once ``log_every`` env steps have passed,
+    or at the last step."""
+
+    def __init__(self, monitor: SeedMonitor, log_every: int, total_steps: int) -> None:
+        self.monitor = monitor
+        self.log_every = log_every
+        self.total_steps = total_steps
+        self.next_log = log_every
+        self.values: dict[str, list[Any]] = {}
+
+    def add(self, metrics: dict[str, Any]) -> None:
+        for name, value in metrics.items():
+            self.values.setdefault(name, []).append(value)
+
+    def log_if_due(
+        self, step: int, updates: int, policy: Policy, latest: dict[str, float] | None = None
+    ) -> None:
+        """Log the interval's means, and ``latest`` (values as of now, e.g. schedules),
+        when a log is due at env step ``step``."""
+        if step < self.next_log and step < self.total_steps:
+            return
+        metrics = dict(latest or {})
+        metrics.update(
+            {name: float(np.mean([float(v) for v in vs])) for name, vs in self.values.items()}
+        )
+        self.values = {}
+        self.monitor.log(step, updates, metrics, policy)
+        while self.next_log <= step:
+            self.next_log += self.log_every
+
+
 def _mean_and_std(rows: list[dict[str, float]]) -> dict[str, float]:
     """Mean over seeds of each metric every seed logged, with ``<name>_std`` beside it."""
     merged: dict[str, float] = {}

@@ -54,9 +54,9 @@ def _check_envs(rows: list[dict[str, str]]) -> None:
 
 
 def _check_qlearn(rows: list[dict[str, str]]) -> None:
-    assert [r["agents"] for r in rows] == ["1", "30", "256", "1024"]
+    assert [r["agents"] for r in rows] == ["1", "30", "1024"]
     steps_per_agent = [int(r["agent_steps"]) // int(r["agents"]) for r in rows]
-    assert steps_per_agent == [20_000, 20_000, 2_048, 2_048]
+    assert steps_per_agent == [20_000, 20_000, 2_048]
     assert all(float(r["mean_score"]) == 1.0 for r in rows[:2])  # the goal, in 20k steps
 
 

@@ -17,6 +17,7 @@ import numpy as np
 
 from rlspeed.algos.replay import Batch, ReplayBuffer
 from rlspeed.algos.schedule import multiples_between
+from rlspeed.monitor import IntervalMetrics
 from rlspeed.run import RunContext, TrainResult
 
 
@@ -53,8 +54,7 @@ def train_off_policy(
         algo.buffer_size, engine.single_observation_space, engine.single_action_space, ctx.seed
     )
     step = updates = 0
-    next_log = cfg.log_every
-    interval: dict[str, list[Any]] = {}
+    interval = IntervalMetrics(ctx.monitor, cfg.log_every, cfg.total_steps)
     try:
         obs = engine.reset()
         while step < cfg.total_steps:
@@ -71,19 +71,10 @@ def train_off_policy(
             for _ in range(
                 int(multiples_between(prev, step, algo.train_frequency, algo.learning_starts))
             ):
-                for name, value in learner.update(buffer.sample(algo.batch_size)).items():
-                    interval.setdefault(name, []).append(value)
+                interval.add(learner.update(buffer.sample(algo.batch_size)))
                 updates += 1
             schedule = learner.after_env_steps(prev, step)
-            if step >= next_log or step >= cfg.total_steps:
-                metrics = dict(schedule)
-                # One host sync per log, not per update.
-                metrics.update(
-                    {name: float(np.mean([float(v) for v in vs])) for name, vs in interval.items()}
-                )
-                interval = {}
-                ctx.monitor.log(step, updates, metrics, learner.greedy)
-                next_log += cfg.log_every
+            interval.log_if_due(step, updates, learner.greedy, schedule)
     finally:
         engine.close()
     return TrainResult(steps=step, updates=updates)

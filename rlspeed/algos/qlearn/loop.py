@@ -14,6 +14,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from rlspeed.algos.schedule import epsilon_at
+from rlspeed.monitor import IntervalMetrics
 from rlspeed.run import RunContext, TrainResult
 
 
@@ -58,8 +59,7 @@ def train_tabular(
         return learner.greedy(states_of(obs))
 
     step = updates = 0
-    next_log = cfg.log_every
-    interval: dict[str, list[Any]] = {}
+    interval = IntervalMetrics(ctx.monitor, cfg.log_every, cfg.total_steps)
     try:
         states = states_of(engine.reset())
         while step < cfg.total_steps:
@@ -67,11 +67,11 @@ def train_tabular(
             actions = learner.act(states, step, epsilon)
             result = engine.step(actions)
             # The true next state is the final observation where an episode ended.
-            metrics = learner.update(
-                states, actions, result.reward, states_of(result.final_obs), result.terminated
+            interval.add(
+                learner.update(
+                    states, actions, result.reward, states_of(result.final_obs), result.terminated
+                )
             )
-            for name, value in metrics.items():
-                interval.setdefault(name, []).append(value)
             ctx.monitor.episodes(
                 np.asarray(result.terminated) | np.asarray(result.truncated),
                 result.episode_return,
@@ -79,15 +79,7 @@ def train_tabular(
             )
             states = states_of(result.obs)
             step, updates = step + engine.num_envs, updates + 1
-            if step >= next_log or step >= cfg.total_steps:
-                # One host sync per log, not per step.
-                logged = {
-                    name: float(np.mean([float(v) for v in vs])) for name, vs in interval.items()
-                }
-                logged["charts/epsilon"] = epsilon
-                interval = {}
-                ctx.monitor.log(step, updates, logged, greedy_policy)
-                next_log += cfg.log_every
+            interval.log_if_due(step, updates, greedy_policy, {"charts/epsilon": epsilon})
     finally:
         engine.close()
     return TrainResult(steps=step, updates=updates)

@@ -15,6 +15,7 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 
 from rlspeed.algos.vpg import gae
+from rlspeed.monitor import IntervalMetrics
 from rlspeed.run import RunContext, TrainResult
 
 
@@ -65,8 +66,7 @@ def train_on_policy(
     rewards, terminated, dones = (np.zeros((horizon, n), dtype=np.float32) for _ in range(3))
 
     step = updates = 0
-    next_log = cfg.log_every
-    interval: dict[str, list[Any]] = {}
+    interval = IntervalMetrics(ctx.monitor, cfg.log_every, cfg.total_steps)
     try:
         obs = engine.reset()
         while step < cfg.total_steps:
@@ -95,19 +95,9 @@ def train_on_policy(
                 advantages.reshape(-1),
                 (advantages + values).reshape(-1),
             )
-            for name, value in learner.update(batch).items():
-                interval.setdefault(name, []).append(value)
+            interval.add(learner.update(batch))
             updates += 1 + algo.value_iterations
-
-            if step >= next_log or step >= cfg.total_steps:
-                # One host sync per log, not per update.
-                metrics = {
-                    name: float(np.mean([float(v) for v in vs])) for name, vs in interval.items()
-                }
-                interval = {}
-                ctx.monitor.log(step, updates, metrics, learner.greedy)
-                while next_log <= step:
-                    next_log += cfg.log_every
+            interval.log_if_due(step, updates, learner.greedy)
     finally:
         engine.close()
     return TrainResult(steps=step, updates=updates)

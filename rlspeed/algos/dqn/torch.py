@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rlspeed.algos.dqn import DQNSchedule, learning_rate_at
-from rlspeed.algos.networks.torch import MLP
+from rlspeed.algos.networks.torch import MLP, optimizer
 from rlspeed.algos.offpolicy import train_off_policy
 from rlspeed.algos.replay import Batch
 from rlspeed.run import RunContext, TrainResult
@@ -27,8 +27,7 @@ class TorchLearner(DQNSchedule):
         self.q_network = MLP(obs_space, self.n_actions, algo.hidden_sizes, nn.ReLU)
         self.target_network = MLP(obs_space, self.n_actions, algo.hidden_sizes, nn.ReLU)
         self.target_network.load_state_dict(self.q_network.state_dict())
-        optimizer = torch.optim.Adam if algo.optimizer == "adam" else torch.optim.SGD
-        self.optimizer = optimizer(self.q_network.parameters(), lr=algo.learning_rate)
+        self.optimizer = optimizer(algo.optimizer, self.q_network.parameters(), algo.learning_rate)
         self.updates = 0
         self.gamma, self.tau = algo.gamma, algo.tau
         self.generator = torch.Generator().manual_seed(seed)

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rlspeed.algos.networks.torch import lecun_normal_
+from rlspeed.algos.networks.torch import lecun_normal_, optimizer
 from rlspeed.algos.offpolicy import train_off_policy
 from rlspeed.algos.replay import Batch
 from rlspeed.algos.td3 import (
@@ -66,10 +66,10 @@ class TorchLearner:
         self.actor_target = copy.deepcopy(self.actor)
         self.qf1_target = copy.deepcopy(self.qf1)
         self.qf2_target = copy.deepcopy(self.qf2)
-        self.q_optimizer = torch.optim.Adam(
-            [*self.qf1.parameters(), *self.qf2.parameters()], lr=algo.learning_rate
+        self.q_optimizer = optimizer(
+            "adam", [*self.qf1.parameters(), *self.qf2.parameters()], algo.learning_rate
         )
-        self.actor_optimizer = torch.optim.Adam(self.actor.parameters(), lr=algo.learning_rate)
+        self.actor_optimizer = optimizer("adam", self.actor.parameters(), algo.learning_rate)
         self.generator = torch.Generator().manual_seed(seed)
         self.updates = 0
 

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributions import Categorical, Distribution, Independent, Normal
 
-from rlspeed.algos.networks.torch import MLP
+from rlspeed.algos.networks.torch import MLP, optimizer
 from rlspeed.algos.vpg.rollout import RolloutBatch, train_on_policy
 from rlspeed.run import RunContext, TrainResult
 
@@ -43,8 +43,8 @@ class TorchLearner:
         self.algo = algo
         self.policy = Policy(obs_space, action_space, algo)
         self.value = MLP(obs_space, 1, algo.hidden_sizes)
-        self.policy_optimizer = torch.optim.Adam(self.policy.parameters(), lr=algo.policy_lr)
-        self.value_optimizer = torch.optim.Adam(self.value.parameters(), lr=algo.value_lr)
+        self.policy_optimizer = optimizer("adam", self.policy.parameters(), algo.policy_lr)
+        self.value_optimizer = optimizer("adam", self.value.parameters(), algo.value_lr)
         if self.policy.continuous:
             self.low = torch.as_tensor(action_space.low)
             self.high = torch.as_tensor(action_space.high)

@@ -48,10 +48,10 @@ def test_same_weights_same_update(optimizer):
     )
     env = DoorsEnv()
     flax_learner = FlaxLearner(
-        env.observation_space, env.action_space, algo, seed=0, total_steps=1000
+        env.observation_space, env.action_space, algo, seed=0, total_steps=1000, num_envs=1
     )
     torch_learner = TorchLearner(
-        env.observation_space, env.action_space, algo, seed=0, total_steps=1000
+        env.observation_space, env.action_space, algo, seed=0, total_steps=1000, num_envs=1
     )
     _copy_flax_to_torch(flax_learner.agent.params, torch_learner.q_network)
     _copy_flax_to_torch(flax_learner.agent.target_params, torch_learner.target_network)
@@ -86,10 +86,10 @@ def test_initialisation_follows_the_same_distribution():
     algo = OmegaConf.structured(DQNConfig(hidden_sizes=[256]))
     env = DoorsEnv()
     flax_w = _flax_layers(
-        FlaxLearner(env.observation_space, env.action_space, algo, 0, 1000).agent.params
+        FlaxLearner(env.observation_space, env.action_space, algo, 0, 1000, 1).agent.params
     )
     torch_w = _torch_layers(
-        TorchLearner(env.observation_space, env.action_space, algo, 0, 1000).q_network
+        TorchLearner(env.observation_space, env.action_space, algo, 0, 1000, 1).q_network
     )
     for a, b in zip(flax_w, torch_w, strict=True):
         assert a.shape == b.shape

@@ -1,46 +1,77 @@
-"""The three engines give the same step results: auto-reset, final observations, statistics."""
+"""Every engine steps its copies exactly as single Gymnasium envs would: each copy is run in
+lockstep beside a reference ``gym.make`` env, through terminations, truncations and
+auto-resets, and every field of every step result is compared."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from rlspeed.envs.doors import AGENT
 from rlspeed.registry import ENGINES, TASKS
+from rlspeed.seeding import env_seeds
+
+SIZE, MAX_STEPS, NUM_ENVS, STEPS, SEED = 3, 5, 6, 80, 3
+
+
+def _start_column(obs: np.ndarray) -> int:
+    """The agent's column in a start observation (bottom row)."""
+    return int(np.flatnonzero(obs.reshape(SIZE, SIZE)[-1] == AGENT)[0])
 
 
 @pytest.mark.parametrize("engine_name", ["gym-sync", "gym-async", "jax-vmap"])
-def test_engine_step_results_are_consistent(engine_name, make_cfg):
-    cfg = make_cfg([f"env={engine_name}", "num_envs=4", "task.max_steps=10"])
-    task, spec = TASKS.get("doors"), ENGINES.get(engine_name)
-    engine = spec.make(task, cfg.task, cfg.env, cfg.num_envs, cfg.seed)
+def test_engine_steps_every_copy_like_a_reference_env(engine_name, make_cfg):
+    cfg = make_cfg(
+        [f"env={engine_name}", f"num_envs={NUM_ENVS}", f"seed={SEED}"]
+        + [f"task.grid_size={SIZE}", f"task.max_steps={MAX_STEPS}"]
+    )
+    task = TASKS.get("doors")
+    engine = ENGINES.get(engine_name).make(task, cfg.task, cfg.env, NUM_ENVS, SEED)
+    references = [task.make_env(cfg.task) for _ in range(NUM_ENVS)]
+    seeded = engine_name != "jax-vmap"
+
+    def reset(i: int, engine_obs: np.ndarray, seed: int | None = None) -> np.ndarray:
+        # Gymnasium engines: copy i draws from its own seed, then continues its stream on
+        # auto-reset. jax-vmap draws starts from JAX keys: the reference takes the same one.
+        if seeded:
+            return references[i].reset(seed=seed)[0]
+        return references[i].reset(options={"start_col": _start_column(engine_obs[i])})[0]
+
     rng = np.random.default_rng(0)
     try:
         obs = np.asarray(engine.reset())
-        assert obs.shape == (4, 225) and obs.dtype == np.int8
-        returns, lengths, finished = np.zeros(4), np.zeros(4, dtype=int), 0
-        for _ in range(60):
-            # Mostly "up" so that some episodes reach the goal column's row and most truncate.
-            actions = np.where(rng.random(4) < 0.7, 4, rng.integers(0, 5, 4)).astype(np.int32)
-            result = engine.step(actions)
-            reward = np.asarray(result.reward)
-            done = np.asarray(result.terminated) | np.asarray(result.truncated)
-            returns += reward
-            lengths += 1
-            final_obs, next_obs = np.asarray(result.final_obs), np.asarray(result.obs)
-            # The stored transition continues from the observation the action was taken in.
-            assert ((final_obs == 1).sum(axis=1) == 1).all()
-            for i in np.flatnonzero(done):
-                episode_return = np.asarray(result.episode_return)[i]
-                np.testing.assert_allclose(episode_return, returns[i], atol=1e-4)
-                assert np.asarray(result.episode_length)[i] == lengths[i] <= 10
-                # Auto-reset: the next observation is a fresh start in the bottom row.
-                assert (next_obs[i].reshape(15, 15)[14] == 1).any()
-                returns[i], lengths[i] = 0.0, 0
-                finished += 1
-            not_done = ~done
-            np.testing.assert_array_equal(final_obs[not_done], next_obs[not_done])
-            obs = next_obs
-        assert finished >= 20
-        assert np.asarray(result.truncated).dtype == bool
+        assert obs.shape == (NUM_ENVS, SIZE * SIZE) and obs.dtype == np.int8
+        seeds = env_seeds(SEED, NUM_ENVS)
+        expected = np.stack([reset(i, obs, seeds[i]) for i in range(NUM_ENVS)])
+        np.testing.assert_array_equal(obs, expected)
+        returns, lengths = np.zeros(NUM_ENVS), np.zeros(NUM_ENVS, dtype=int)
+        terminations = truncations = 0
+        for _ in range(STEPS):
+            # Mostly "up": some episodes reach the goal, others run out of time.
+            actions = np.where(rng.random(NUM_ENVS) < 0.5, 4, rng.integers(0, 5, NUM_ENVS))
+            result = engine.step(actions.astype(np.int32))
+            got = {name: np.asarray(value) for name, value in result._asdict().items()}
+            for i in range(NUM_ENVS):
+                final_obs, reward, terminated, truncated, _ = references[i].step(actions[i])
+                returns[i] += reward
+                lengths[i] += 1
+                assert got["terminated"][i] == terminated and got["truncated"][i] == truncated
+                assert got["reward"][i] == pytest.approx(reward, abs=1e-5)
+                # The true next observation, the episode's last one where it ended.
+                np.testing.assert_array_equal(got["final_obs"][i], final_obs)
+                next_obs = final_obs
+                if terminated or truncated:
+                    assert got["episode_return"][i] == pytest.approx(returns[i], abs=1e-4)
+                    assert got["episode_length"][i] == lengths[i] <= MAX_STEPS
+                    terminations, truncations = terminations + terminated, truncations + truncated
+                    returns[i], lengths[i] = 0.0, 0
+                    next_obs = reset(i, got["obs"])
+                # Auto-reset: where the episode ended, the next observation is a new start.
+                np.testing.assert_array_equal(got["obs"][i], next_obs)
+            assert got["terminated"].dtype == got["truncated"].dtype == bool
+        # Both ways an episode ends were stepped through, many times.
+        assert terminations >= 10 and truncations >= 10, (terminations, truncations)
     finally:
         engine.close()
+        for env in references:
+            env.close()

@@ -6,9 +6,13 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 from mlflow.tracking import MlflowClient
 
+from rlspeed.registry import ENGINES, TASKS
 from rlspeed.run import run
+from rlspeed.seeding import Stream, env_seeds, eval_seeds, int_seed
+from rlspeed.tasks import cartpole
 from tests.conftest import SMALL, run_cli
 
 SEEDED = [*SMALL, "task.grid_size=7", "total_steps=3000", "num_envs=8"]
@@ -70,3 +74,49 @@ def test_num_seeds_below_one_is_one_clear_line(tmp_path):
     result = run_cli([*SEEDED, "num_seeds=0"], cwd=tmp_path)
     assert_one_line_error(result, "num_seeds", "0", ">= 1")
     assert not (tmp_path / "outputs").exists()
+
+
+def test_streams_of_a_run_and_of_nearby_seeds_never_coincide():
+    """One SeedSequence per seed, spawned per purpose: env i of seed 1 is not env i - 1 of
+    seed 2 (as seed + i made it), nor any other stream of either."""
+    seeds = [
+        int_seed(seed, stream, index)
+        for seed in range(10)
+        for stream, indices in ((Stream.ENV, range(64)), (Stream.EVAL, range(64)))
+        for index in indices
+    ] + [int_seed(seed, stream) for seed in range(10) for stream in Stream]
+    assert len(set(seeds)) == len(seeds)
+    assert env_seeds(1, 4) == env_seeds(1, 8)[:4]  # env i's stream whatever num_envs
+
+
+@pytest.mark.parametrize("engine_name", ["gym-sync", "jax-vmap"])
+def test_adjacent_seeds_start_every_env_differently(engine_name, make_cfg):
+    """CartPole's start states are continuous: equal ones would mean a shared stream."""
+    cfg = make_cfg(["task=cartpole", f"env={engine_name}"])
+    starts = []
+    for seed in (1, 2):
+        engine = ENGINES.get(engine_name).make(TASKS.get("cartpole"), cfg.task, cfg.env, 8, seed)
+        starts += [tuple(obs) for obs in np.asarray(engine.reset())]
+        engine.close()
+    assert len(set(starts)) == 16
+
+
+def test_evaluation_episodes_are_held_out_from_training_envs():
+    seen = []
+
+    def first_batch(obs: np.ndarray) -> np.ndarray:
+        if not seen:
+            seen.append(obs.copy())
+        return np.zeros(len(obs), dtype=np.int64)
+
+    cfg = cartpole.CartPoleTaskConfig(eval_episodes=6)
+    cartpole.evaluate(cfg, first_batch, 1)
+    env = cartpole.make_env(cfg)
+    # The episodes start where the run's evaluation seeds say ...
+    expected = [env.reset(seed=s)[0] for s in eval_seeds(1, 6)]
+    np.testing.assert_array_equal(seen[0], np.stack(expected))
+    # ... and no training env of this seed or the next ones starts there.
+    training = {s for seed in range(4) for s in env_seeds(seed, 64)}
+    assert not training & {s for seed in range(4) for s in eval_seeds(seed, 64)}
+    starts = {tuple(env.reset(seed=s)[0]) for s in env_seeds(1, 64) + env_seeds(2, 64)}
+    assert not starts & {tuple(obs) for obs in seen[0]}

@@ -2,8 +2,9 @@
 
 An algorithm's ``make_train(cfg, env)`` returns a ``FusedTrainer``: pure functions in
 which acting, stepping the vmapped environment, storing and updating all happen inside
-one ``lax.scan``. ``FusedTrainer.train(key)`` is a whole training as one pure function
-of the key, so ``jax.vmap`` over keys trains many seeds in one program.
+one ``lax.scan``. ``FusedTrainer.train(keys)`` is a whole training as one pure function
+of the run's keys (``rlspeed.seeding.jax_keys``), so ``jax.vmap`` over the keys of several
+seeds trains them in one program.
 ``train_fused`` runs it in chunks of about ``log_every`` env steps (one compiled call
 each), returning to Python only to log, evaluate and draw progress.
 """
@@ -18,16 +19,16 @@ from typing import Any, NamedTuple
 
 import flax.serialization
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from rlspeed.engines.jax_vmap import VmapEnv, make_vmap_env
 from rlspeed.run import RunContext, TrainResult
+from rlspeed.seeding import JaxKeys, jax_keys
 
 
 class FusedTrainer(NamedTuple):
-    # key -> train state; the state has scalar fields ``step`` (env steps) and ``updates``.
-    init: Callable[[jax.Array], Any]
+    # keys -> train state; the state has scalar fields ``step`` (env steps) and ``updates``.
+    init: Callable[[JaxKeys], Any]
     # (state, iterations) -> (state, stats), pure; ``iterations`` must be static. The stats
     # have fields ``done``, ``episode_return``, ``episode_length`` of shape [iterations, envs].
     run: Callable[[Any, int], tuple[Any, Any]]
@@ -43,9 +44,9 @@ class FusedTrainer(NamedTuple):
     # One seed's chunk stats, as NumPy -> the algorithm's metrics (losses/..., charts/...).
     summarize: Callable[[Any], dict[str, float]]
 
-    def train(self, key: jax.Array) -> tuple[Any, Any]:
-        """The whole training as one pure function of the key (jit/vmap it freely)."""
-        return self.run(self.init(key), self.total_iterations)
+    def train(self, keys: JaxKeys) -> tuple[Any, Any]:
+        """The whole training as one pure function of the keys (jit/vmap it freely)."""
+        return self.run(self.init(keys), self.total_iterations)
 
 
 # XLA options for a program that runs once (the init): its machine code need not be fast,
@@ -74,7 +75,7 @@ def train_fused(ctx: RunContext, make_train: Callable[[Any, VmapEnv], FusedTrain
     greedy = jax.jit(trainer.greedy)
     policy_params = jax.jit(trainer.policy_params)
     if seeds == 1:
-        state = jax.jit(trainer.init, compiler_options=RUN_ONCE)(jax.random.key(cfg.seed))
+        state = jax.jit(trainer.init, compiler_options=RUN_ONCE)(jax_keys(cfg.seed))
         compiled_run = jax.jit(trainer.run, static_argnums=1)
 
         def run(state: Any, iterations: int) -> tuple[Any, Any]:
@@ -83,8 +84,8 @@ def train_fused(ctx: RunContext, make_train: Callable[[Any, VmapEnv], FusedTrain
         def of_seed(tree: Any, index: int) -> Any:
             return tree
     else:
-        # Agent i gets the key of a single run with seed + i.
-        keys = jax.vmap(jax.random.key)(cfg.seed + jnp.arange(seeds))
+        # Agent i gets the keys of a single run with seed + i.
+        keys = jax_keys(range(cfg.seed, cfg.seed + seeds))
         state = jax.jit(jax.vmap(trainer.init), compiler_options=RUN_ONCE)(keys)
         compiled: dict[int, Callable[[Any], tuple[Any, Any]]] = {}
 

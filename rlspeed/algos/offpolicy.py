@@ -19,6 +19,7 @@ from rlspeed.algos.replay import Batch, ReplayBuffer
 from rlspeed.algos.schedule import multiples_between
 from rlspeed.monitor import IntervalMetrics
 from rlspeed.run import RunContext, TrainResult
+from rlspeed.seeding import Stream, numpy_rng
 
 
 class OffPolicyLearner(Protocol):
@@ -51,7 +52,10 @@ def train_off_policy(
     learner = make_learner(engine.single_observation_space, engine.single_action_space)
     ctx.set_checkpoint(checkpoint_name, learner.save)
     buffer = ReplayBuffer(
-        algo.buffer_size, engine.single_observation_space, engine.single_action_space, ctx.seed
+        algo.buffer_size,
+        engine.single_observation_space,
+        engine.single_action_space,
+        numpy_rng(ctx.seed, Stream.REPLAY),
     )
     step = updates = 0
     interval = IntervalMetrics(ctx.monitor, cfg.log_every, cfg.total_steps)

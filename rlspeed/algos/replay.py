@@ -18,7 +18,9 @@ class Batch(NamedTuple):
 
 
 class ReplayBuffer:
-    def __init__(self, capacity: int, obs_space: Any, action_space: Any, seed: int) -> None:
+    def __init__(
+        self, capacity: int, obs_space: Any, action_space: Any, rng: np.random.Generator
+    ) -> None:
         self.capacity = capacity
         self.obs = np.zeros((capacity, *obs_space.shape), dtype=obs_space.dtype)
         self.next_obs = np.zeros_like(self.obs)
@@ -27,7 +29,7 @@ class ReplayBuffer:
         self.dones = np.zeros(capacity, dtype=np.float32)
         self.size = 0
         self._pos = 0
-        self._rng = np.random.default_rng(seed)
+        self._rng = rng
 
     def add(self, obs: Any, next_obs: Any, actions: Any, rewards: Any, terminated: Any) -> None:
         """Store a batch of transitions, one per env (arrays of any CPU library)."""

@@ -16,6 +16,20 @@ def multiples_between(prev: Any, step: Any, every: int, start: int, xp: Any = np
     return xp.maximum(step // every - xp.maximum(prev, start) // every, 0)
 
 
+def steps_run(total_steps: int, num_envs: int) -> int:
+    """Env steps a loop of whole ``num_envs``-step iterations takes to reach ``total_steps``
+    (``total_steps`` rounded up to a multiple of ``num_envs``)."""
+    return -(-total_steps // num_envs) * num_envs
+
+
+def polyak_weight(tau: float, crossings: Any) -> Any:
+    """Weight of ``crossings`` Polyak steps of ``tau`` toward the same online parameters,
+    taken as one step ``target += w * (online - target)``: ``w = 1 - (1 - tau) ** k``
+    (1 for ``tau = 1``: a copy). One iteration of ``num_envs`` env steps may cross several
+    target syncs, and the online parameters do not change between them."""
+    return 1.0 - (1.0 - tau) ** crossings
+
+
 def linear_schedule(step: Any, start: float, end: float, duration: float, xp: Any = np) -> Any:
     """``start`` at step 0, linearly to ``end`` at ``duration``, then ``end``."""
     return start + (end - start) * xp.minimum(step / max(duration, 1.0), 1.0)

@@ -10,7 +10,10 @@ from rlspeed.backends import BackendSpec
 def setup(cfg: Any, seed: int) -> None:
     import torch
 
-    torch.manual_seed(seed)
+    from rlspeed.seeding import Stream, int_seed
+
+    # torch's global generator draws the initial weights: the run's INIT stream.
+    torch.manual_seed(int_seed(seed, Stream.INIT))
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
     if cfg.deterministic:

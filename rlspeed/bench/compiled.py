@@ -36,6 +36,7 @@ def measure(overrides: list[str], budget_s: float) -> float:
     import jax
 
     from rlspeed.engines.jax_vmap import make_vmap_env
+    from rlspeed.seeding import jax_keys
 
     module_name = ALGOS.get(cfg.algo.name).implementations["flax"].partition(":")[0]
     make_train = importlib.import_module(module_name).make_train
@@ -45,11 +46,8 @@ def measure(overrides: list[str], budget_s: float) -> float:
     if agents > 1:
         init, run = jax.vmap(init), jax.vmap(run, in_axes=(0, None))
     compiled_run = jax.jit(run, static_argnums=1)
-    state = jax.jit(init)(
-        jax.random.split(jax.random.key(cfg.seed), agents)
-        if agents > 1
-        else jax.random.key(cfg.seed)
-    )
+    seeds = range(cfg.seed, cfg.seed + agents)
+    state = jax.jit(init)(jax_keys(seeds if agents > 1 else cfg.seed))
     learning_starts = cfg.algo.get("learning_starts", 0)
     if learning_starts:
         state, _ = compiled_run(state, math.ceil(learning_starts / trainer.steps_per_iteration))

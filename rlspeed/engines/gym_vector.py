@@ -9,6 +9,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from rlspeed.engines import StepResult
+from rlspeed.seeding import env_seeds
 
 
 class GymVectorEngine:
@@ -24,7 +25,8 @@ class GymVectorEngine:
         self._lengths = np.zeros(self.num_envs, dtype=np.int64)
 
     def reset(self) -> np.ndarray:
-        obs, _ = self.envs.reset(seed=self.seed)
+        # Env i's own stream of the run's seed (not seed + i, which seed + 1's env i - 1 shares).
+        obs, _ = self.envs.reset(seed=env_seeds(self.seed, self.num_envs))
         self._returns[:] = 0.0
         self._lengths[:] = 0
         return obs

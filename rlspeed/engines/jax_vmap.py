@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from rlspeed.engines import EngineSpec, StepResult
+from rlspeed.seeding import Stream, jax_key
 
 
 class VmapState(NamedTuple):
@@ -124,7 +125,8 @@ class JaxVmapEngine:
         self._state: VmapState | None = None
 
     def reset(self) -> jax.Array:
-        self._state = self._init(jax.random.key(self._seed))
+        # The same env stream as the fused path's (rlspeed.seeding.jax_keys).
+        self._state = self._init(jax_key(self._seed, Stream.ENV))
         return self._state.obs
 
     def step(self, actions: Any) -> StepResult:

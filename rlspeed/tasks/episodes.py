@@ -10,20 +10,23 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.experimental.functional import FuncEnv
 
+from rlspeed.seeding import eval_seeds
 from rlspeed.tasks import Policy
 
 
 def mean_greedy_return(
     make_env: Callable[[], gym.Env], policy: Policy, episodes: int, seed: int
 ) -> float:
-    """Mean return of ``policy`` over ``episodes`` episodes, episode ``i`` reset with ``seed + i``.
+    """Mean return of ``policy`` over ``episodes`` episodes of the run with seed ``seed``,
+    reset with its evaluation seeds (held out from its training envs' seeds).
 
     The envs step in lockstep with one batched policy call per step. Each env plays exactly
     one episode: once it has ended it is no longer stepped (no auto-reset) and its last
     observation stays in the batch, so the batch shape never changes.
     """
     envs = [make_env() for _ in range(episodes)]
-    obs = np.stack([env.reset(seed=seed + i)[0] for i, env in enumerate(envs)])
+    seeds = eval_seeds(seed, episodes)
+    obs = np.stack([env.reset(seed=s)[0] for s, env in zip(seeds, envs, strict=True)])
     returns = np.zeros(episodes)
     running = np.ones(episodes, dtype=bool)
     while running.any():

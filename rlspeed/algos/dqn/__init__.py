@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlspeed.algos import AlgoSpec, check_batch_fits_buffer, check_ranges
-from rlspeed.algos.schedule import epsilon_at, multiples_between
+from rlspeed.algos.schedule import epsilon_at, multiples_between, polyak_weight, steps_run
 from rlspeed.errors import ConfigError
 
 
@@ -41,31 +41,43 @@ class DQNConfig:
 OPTIMIZERS = ("adam", "sgd")
 
 
-def learning_rate_at(update: Any, algo: Any, total_steps: int) -> Any:
-    """Learning rate of gradient update number ``update`` (from 0); NumPy or JAX scalars."""
+def total_updates(algo: Any, total_steps: int, num_envs: int) -> int:
+    """Gradient updates a run does: its loop takes whole iterations of ``num_envs`` env
+    steps, so it runs past ``total_steps`` when that is not a multiple of ``num_envs``."""
+    steps = steps_run(total_steps, num_envs)
+    return int(multiples_between(0, steps, algo.train_frequency, algo.learning_starts))
+
+
+def learning_rate_at(update: Any, algo: Any, total_steps: int, num_envs: int) -> Any:
+    """Learning rate of gradient update number ``update`` (from 0); NumPy or JAX scalars.
+    Annealed, the last update's rate is ``learning_rate / total_updates`` (never below 0)."""
     if not algo.anneal_lr:
         return algo.learning_rate
-    total_updates = multiples_between(0, total_steps, algo.train_frequency, algo.learning_starts)
-    return algo.learning_rate * (1.0 - update / max(int(total_updates), 1))
+    return algo.learning_rate * (1.0 - update / max(total_updates(algo, total_steps, num_envs), 1))
 
 
 class DQNSchedule:
     """Exploration and target syncs by env step, the same for every backend's learner
-    (which sets ``algo``, ``total_steps`` and defines ``sync_target``)."""
+    (which sets ``algo``, ``total_steps``, ``num_envs`` and defines ``sync_target``)."""
 
     algo: Any
     total_steps: int
+    num_envs: int
 
     def epsilon(self, step: int) -> float:
         return float(epsilon_at(step, self.algo, self.total_steps))
 
-    def sync_target(self) -> None:
+    def sync_target(self, weight: float) -> None:
+        """``target += weight * (online - target)``."""
         raise NotImplementedError
 
     def after_env_steps(self, prev_step: int, step: int) -> dict[str, float]:
         algo = self.algo
-        if multiples_between(prev_step, step, algo.target_network_frequency, algo.learning_starts):
-            self.sync_target()
+        crossings = multiples_between(
+            prev_step, step, algo.target_network_frequency, algo.learning_starts
+        )
+        if crossings:
+            self.sync_target(float(polyak_weight(algo.tau, int(crossings))))
         return {"charts/epsilon": self.epsilon(step)}
 
 

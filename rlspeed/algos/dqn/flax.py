@@ -31,9 +31,10 @@ from rlspeed.algos.replay import (
     jax_replay_init,
     jax_replay_sample,
 )
-from rlspeed.algos.schedule import epsilon_at, multiples_between
+from rlspeed.algos.schedule import epsilon_at, multiples_between, polyak_weight
 from rlspeed.engines.jax_vmap import VmapEnv, VmapState
 from rlspeed.run import RunContext, TrainResult
+from rlspeed.seeding import JaxKeys, Stream, jax_key
 
 
 class Agent(NamedTuple):
@@ -45,7 +46,9 @@ class Agent(NamedTuple):
 class DQNFunctions:
     """Pure functions of one DQN configuration: init, act, update, target sync."""
 
-    def __init__(self, obs_space: Any, action_space: Any, algo: Any, total_steps: int) -> None:
+    def __init__(
+        self, obs_space: Any, action_space: Any, algo: Any, total_steps: int, num_envs: int
+    ) -> None:
         self.algo = algo
         self.n_actions = int(action_space.n)
         self.network = MLP(
@@ -53,7 +56,7 @@ class DQNFunctions:
         )
         optimizer = optax.adam if algo.optimizer == "adam" else optax.sgd
         self.optimizer = optimizer(
-            partial(learning_rate_at, algo=algo, total_steps=total_steps)
+            partial(learning_rate_at, algo=algo, total_steps=total_steps, num_envs=num_envs)
             if algo.anneal_lr
             else algo.learning_rate
         )
@@ -96,8 +99,9 @@ class DQNFunctions:
         """One update on ``batch``, its TD targets from the target network."""
         return self.update(agent, batch, self.td_targets(agent.target_params, batch))
 
-    def sync_target(self, agent: Agent) -> Agent:
-        target = optax.incremental_update(agent.params, agent.target_params, self.algo.tau)
+    def sync_target(self, agent: Agent, weight: jax.Array) -> Agent:
+        """``target += weight * (online - target)``."""
+        target = optax.incremental_update(agent.params, agent.target_params, weight)
         return agent._replace(target_params=target)
 
 
@@ -105,12 +109,18 @@ class FlaxLearner(DQNSchedule):
     """Jitted act/update for the Python-driven loop (Gymnasium engines)."""
 
     def __init__(
-        self, obs_space: Any, action_space: Any, algo: Any, seed: int, total_steps: int
+        self,
+        obs_space: Any,
+        action_space: Any,
+        algo: Any,
+        seed: int,
+        total_steps: int,
+        num_envs: int,
     ) -> None:
-        self.algo, self.total_steps = algo, total_steps
-        self.fns = DQNFunctions(obs_space, action_space, algo, total_steps)
-        init_key, self.key = jax.random.split(jax.random.key(seed))
-        self.agent = self.fns.init(init_key)
+        self.algo, self.total_steps, self.num_envs = algo, total_steps, num_envs
+        self.fns = DQNFunctions(obs_space, action_space, algo, total_steps, num_envs)
+        self.key = jax_key(seed, Stream.ACT)
+        self.agent = self.fns.init(jax_key(seed, Stream.INIT))
         self._act = jax.jit(self.fns.act)
         self._greedy = jax.jit(self.fns.greedy)
         self._update = jax.jit(self.fns.learn)
@@ -127,8 +137,8 @@ class FlaxLearner(DQNSchedule):
         self.agent, loss, q_mean = self._update(self.agent, batch)
         return {"losses/td_loss": loss, "losses/q_values": q_mean}
 
-    def sync_target(self) -> None:
-        self.agent = self._sync(self.agent)
+    def sync_target(self, weight: float) -> None:
+        self.agent = self._sync(self.agent, weight)
 
     def save(self, path: Path) -> Path:
         return save_pytree(self.agent._asdict(), path)
@@ -167,20 +177,21 @@ class ChunkStats(NamedTuple):
 
 def make_train(cfg: Any, env: VmapEnv) -> FusedTrainer:
     algo, n = cfg.algo, env.num_envs
-    fns = DQNFunctions(env.single_observation_space, env.single_action_space, algo, cfg.total_steps)
+    fns = DQNFunctions(
+        env.single_observation_space, env.single_action_space, algo, cfg.total_steps, n
+    )
     total_iterations = math.ceil(cfg.total_steps / n)
     # Updates per group sharing one replay draw: all of an iteration's (at most
     # ceil(n / train_frequency)), up to PRESAMPLE_INPUTS network inputs.
     batch_inputs = algo.batch_size * input_size(env.single_observation_space)
     group_size = max(1, min(-(-n // algo.train_frequency), PRESAMPLE_INPUTS // batch_inputs))
 
-    def init(key: jax.Array) -> TrainState:
-        agent_key, env_key, key = jax.random.split(key, 3)
+    def init(keys: JaxKeys) -> TrainState:
         replay = jax_replay_init(
             algo.buffer_size, env.single_observation_space, env.single_action_space
         )
         return TrainState(
-            fns.init(agent_key), replay, env.init(env_key), key, jnp.int32(0), jnp.int32(0)
+            fns.init(keys.init), replay, env.init(keys.env), keys.act, jnp.int32(0), jnp.int32(0)
         )
 
     def iteration(state: TrainState, _: None) -> tuple[TrainState, ChunkStats]:
@@ -229,13 +240,15 @@ def make_train(cfg: Any, env: VmapEnv) -> FusedTrainer:
             update_group,
             (state.agent, jnp.float32(0), jnp.float32(0)),
         )
-        sync = (
-            multiples_between(
-                state.step, step, algo.target_network_frequency, algo.learning_starts, jnp
-            )
-            > 0
+        syncs = multiples_between(
+            state.step, step, algo.target_network_frequency, algo.learning_starts, jnp
         )
-        agent = jax.lax.cond(sync, fns.sync_target, lambda a: a, agent)
+        agent = jax.lax.cond(
+            syncs > 0,
+            lambda a: fns.sync_target(a, polyak_weight(algo.tau, syncs)),
+            lambda a: a,
+            agent,
+        )
         stats = ChunkStats(
             result.terminated | result.truncated,
             result.episode_return,
@@ -277,7 +290,11 @@ def train(ctx: RunContext) -> TrainResult:
         lambda seed_ctx: train_off_policy(
             seed_ctx,
             partial(
-                FlaxLearner, algo=ctx.cfg.algo, seed=seed_ctx.seed, total_steps=ctx.cfg.total_steps
+                FlaxLearner,
+                algo=ctx.cfg.algo,
+                seed=seed_ctx.seed,
+                total_steps=ctx.cfg.total_steps,
+                num_envs=ctx.cfg.num_envs,
             ),
             "checkpoint.msgpack",
         )

@@ -16,21 +16,29 @@ from rlspeed.algos.networks.torch import MLP, optimizer
 from rlspeed.algos.offpolicy import train_off_policy
 from rlspeed.algos.replay import Batch
 from rlspeed.run import RunContext, TrainResult
+from rlspeed.seeding import Stream, int_seed
 
 
 class TorchLearner(DQNSchedule):
     def __init__(
-        self, obs_space: Any, action_space: Any, algo: Any, seed: int, total_steps: int
+        self,
+        obs_space: Any,
+        action_space: Any,
+        algo: Any,
+        seed: int,
+        total_steps: int,
+        num_envs: int,
     ) -> None:
-        self.algo, self.total_steps = algo, total_steps
+        self.algo, self.total_steps, self.num_envs = algo, total_steps, num_envs
         self.n_actions = int(action_space.n)
         self.q_network = MLP(obs_space, self.n_actions, algo.hidden_sizes, nn.ReLU)
         self.target_network = MLP(obs_space, self.n_actions, algo.hidden_sizes, nn.ReLU)
         self.target_network.load_state_dict(self.q_network.state_dict())
         self.optimizer = optimizer(algo.optimizer, self.q_network.parameters(), algo.learning_rate)
         self.updates = 0
-        self.gamma, self.tau = algo.gamma, algo.tau
-        self.generator = torch.Generator().manual_seed(seed)
+        self.gamma = algo.gamma
+        # The weights come from torch's global generator (seeded with the INIT stream).
+        self.generator = torch.Generator().manual_seed(int_seed(seed, Stream.ACT))
 
     @torch.no_grad()
     def act(self, obs: Any, step: int) -> torch.Tensor:
@@ -59,18 +67,18 @@ class TorchLearner(DQNSchedule):
         loss.backward()
         if self.algo.anneal_lr:
             # Set directly: LambdaLR's bookkeeping cost more than the update's arithmetic.
-            lr = learning_rate_at(self.updates, self.algo, self.total_steps)
+            lr = learning_rate_at(self.updates, self.algo, self.total_steps, self.num_envs)
             self.optimizer.param_groups[0]["lr"] = lr
         self.optimizer.step()
         self.updates += 1
         return {"losses/td_loss": loss.detach(), "losses/q_values": q.detach().mean()}
 
     @torch.no_grad()
-    def sync_target(self) -> None:
+    def sync_target(self, weight: float) -> None:
         for target, online in zip(
             self.target_network.parameters(), self.q_network.parameters(), strict=True
         ):
-            target.lerp_(online, self.tau)
+            target.lerp_(online, weight)
 
     def save(self, path: Path) -> Path:
         torch.save(
@@ -85,8 +93,13 @@ class TorchLearner(DQNSchedule):
 
 
 def train_one(ctx: RunContext) -> TrainResult:
+    cfg = ctx.cfg
     learner = partial(
-        TorchLearner, algo=ctx.cfg.algo, seed=ctx.seed, total_steps=ctx.cfg.total_steps
+        TorchLearner,
+        algo=cfg.algo,
+        seed=ctx.seed,
+        total_steps=cfg.total_steps,
+        num_envs=cfg.num_envs,
     )
     return train_off_policy(ctx, learner, "checkpoint.pt")
 

@@ -23,6 +23,7 @@ from rlspeed.algos.schedule import epsilon_at
 from rlspeed.engines.jax_vmap import VmapEnv, VmapState
 from rlspeed.registry import TASKS
 from rlspeed.run import RunContext, TrainResult
+from rlspeed.seeding import JaxKeys, Stream, jax_key
 
 
 def max_over_actions(values: jax.Array) -> jax.Array:
@@ -86,7 +87,7 @@ class FlaxQTable:
 
     def __init__(self, num_states: int, n_actions: int, algo: Any, seed: int) -> None:
         self.q = jnp.zeros((num_states, n_actions))
-        self.key = jax.random.key(seed)
+        self.key = jax_key(seed, Stream.ACT)
 
         def act(q: jax.Array, states: jax.Array, step: int, epsilon: float) -> jax.Array:
             return explore_greedy(q, states, step_uniforms(self.key, step, len(states)), epsilon)
@@ -153,10 +154,9 @@ def make_train(cfg: Any, env: VmapEnv) -> FusedTrainer:
     def states_of(obs: jax.Array) -> jax.Array:
         return tabular.state_index(task_cfg, obs, jnp)
 
-    def init(key: jax.Array) -> TrainState:
-        env_key, key = jax.random.split(key)
+    def init(keys: JaxKeys) -> TrainState:
         q = jnp.zeros((num_states, n_actions))
-        return TrainState(q, env.init(env_key), key, jnp.int32(0), jnp.int32(0))
+        return TrainState(q, env.init(keys.env), keys.act, jnp.int32(0), jnp.int32(0))
 
     def iteration(
         carry: tuple[TrainState, jax.Array, jax.Array], u: jax.Array

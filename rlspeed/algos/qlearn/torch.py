@@ -11,6 +11,7 @@ import torch
 
 from rlspeed.algos.qlearn.loop import train_tabular
 from rlspeed.run import RunContext, TrainResult
+from rlspeed.seeding import Stream, int_seed
 
 
 def explore_greedy(
@@ -57,7 +58,7 @@ class TorchQTable:
     def __init__(self, num_states: int, n_actions: int, algo: Any, seed: int) -> None:
         self.alpha, self.gamma = algo.alpha, algo.gamma
         self.q = torch.zeros(num_states, n_actions)
-        self.generator = torch.Generator().manual_seed(seed)
+        self.generator = torch.Generator().manual_seed(int_seed(seed, Stream.ACT))
 
     def act(self, states: np.ndarray, step: int, epsilon: float) -> torch.Tensor:
         u = torch.rand(len(states), generator=self.generator)

@@ -42,6 +42,7 @@ from rlspeed.algos.td3 import (
 )
 from rlspeed.engines.jax_vmap import VmapEnv, VmapState
 from rlspeed.run import RunContext, TrainResult
+from rlspeed.seeding import JaxKeys, Stream, jax_key
 
 
 def _flat(obs: jax.Array) -> jax.Array:
@@ -194,8 +195,8 @@ class FlaxLearner:
     def __init__(self, obs_space: Any, action_space: Any, algo: Any, seed: int) -> None:
         self.algo = algo
         self.fns = TD3Functions(obs_space, action_space, algo)
-        init_key, self.key = jax.random.split(jax.random.key(seed))
-        self.agent = self.fns.init(init_key)
+        self.key = jax_key(seed, Stream.ACT)
+        self.agent = self.fns.init(jax_key(seed, Stream.INIT))
         self.updates = 0
         self._act = jax.jit(self.fns.act)
         self._greedy = jax.jit(self.fns.actor)
@@ -258,13 +259,12 @@ def make_train(cfg: Any, env: VmapEnv) -> FusedTrainer:
     fns = TD3Functions(env.single_observation_space, env.single_action_space, algo)
     total_iterations = math.ceil(cfg.total_steps / n)
 
-    def init(key: jax.Array) -> TrainState:
-        agent_key, env_key, key = jax.random.split(key, 3)
+    def init(keys: JaxKeys) -> TrainState:
         replay = jax_replay_init(
             algo.buffer_size, env.single_observation_space, env.single_action_space
         )
         return TrainState(
-            fns.init(agent_key), replay, env.init(env_key), key, jnp.int32(0), jnp.int32(0)
+            fns.init(keys.init), replay, env.init(keys.env), keys.act, jnp.int32(0), jnp.int32(0)
         )
 
     def iteration(state: TrainState, _: None) -> tuple[TrainState, ChunkStats]:

@@ -25,6 +25,7 @@ from rlspeed.algos.td3 import (
     uniform_actions,
 )
 from rlspeed.run import RunContext, TrainResult
+from rlspeed.seeding import Stream, int_seed
 
 
 def mlp(sizes: Sequence[int]) -> nn.Sequential:
@@ -70,7 +71,8 @@ class TorchLearner:
             "adam", [*self.qf1.parameters(), *self.qf2.parameters()], algo.learning_rate
         )
         self.actor_optimizer = optimizer("adam", self.actor.parameters(), algo.learning_rate)
-        self.generator = torch.Generator().manual_seed(seed)
+        # The weights come from torch's global generator (seeded with the INIT stream).
+        self.generator = torch.Generator().manual_seed(int_seed(seed, Stream.ACT))
         self.updates = 0
 
     @torch.no_grad()

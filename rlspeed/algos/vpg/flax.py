@@ -29,6 +29,7 @@ from rlspeed.algos.vpg.rollout import RolloutBatch, train_on_policy
 from rlspeed.engines import StepResult
 from rlspeed.engines.jax_vmap import VmapEnv, VmapState
 from rlspeed.run import RunContext, TrainResult
+from rlspeed.seeding import JaxKeys, Stream, jax_key
 
 LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 
@@ -196,9 +197,9 @@ class FlaxLearner:
 
     def __init__(self, obs_space: Any, action_space: Any, algo: Any, seed: int) -> None:
         self.fns = VPGFunctions(obs_space, action_space, algo)
-        init_key, self.key = jax.random.split(jax.random.key(seed))
+        self.key = jax_key(seed, Stream.ACT)
         # Jitted: one compilation instead of one per eager operation.
-        self.agent = jax.jit(self.fns.init)(init_key)
+        self.agent = jax.jit(self.fns.init)(jax_key(seed, Stream.INIT))
         self._act = jax.jit(self.fns.act)
         self._values = jax.jit(self.fns.values)
         self._greedy = jax.jit(self.fns.greedy)
@@ -255,9 +256,9 @@ def make_train(cfg: Any, env: VmapEnv) -> FusedTrainer:
     batch_size = horizon * n
     total_iterations = math.ceil(cfg.total_steps / batch_size)
 
-    def init(key: jax.Array) -> TrainState:
-        agent_key, env_key, key = jax.random.split(key, 3)
-        return TrainState(fns.init(agent_key), env.init(env_key), key, jnp.int32(0), jnp.int32(0))
+    def init(keys: JaxKeys) -> TrainState:
+        agent = fns.init(keys.init)
+        return TrainState(agent, env.init(keys.env), keys.act, jnp.int32(0), jnp.int32(0))
 
     def flat(x: jax.Array) -> jax.Array:
         return x.reshape(batch_size, *x.shape[2:])

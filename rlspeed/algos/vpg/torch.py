@@ -15,6 +15,7 @@ from torch.distributions import Categorical, Distribution, Independent, Normal
 from rlspeed.algos.networks.torch import MLP, optimizer
 from rlspeed.algos.vpg.rollout import RolloutBatch, train_on_policy
 from rlspeed.run import RunContext, TrainResult
+from rlspeed.seeding import Stream, int_seed
 
 
 class Policy(nn.Module):
@@ -48,7 +49,8 @@ class TorchLearner:
         if self.policy.continuous:
             self.low = torch.as_tensor(action_space.low)
             self.high = torch.as_tensor(action_space.high)
-        self.generator = torch.Generator().manual_seed(seed)
+        # The weights come from torch's global generator (seeded with the INIT stream).
+        self.generator = torch.Generator().manual_seed(int_seed(seed, Stream.ACT))
 
     @torch.no_grad()
     def act(self, obs: Any) -> tuple[torch.Tensor, torch.Tensor]:

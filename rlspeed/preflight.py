@@ -83,9 +83,11 @@ def _check_sweeper(cfg: DictConfig, arguments: list[str]) -> None:
 
     node = cfg.hydra.sweeper
     if node.get("_target_") == SWEEPER_TARGET:
+        from hydra_plugins.rlspeed_optuna_sweeper._impl import sweep_storage
         from hydra_plugins.rlspeed_optuna_sweeper._space import build
 
         build(node, cfg, arguments)
+        sweep_storage(cfg)  # raises if trials cannot be recorded in hydra.sweeper.storage
 
 
 def preflight(argv: list[str], conf_dir: str) -> None:

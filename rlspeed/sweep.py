@@ -6,19 +6,37 @@ in other processes (``hydra/launcher=joblib``) or on other machines, so a job at
 trial through the study's storage, reports every evaluation to it and stops as soon as the
 study's pruner says so. The sweeper records the pruner it uses in the study (system
 attribute ``PRUNER_ATTR``) because a pruner is not part of a study's storage.
+
+The study's storage (``hydra.sweeper.storage``) is checked, opened and, for a journal file
+whose last write was cut short, repaired here, for the sweeper and its jobs alike.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import shutil
+import tempfile
+import time
+import warnings
 from pathlib import Path
 from typing import Any
+
+from rlspeed.errors import ConfigError, RLSpeedError
 
 log = logging.getLogger("rlspeed")
 
 # Study system attribute holding the pruner's config (a dict with ``_target_``).
 PRUNER_ATTR = "rlspeed:pruner"
 JOURNAL_PREFIX = "journal:"
+STORAGE_KEY = "hydra.sweeper.storage"
+STORAGE_ALLOWED = (
+    "a journal file in a writable folder (PATH.journal or journal:PATH) or a database URL "
+    "whose driver is installed (sqlite:///PATH, postgresql://...)"
+)
+# How far from a journal's end a cut-short record is looked for.
+_JOURNAL_TAIL_BYTES = 1 << 20
 
 
 def journal_path(spec: str) -> Path | None:
@@ -33,16 +51,184 @@ def journal_path(spec: str) -> Path | None:
     return None
 
 
-def open_storage(spec: str) -> Any:
-    """An Optuna storage from a string: a journal file or a database URL (journal_path)."""
+def _sqlite_path(spec: str) -> Path | None:
+    """The database file of a ``sqlite:///PATH`` URL (None for other URLs and in-memory)."""
+    if not spec.startswith("sqlite:"):
+        return None
+    from sqlalchemy.engine import make_url
+
+    database = make_url(spec).database
+    if database in (None, "", ":memory:"):
+        return None
+    return Path(database).expanduser().absolute()
+
+
+def normalize_storage(spec: str) -> str:
+    """``spec`` as any process opens it, whatever its working directory: a journal or
+    SQLite file by its absolute path (a journal keeps ``journal:`` unless its name ends in
+    ``.journal``, so that it still reads as a journal)."""
+    path = journal_path(spec)
+    if path is not None:
+        return str(path) if path.suffix == ".journal" else f"{JOURNAL_PREFIX}{path}"
+    database = _sqlite_path(spec)
+    if database is not None:
+        from sqlalchemy.engine import make_url
+
+        return make_url(spec).set(database=str(database)).render_as_string(hide_password=False)
+    return spec
+
+
+def check_storage(spec: str) -> None:
+    """Raise ConfigError unless trials can be recorded in ``spec``; creates nothing."""
+    problem = _storage_problem(spec)
+    if problem is not None:
+        raise ConfigError(STORAGE_KEY, spec, f"{STORAGE_ALLOWED}; {problem}")
+
+
+def _storage_problem(spec: str) -> str | None:
+    path = journal_path(spec)
+    if path is not None:
+        return _file_problem(path)
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+    try:
+        url = make_url(spec)
+        dialect = url.get_dialect()
+    except NoSuchModuleError:  # before its base class ArgumentError
+        return f"SQLAlchemy knows no database '{url.drivername}'"
+    except ArgumentError:
+        return "it is neither a journal file nor a database URL"
+    try:
+        dialect.import_dbapi()
+    except ImportError as error:
+        return f"its driver '{error.name}' is not installed"
+    if url.get_backend_name() != "sqlite":
+        return None  # a database server: whether it answers is for the sweep to find out
+    database = _sqlite_path(spec)
+    if database is None:
+        return "an in-memory database is lost at exit and unseen by the trials' jobs"
+    return _file_problem(database)
+
+
+def _file_problem(path: Path) -> str | None:
+    """Why the file ``path`` cannot be written (or created, with its folders), or None."""
+    if path.exists():
+        if path.is_dir():
+            return f"{path} is a folder"
+        try:
+            open(path, "ab").close()  # appends nothing
+        except OSError as error:
+            return f"{path} cannot be written ({error.strerror})"
+        return None
+    folder = path.parent
+    while not folder.exists():
+        folder = folder.parent
+    if not folder.is_dir():
+        return f"{folder} is not a folder"
+    try:  # os.access says yes to root everywhere: only creating a file tells
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".rlspeed-probe-")
+    except OSError as error:
+        return f"no file can be created in {folder} ({error.strerror})"
+    os.close(fd)
+    os.unlink(probe)
+    return None
+
+
+def open_storage(spec: str, heartbeat: tuple[int, int] | None = None) -> Any:
+    """An Optuna storage from a string: a journal file or a database URL (journal_path).
+
+    ``heartbeat`` (interval, grace period in seconds) turns on a database's trial
+    heartbeats (Optuna's RDBStorage). A journal whose last record was cut short is
+    repaired first (repair_journal).
+    """
     import optuna
     from optuna.storages.journal import JournalFileBackend
 
     path = journal_path(spec)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
+        if path.exists():
+            repair_journal(path)
         return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
-    return optuna.storages.RDBStorage(spec)
+    database = _sqlite_path(spec)
+    if database is not None:
+        database.parent.mkdir(parents=True, exist_ok=True)  # SQLite creates the file only
+    if heartbeat is None:
+        return optuna.storages.RDBStorage(spec)
+    interval, grace = heartbeat
+    with warnings.catch_warnings():  # heartbeats are "experimental" since Optuna 2.9
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return optuna.storages.RDBStorage(spec, heartbeat_interval=interval, grace_period=grace)
+
+
+def repair_journal(path: Path) -> None:
+    """Drop a journal's last record if a write was cut short, keeping a copy of the file.
+
+    A full disk or a crash mid-write leaves a last line that is not a whole JSON record.
+    Optuna skips such a line when reading, but appends its next record to it: that line
+    never parses again, and once anything follows it the journal cannot be read at all.
+    """
+    if _broken_tail(path) is None:
+        return
+    from optuna.storages.journal import JournalFileSymlinkLock
+
+    # A writer appending right now also leaves a partial last line: look again under the
+    # lock every writer of the journal takes.
+    lock = JournalFileSymlinkLock(str(path))
+    lock.acquire()
+    try:
+        cut = _broken_tail(path)
+        if cut is None:
+            return
+        size = path.stat().st_size
+        backup = path.with_name(f"{path.name}.{time.strftime('%Y%m%d-%H%M%S')}.broken")
+        try:
+            shutil.copyfile(path, backup)
+            with open(path, "r+b") as file:
+                file.truncate(cut)
+                os.fsync(file.fileno())
+        except OSError as error:
+            raise RLSpeedError(
+                f"rlspeed: the journal {path} ends with a record cut short and cannot be "
+                f"repaired ({error.strerror}): free some space and run again"
+            ) from None
+    finally:
+        lock.release()
+    log.warning(
+        "rlspeed: the journal %s ended with a record cut short (%d bytes, e.g. by a full "
+        "disk): dropped it; the file as it was is kept as %s",
+        path,
+        size - cut,
+        backup,
+    )
+
+
+def _broken_tail(path: Path) -> int | None:
+    """Where the broken end of a journal starts, or None if its last record is whole.
+
+    Broken: bytes after the last newline (a record cut short), and a last line that does
+    not parse (a record written after a cut-short one, glued to it; a zero-filled block).
+    """
+    with open(path, "rb") as file:
+        size = file.seek(0, os.SEEK_END)
+        start = max(size - _JOURNAL_TAIL_BYTES, 0)
+        file.seek(start)
+        tail = file.read()
+    end = tail.rfind(b"\n") + 1  # the end of the last whole line
+    if end == 0 and start > 0:
+        return None  # a line longer than the tail read: not a cut-short record
+    begin = tail.rfind(b"\n", 0, end - 1) + 1 if end else 0
+    if end and (begin > 0 or start == 0) and not _is_record(tail[begin:end]):
+        end = begin
+    return None if end == len(tail) else start + end
+
+
+def _is_record(line: bytes) -> bool:
+    try:
+        return isinstance(json.loads(line), dict)
+    except ValueError:  # JSONDecodeError, UnicodeDecodeError
+        return False
 
 
 class TrialReporter:

@@ -4,7 +4,8 @@ Every batch asks the study for ``n_jobs`` trials, launches them as one batch of 
 (in parallel processes with ``hydra/launcher=joblib``) and tells the study how each ended:
 COMPLETE with the job's return value, PRUNED when the job raised ``optuna.TrialPruned``
 (the job side is :mod:`rlspeed.sweep`), FAIL otherwise. Finished trials of earlier sweeps
-of the same study count toward ``n_trials``, so running the same command again resumes.
+of the same study count toward ``n_trials``, so running the same command again resumes;
+so do the live trials of sweeps of the study running at the same time (see ``_trials``).
 """
 
 from __future__ import annotations
@@ -25,8 +26,16 @@ from omegaconf import DictConfig, OmegaConf
 from optuna.trial import TrialState
 
 from hydra_plugins.rlspeed_optuna_sweeper._space import SweepConfigError, SweepSetup, build, quote
+from hydra_plugins.rlspeed_optuna_sweeper._trials import (
+    GRACE_S,
+    HEARTBEAT_S,
+    SURPLUS_ATTR,
+    TrialKeeper,
+    counted,
+    is_surplus,
+)
 from rlspeed.errors import RLSpeedError
-from rlspeed.sweep import PRUNER_ATTR, journal_path, open_storage
+from rlspeed.sweep import PRUNER_ATTR, check_storage, normalize_storage, open_storage
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +63,15 @@ def default_storage(study_name: str) -> str:
     return str(Path.cwd() / "outputs" / "optuna" / f"{study_name}.journal")
 
 
+def sweep_storage(config: DictConfig) -> str:
+    """The study's storage (``hydra.sweeper.storage`` or the default), as every process
+    opens it (normalize_storage); raises ConfigError if trials cannot be recorded there."""
+    node = config.hydra.sweeper
+    spec = node.storage or default_storage(node.study_name or default_study_name(config))
+    check_storage(spec)
+    return normalize_storage(spec)
+
+
 class OptunaSweeperImpl:
     def __init__(self) -> None:
         self.config: DictConfig | None = None
@@ -79,11 +97,8 @@ class OptunaSweeperImpl:
         setup = build(node, config, list(arguments))
         optuna.logging.set_verbosity(optuna.logging.WARNING)  # this sweeper logs what matters
         study_name = node.study_name or default_study_name(config)
-        storage_spec = node.storage or default_storage(study_name)
-        journal = journal_path(storage_spec)
-        if journal is not None:  # jobs may run elsewhere: give them an absolute path
-            storage_spec = str(journal)
-        storage = open_storage(storage_spec)
+        storage_spec = sweep_storage(config)
+        storage = open_storage(storage_spec, heartbeat=(HEARTBEAT_S, GRACE_S))
         study = optuna.create_study(
             study_name=study_name,
             storage=storage,
@@ -101,18 +116,22 @@ class OptunaSweeperImpl:
             )
         study_id = storage.get_study_id_from_name(study_name)
         storage.set_study_system_attr(study_id, PRUNER_ATTR, setup.pruner_cfg)
-        stale = self._fail_stale_trials(study, storage, study_id)
+        keeper = TrialKeeper(study, storage)
+        stale = keeper.fail_stale()
 
         sweep_dir = Path(config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(config, sweep_dir / "multirun.yaml")
-        finished = len(study.get_trials(deepcopy=False, states=FINISHED))
+        trials = counted(study.get_trials(deepcopy=False))
+        running = sum(t.state == TrialState.RUNNING for t in trials)
         log.info(
-            "Optuna study '%s' in %s: %d finished trial(s), running %d more (n_trials=%d)",
+            "Optuna study '%s' in %s: %d finished trial(s), %d running in other sweeps, "
+            "running %d more (n_trials=%d)",
             study_name,
             storage_spec,
-            finished,
-            max(node.n_trials - finished, 0),
+            len(trials) - running,
+            running,
+            max(node.n_trials - len(trials), 0),
             node.n_trials,
         )
         parent = None
@@ -123,28 +142,18 @@ class OptunaSweeperImpl:
         returns: list[Sequence[JobReturn]] = []
         status = "FAILED"
         try:
-            returns = self._run_trials(study, setup, node, storage_spec, parent, legal, finished)
+            returns = self._run_trials(study, setup, node, storage_spec, parent, legal, keeper)
             status = "FINISHED"
         except KeyboardInterrupt:
             status = "KILLED"
             raise
         finally:
+            keeper.close()
             files = write_results(study, storage_spec, sweep_dir)
             show_best(study)
             if parent is not None:
                 parent.finish(study, files, status)
         return returns
-
-    def _fail_stale_trials(self, study: Any, storage: Any, study_id: int) -> list[int]:
-        """Trials left RUNNING by a sweep that was killed can never finish: mark them FAIL."""
-        stale = []
-        for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, trial.number)
-            storage.set_trial_state_values(trial_id, TrialState.FAIL)
-            stale.append(trial.number)
-        if stale:
-            log.warning("Trial(s) %s were left running by an earlier sweep: marked FAIL", stale)
-        return stale
 
     def _run_trials(
         self,
@@ -154,7 +163,7 @@ class OptunaSweeperImpl:
         storage_spec: str,
         parent: StudyRun | None,
         legal: Any,
-        finished: int,
+        keeper: TrialKeeper,
     ) -> list[Sequence[JobReturn]]:
         config = self.config
         assert config is not None
@@ -172,20 +181,29 @@ class OptunaSweeperImpl:
             extra.append(f"tracking.parent_run_id={quote(parent.run_id)}")
 
         returns: list[Sequence[JobReturn]] = []
-        remaining = node.n_trials - finished
         ran = failed = 0
         next_job_idx = 0
-        while remaining > 0:
+        while (remaining := node.n_trials - len(counted(study.get_trials(deepcopy=False)))) > 0:
             if _grid_exhausted(setup.sampler, study):
                 log.info("The grid is exhausted: every combination has been tried")
                 break
-            batch_size = min(node.n_jobs, remaining)
-            pending = [
-                study.ask(fixed_distributions=setup.space.distributions) for _ in range(batch_size)
-            ]
+            pending = []
             try:
+                with warnings.catch_warnings():  # the heartbeats are the sweeper's, not optimize's
+                    warnings.filterwarnings("ignore", "Heartbeat of storage is supposed")
+                    for _ in range(min(node.n_jobs, remaining)):
+                        pending.append(study.ask(fixed_distributions=setup.space.distributions))
+                        keeper.claim(pending[-1])
+                trials = study.get_trials(deepcopy=False)
                 launch: list[tuple[Any, list[str]]] = []
                 for trial in list(pending):
+                    if is_surplus(trial.number, trials, node.n_trials):
+                        # Another sweep of the study asked for the last trials meanwhile.
+                        keeper.mark_surplus(trial, node.n_trials)
+                        _tell(study, trial, state=TrialState.FAIL)
+                        pending.remove(trial)
+                        log.info("Trial %d: not run, n_trials is reached", trial.number)
+                        continue
                     if setup.custom_search_space is not None:
                         setup.custom_search_space(config, trial)
                     overrides = setup.space.overrides(trial.params) + extra
@@ -195,6 +213,7 @@ class OptunaSweeperImpl:
                         legal(overrides)
                     except Exception as error:  # noqa: BLE001 - reported, the trial FAILs
                         log.warning("Trial %d cannot be composed: %s", trial.number, error)
+                        keeper.release(trial)
                         _tell(study, trial, state=TrialState.FAIL)
                         pending.remove(trial)
                         failed += 1
@@ -211,15 +230,19 @@ class OptunaSweeperImpl:
                     next_job_idx = max(next_job_idx, job_idx + len(launch))
                     returns.append(results)
                     for (trial, _), ret in zip(launch, results, strict=True):
+                        keeper.release(trial)
                         failed += self._record(study, trial, ret, len(setup.directions))
                         pending.remove(trial)
                         ran += 1
             finally:
                 # Interrupted (Ctrl-C) or broken: trials of this batch can no longer finish.
                 for trial in pending:
+                    keeper.release(trial)
                     with contextlib.suppress(ValueError):  # unless it was told meanwhile
                         _tell(study, trial, state=TrialState.FAIL)
-            remaining -= batch_size
+            stale = keeper.fail_stale()  # other sweeps' trials that will not finish
+            if parent is not None:
+                parent.fail_stale_children(stale)
             if failed and failed / ran > node.max_failure_rate:
                 raise RLSpeedError(
                     f"rlspeed: sweep stopped: {failed} of {ran} trial(s) failed, more than "
@@ -298,7 +321,8 @@ def _best_trials(study: Any) -> list[Any]:
 def _counts(study: Any) -> dict[str, int]:
     counts = {state.name: 0 for state in FINISHED}
     for trial in study.get_trials(deepcopy=False, states=FINISHED):
-        counts[trial.state.name] += 1
+        if SURPLUS_ATTR not in trial.user_attrs:  # never ran
+            counts[trial.state.name] += 1
     return counts
 
 

@@ -1,0 +1,215 @@
+"""Faults around a sweep's Optuna storage, through the real CLI and real storages.
+
+Concurrent sweeps of one study (another sweep's live trials survive, n_trials is not
+overshot), a journal whose last record a full disk cut short, the ``journal:PATH`` form and
+storage that cannot be written. Trials are tabular Q-learning on a 5x5 gridworld for 500
+steps: the objective hardly matters here, the storage does.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from hydra_plugins.rlspeed_optuna_sweeper._trials import (
+    GRACE_S,
+    HEARTBEAT_ATTR,
+    HEARTBEAT_S,
+    OWNER_ATTR,
+    SURPLUS_ATTR,
+    is_surplus,
+    process_owner,
+)
+from rlspeed.sweep import open_storage
+from tests.conftest import assert_one_line_error, run_cli
+
+STUDY = "faults"
+SWEEP = [
+    "-m",
+    "hydra/sweeper=optuna",
+    "algo.alpha=interval(0.1, 0.9)",
+    f"hydra.sweeper.study_name={STUDY}",
+    "algo=qlearn",
+    "task=gridworld",
+    "backend=torch",
+    "env=gym-sync",
+    "num_envs=1",
+    "total_steps=500",
+    "tracking=none",
+    "progress=plain",
+]
+
+
+def _trials(spec: str) -> list[optuna.trial.FrozenTrial]:
+    return optuna.load_study(study_name=STUDY, storage=open_storage(spec)).trials
+
+
+def _states(spec: str) -> list[str]:
+    return [t.state.name for t in _trials(spec)]
+
+
+@pytest.mark.parametrize("kind", ["journal", "sqlite"])
+def test_a_second_sweep_fails_only_the_trials_whose_sweep_is_gone(tmp_path, kind):
+    """RUNNING trials of a concurrent sweep, on this host (a live process) or another (a
+    fresh heartbeat), survive; those of a dead process or with an old heartbeat end FAIL."""
+    if kind == "journal":  # journal:PATH with an absolute path and a name of one's own
+        spec = f"journal:{tmp_path}/studies/faults.log"
+    else:
+        spec = f"sqlite:///{tmp_path}/studies/faults.db"
+    storage = open_storage(spec, heartbeat=(HEARTBEAT_S, GRACE_S))
+    study = optuna.create_study(study_name=STUDY, storage=storage, direction="maximize")
+    live = subprocess.Popen(["sleep", "300"])
+    gone = subprocess.Popen(["sleep", "300"])
+    try:
+        owners = [process_owner(live.pid), process_owner(gone.pid)]
+        owners += [{"host": "elsewhere", "pid": 1, "token": "t"}] * 2
+        trial_ids = []
+        for owner in owners:
+            trial_id = study.ask()._trial_id
+            storage.set_trial_system_attr(trial_id, OWNER_ATTR, owner)
+            if kind == "sqlite":
+                storage.record_heartbeat(trial_id)
+            else:
+                storage.set_trial_system_attr(trial_id, HEARTBEAT_ATTR, time.time())
+            trial_ids.append(trial_id)
+        gone.kill()
+        gone.wait()  # its pid is free now: the trial's owner is gone
+        # The last trial's host went silent an hour ago.
+        if kind == "sqlite":
+            with sqlite3.connect(tmp_path / "studies" / "faults.db") as db:
+                db.execute(
+                    "UPDATE trial_heartbeats SET heartbeat = datetime('now', '-1 hour') "
+                    "WHERE trial_id = ?",
+                    (trial_ids[3],),
+                )
+        else:
+            storage.set_trial_system_attr(trial_ids[3], HEARTBEAT_ATTR, time.time() - 3600)
+
+        # 2 live + 2 failed count toward n_trials=5: the sweep runs one trial.
+        result = run_cli(
+            [*SWEEP, f"hydra.sweeper.storage={spec}", "hydra.sweeper.n_trials=5"], cwd=tmp_path
+        )
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        assert _states(spec) == ["RUNNING", "FAIL", "RUNNING", "FAIL", "COMPLETE"]
+        assert live.poll() is None
+    finally:
+        live.kill()
+        live.wait()
+    log = result.stdout + result.stderr
+    assert "Trial(s) [1, 3] were left running by a sweep that is gone: marked FAIL" in log
+    assert "2 finished trial(s), 2 running in other sweeps, running 1 more" in log
+    # The job attached to its trial through the same storage and reported to it.
+    assert _trials(spec)[4].intermediate_values
+
+
+def test_two_sweeps_started_together_run_n_trials_in_all(tmp_path):
+    spec = f"{tmp_path}/race.journal"
+    args = [*SWEEP, f"hydra.sweeper.storage={spec}", "hydra.sweeper.n_trials=3"]
+    with ThreadPoolExecutor(2) as pool:  # two CLI processes at once
+        results = list(pool.map(lambda _: run_cli(args, cwd=tmp_path), range(2)))
+    for result in results:
+        assert result.returncode == 0, result.stderr[-3000:]
+    outputs = [result.stdout + result.stderr for result in results]
+    trials = _trials(spec)
+    ran = [t for t in trials if SURPLUS_ATTR not in t.user_attrs]
+    assert [t.state for t in ran] == [TrialState.COMPLETE] * 3
+    # Any trial asked for beyond n_trials never ran: FAIL, marked, and no job folder.
+    surplus = [t for t in trials if SURPLUS_ATTR in t.user_attrs]
+    assert all(t.state == TrialState.FAIL and "output_dir" not in t.user_attrs for t in surplus)
+    assert sum(output.count(": COMPLETE, value") for output in outputs) == 3
+
+
+def test_a_journal_cut_short_by_a_full_disk_resumes(tmp_path):
+    """The last record half written: the same command again drops it (keeping a copy) and
+    resumes with the earlier trials. The relative journal:PATH form works too."""
+    spec = "journal:studies/faults.log"
+    journal = tmp_path / "studies" / "faults.log"
+    args = [*SWEEP, f"hydra.sweeper.storage={spec}"]
+    result = run_cli([*args, "hydra.sweeper.n_trials=2"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    before = _trials(f"journal:{journal}")
+    assert [t.state.name for t in before] == ["COMPLETE", "COMPLETE"]
+
+    data = journal.read_bytes()
+    last = data[data.rstrip(b"\n").rfind(b"\n") + 1 :]  # trial 1's COMPLETE record
+    assert b'"trial_id":1' in last
+    cut = data[: len(data) - len(last) // 2]
+    journal.write_bytes(cut)
+
+    result = run_cli([*args, "hydra.sweeper.n_trials=3"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "ended with a record cut short" in result.stdout + result.stderr
+    (backup,) = journal.parent.glob("faults.log.*.broken")
+    assert backup.read_bytes() == cut
+    after = _trials(f"journal:{journal}")
+    # Trial 0 as it was; trial 1 lost only its last record (it ended with the sweep that
+    # wrote it: FAIL); one more trial makes n_trials=3.
+    assert [t.state.name for t in after] == ["COMPLETE", "FAIL", "COMPLETE"]
+    assert (after[0].params, after[0].values) == (before[0].params, before[0].values)
+    assert after[1].params == before[1].params
+    assert journal.read_bytes().startswith(data[: len(data) - len(last)])
+
+
+@pytest.mark.parametrize(
+    ("storage", "fragment"),
+    [
+        ("/proc/x.journal", "no file can be created in /proc"),
+        ("journal:/proc/x", "no file can be created in /proc"),
+        ("sqlite:////proc/x.db", "no file can be created in /proc"),
+        ("mysql://user@localhost/db", "driver 'MySQLdb' is not installed"),
+        ("study.db", "neither a journal file nor a database URL"),
+    ],
+)
+def test_storage_that_cannot_record_trials_is_one_line(tmp_path, storage, fragment):
+    result = run_cli([*SWEEP, f"hydra.sweeper.storage={storage}"], cwd=tmp_path)
+    assert result.returncode == 2
+    assert_one_line_error(
+        result, f"invalid hydra.sweeper.storage={storage}: expected a journal file", fragment
+    )
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_trials_beyond_n_trials_in_the_order_asked_are_surplus():
+    def trial(number, state, **user_attrs):
+        value = 0.5 if state == TrialState.COMPLETE else None
+        frozen = optuna.trial.create_trial(state=state, value=value, user_attrs=user_attrs)
+        frozen.number = number
+        return frozen
+
+    trials = [
+        trial(0, TrialState.COMPLETE),
+        trial(1, TrialState.FAIL, **{SURPLUS_ATTR: "not run"}),  # counts for nothing
+        trial(2, TrialState.RUNNING),  # another sweep's
+        trial(3, TrialState.WAITING),
+        trial(4, TrialState.RUNNING),
+        trial(5, TrialState.RUNNING),
+    ]
+    assert [is_surplus(n, trials, n_trials=3) for n in (2, 4, 5)] == [False, False, True]
+    assert is_surplus(5, trials, n_trials=4) is False
+
+
+@pytest.mark.parametrize("damage", ["cut", "glued", "zeros"])
+def test_only_a_broken_last_journal_record_is_dropped(tmp_path, damage):
+    """A record cut short, a record appended to it (what Optuna does next) or a zero-filled
+    block (a crash on some file systems): that last line goes, every whole record stays."""
+    journal = tmp_path / "study.journal"
+    study = optuna.create_study(study_name=STUDY, storage=open_storage(str(journal)))
+    study.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=3)
+    whole = journal.read_bytes()
+    broken = {
+        "cut": whole[:-25],
+        "glued": whole[:-25] + b'{"op_code":4,"worker_id":"w","study_id":0}\n',
+        "zeros": whole + b"\0" * 4096,
+    }[damage]
+    journal.write_bytes(broken)
+    trials = _trials(str(journal))
+    assert len(trials) == 3 and [t.params for t in trials] == [t.params for t in study.trials]
+    last_record = whole.rstrip(b"\n").rfind(b"\n") + 1
+    assert journal.read_bytes() == (whole if damage == "zeros" else whole[:last_record])
+    assert [p.read_bytes() for p in tmp_path.glob("study.journal.*.broken")] == [broken]

@@ -11,6 +11,7 @@ import pytest
 
 from rlspeed.engines.jax_vmap import VmapEnv
 from rlspeed.registry import TASKS
+from rlspeed.seeding import eval_seeds
 from rlspeed.tasks import cartpole, halfcheetah, pendulum
 from tests.conftest import run_cli
 
@@ -76,11 +77,12 @@ def run_vmap(func_env, max_steps, actions_fn, steps, num_envs=8, seed=0):
 
 
 def hand_mean_return(env_id, policy, episodes, seed):
-    """Mean return of single-env episodes played one by one, episode i reset with seed + i."""
+    """Mean return of single-env episodes played one by one, episode i reset with the run
+    seed's evaluation seed i."""
     returns, lengths = [], []
-    for i in range(episodes):
+    for episode_seed in eval_seeds(seed, episodes):
         env = gym.make(env_id)
-        obs, _ = env.reset(seed=seed + i)
+        obs, _ = env.reset(seed=episode_seed)
         total, length, done = 0.0, 0, False
         while not done:
             obs, reward, terminated, truncated, _ = env.step(policy(obs[None])[0])

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -100,10 +100,19 @@ def validate(cfg: DictConfig) -> None:
     for key in ("num_envs", "num_seeds", "total_steps", "log_every", "eval_every"):
         if cfg[key] < 1:
             raise ConfigError(key, cfg[key], "an integer >= 1")
+    if cfg.seed < 0:
+        raise ConfigError("seed", cfg.seed, "an integer >= 0")
+    if cfg.total_steps < cfg.num_envs:  # one step of every env is the least a run does
+        raise ConfigError("total_steps", cfg.total_steps, f">= num_envs ({cfg.num_envs})")
     if cfg.progress not in ("auto", "rich", "plain", "none"):
         raise ConfigError("progress", cfg.progress, "one of auto, rich, plain, none")
     if cfg.backend.compilation_cache is not None:
-        _check_writable_dir("backend.compilation_cache", cfg.backend.compilation_cache)
+        check_creatable(
+            "backend.compilation_cache",
+            cfg.backend.compilation_cache,
+            Path(cfg.backend.compilation_cache),
+            "a folder rlspeed can create and write to, or null",
+        )
     backend = BACKENDS.get(cfg.backend.name)
     engine = ENGINES.get(cfg.env.name)
     algo = ALGOS.get(cfg.algo.name)
@@ -126,6 +135,7 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(
             "env", engine.name, f"one of {', '.join(fits)} (task={task.name} has no JAX version)"
         )
+    task.validate(cfg.task)
     algo.validate(cfg.algo, cfg)
     TRACKERS.get(cfg.tracking.name).check(cfg.tracking)
 
@@ -149,9 +159,18 @@ def flatten(cfg: DictConfig) -> dict[str, Any]:
     return flat
 
 
-def _check_writable_dir(key: str, value: str) -> None:
-    path = Path(value).expanduser()
-    with contextlib.suppress(OSError):  # reported below, with what is allowed
-        path.mkdir(parents=True, exist_ok=True)
-    if not (path.is_dir() and os.access(path, os.W_OK | os.X_OK)):
-        raise ConfigError(key, value, "a folder rlspeed can create and write to, or null")
+def check_creatable(key: str, value: object, folder: Path, allowed: str) -> None:
+    """Raise ConfigError unless ``folder`` exists and takes new files, or can be created.
+
+    Creates nothing that stays: it makes and removes a scratch folder in ``folder`` or its
+    nearest existing ancestor, which also tests what permission bits cannot (``root`` passes
+    every ``os.access`` check, yet cannot create anything in /proc or on a read-only mount).
+    """
+    existing = folder.expanduser().absolute()
+    while not os.path.lexists(existing) and existing != existing.parent:
+        existing = existing.parent
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".rlspeed-check-", dir=existing))
+    except OSError as error:  # not a folder, read-only, no permission
+        reason = error.strerror or type(error).__name__
+        raise ConfigError(key, value, f"{allowed} ({existing}: {reason})") from None

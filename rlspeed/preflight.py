@@ -10,51 +10,119 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
+from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 from hydra._internal.utils import get_args_parser
+from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import IntervalSweep, Override
 from hydra.errors import ConfigCompositionException, HydraException, MissingConfigException
 from hydra.types import RunMode
-from omegaconf import DictConfig
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
-from rlspeed.config import validate
-from rlspeed.errors import RLSpeedError
+from hydra_plugins.rlspeed_optuna_sweeper.config import SWEEPER_TARGET
+from rlspeed.config import check_creatable, validate
+from rlspeed.errors import ConfigError, RLSpeedError
 
 EXIT_BAD_INPUT = 2
 
 
-def _variants(overrides: list[str]) -> list[list[str]]:
-    """Override lists that together try every swept value at least once."""
+def _parse(overrides: list[str]) -> list[Override]:
     parser = OverridesParser.create()
     parsed = []
     for line in overrides:
         try:
-            parsed.append(parser.parse_override(line))
+            override = parser.parse_override(line)
         except HydraException as error:
             reason = str(error).split(" See https://")[0].strip()
             raise RLSpeedError(
                 f"rlspeed: invalid override '{line}': {reason} "
                 "(see https://hydra.cc/docs/advanced/override_grammar/basic/)"
             ) from None
+        if not override.key_or_group:
+            raise RLSpeedError(f"rlspeed: invalid override '{line}': expected KEY=VALUE")
+        parsed.append(override)
+    return parsed
+
+
+def _check_group_values(parsed: list[Override]) -> None:
+    """A config group takes an option's name: Hydra fails on ``algo=null`` or ``task=5``
+    with a traceback."""
+    loader = GlobalHydra.instance().config_loader()
+    for override in parsed:
+        if override.is_sweep_override() or override.is_delete():
+            continue
+        options = loader.get_group_options(override.key_or_group)
+        if options and not isinstance(override.value(), str):
+            raise ConfigError(
+                override.key_or_group,
+                override.get_value_element_as_str(),
+                f"one of {', '.join(sorted(options))}",
+            )
+
+
+def _variants(parsed: list[Override]) -> list[list[str]]:
+    """Override lists that together try every value of the discrete sweeps (``a,b``,
+    ``range()``) at least once, one key at a time."""
     choices: list[list[str]] = []
     for override in parsed:
-        if override.is_sweep_override():
-            try:
-                values = list(override.sweep_string_iterator())
-            except Exception:  # interval() and other non-discrete sweeps: the sweeper checks
-                continue
-            key = override.get_key_element()
-            choices.append([f"{key}={value}" for value in values])
-        else:
+        if not override.is_sweep_override():
             choices.append([override.input_line])
+            continue
+        try:
+            values = list(override.sweep_string_iterator())
+        except Exception:  # interval(): only the Optuna sweeper samples it (see _check_sweep)
+            continue
+        if not values:
+            raise RLSpeedError(
+                f"rlspeed: invalid override '{override.input_line}': the sweep has no values; "
+                "expected a non-empty sweep (range(start, stop) stops before stop)"
+            )
+        key = override.get_key_element()
+        choices.append([f"{key}={value}" for value in values])
     base = [options[0] for options in choices]
     variants = [base]
     for i, options in enumerate(choices):
         for option in options[1:]:
             variants.append(base[:i] + [option] + base[i + 1 :])
     return variants
+
+
+def _check_mode(full: DictConfig, parsed: list[Override], multirun: bool) -> None:
+    """Sweeps and searches need -m; a basic sweep cannot sample an interval()."""
+    optuna = full.hydra.sweeper.get("_target_") == SWEEPER_TARGET
+    if not multirun:
+        hparams = full.hydra.runtime.choices.get("hparams")
+        if optuna:
+            key, value = ("hparams", hparams) if hparams else ("hydra/sweeper", "optuna")
+            raise RLSpeedError(
+                f"rlspeed: invalid {key}={value} without -m: a search runs its trials as a "
+                f"multirun; expected rlspeed -m {key}={value} ..."
+            )
+        for override in parsed:
+            if override.is_sweep_override():
+                raise RLSpeedError(
+                    f"rlspeed: invalid {override.input_line} without -m: a sweep runs one job "
+                    f"per value; expected rlspeed -m {override.input_line} ..."
+                )
+    elif not optuna:
+        for override in parsed:
+            if isinstance(override.value(), IntervalSweep):
+                raise RLSpeedError(
+                    f"rlspeed: invalid {override.input_line}: Hydra's basic sweeper cannot "
+                    "sample an interval; expected a,b,c or range(), or the Optuna sweeper "
+                    "(hydra/sweeper=optuna, or an hparams=<search>)"
+                )
+
+
+def _check_output_dir(full: DictConfig, multirun: bool) -> None:
+    """Hydra creates the run's (or the sweep's) folder; check it can, creating nothing."""
+    key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+    folder = OmegaConf.select(full, key)
+    check_creatable(key, folder, Path(folder), "a folder rlspeed can create and write to")
 
 
 def _explain(error: Exception) -> str:
@@ -67,7 +135,7 @@ def _explain(error: Exception) -> str:
     if isinstance(cause, OmegaConfBaseException):
         key = getattr(cause, "full_key", None) or "?"
         message = str(cause.msg if hasattr(cause, "msg") else cause).splitlines()[0]
-        if "not in struct" in message:
+        if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) or "not in struct" in message:
             return f"rlspeed: unknown key '{key}': it is not in the config (see rlspeed --cfg job)"
         return f"rlspeed: invalid {key}: {message}"
     return "rlspeed: " + " ".join(str(error).split())
@@ -77,23 +145,32 @@ def _is_hydra(override: str) -> bool:
     return override.lstrip("+~").startswith("hydra")
 
 
-def _check_sweeper(cfg: DictConfig, arguments: list[str]) -> None:
-    """The Optuna sweeper's settings: search space, keys, direction, sampler, pruner."""
-    from hydra_plugins.rlspeed_optuna_sweeper.config import SWEEPER_TARGET
+def _check_sweep(full: DictConfig, arguments: list[str], compose_job: Callable) -> None:
+    """The Optuna sweeper's settings (search space, keys, direction, sampler, pruner,
+    storage), then the job config at both ends of every range and at every choice, so a
+    value outside a key's allowed range fails now rather than as a FAIL trial."""
+    from hydra_plugins.rlspeed_optuna_sweeper._impl import sweep_storage
+    from hydra_plugins.rlspeed_optuna_sweeper._space import build
 
-    node = cfg.hydra.sweeper
-    if node.get("_target_") == SWEEPER_TARGET:
-        from hydra_plugins.rlspeed_optuna_sweeper._impl import sweep_storage
-        from hydra_plugins.rlspeed_optuna_sweeper._space import build
-
-        build(node, cfg, arguments)
-        sweep_storage(cfg)  # raises if trials cannot be recorded in hydra.sweeper.storage
+    setup = build(full.hydra.sweeper, full, arguments)
+    sweep_storage(full)  # raises if trials cannot be recorded in hydra.sweeper.storage
+    for overrides in setup.space.extremes():
+        validate(compose_job(overrides))
 
 
 def preflight(argv: list[str], conf_dir: str) -> None:
     """Exit with one clear line and code 2 if the command line cannot run."""
     args, _ = get_args_parser().parse_known_args(argv)
-    if args.help or args.hydra_help or args.info or args.shell_completion:
+    if args.help or args.hydra_help:
+        return
+    showing = args.cfg is not None  # --cfg prints the config: no job, no folder, no -m
+    commands = (args.run, args.multirun, showing, args.info is not None, args.shell_completion)
+    if sum(map(bool, commands)) > 1:
+        _fail(
+            "rlspeed: invalid command line: expected at most one of --run, --multirun (-m), "
+            "--cfg, --info and --shell-completion"
+        )
+    if args.info or args.shell_completion:
         return
     overrides = [o for o in args.overrides if not _is_hydra(o)]
     hydra_overrides = [o for o in args.overrides if _is_hydra(o)]
@@ -104,18 +181,29 @@ def preflight(argv: list[str], conf_dir: str) -> None:
     searchpath = [o for o in hydra_overrides if o.startswith("hydra.searchpath")]
     config_name = args.config_name or "config"
     try:
-        variants = _variants(overrides)
+        parsed = _parse(overrides)
         with initialize_config_dir(config_dir=conf_dir, version_base=None):
-            for variant in variants:
-                validate(compose(config_name=config_name, overrides=[*variant, *searchpath]))
-            # Hydra's own groups and settings (sweeper, sampler, pruner, launcher).
+            _check_group_values(parsed)
+            variants = _variants(parsed)
+
+            def compose_job(job_overrides: list[str]) -> DictConfig:
+                return compose(config_name=config_name, overrides=[*job_overrides, *searchpath])
+
+            # Hydra's own groups and settings (sweeper, sampler, pruner, launcher, folders).
             full = compose(
                 config_name=config_name,
                 overrides=[*variants[0], *hydra_overrides],
                 return_hydra_config=True,
             )
-            if args.multirun or full.hydra.mode == RunMode.MULTIRUN:
-                _check_sweeper(full, overrides)
+            multirun = args.multirun or full.hydra.mode == RunMode.MULTIRUN
+            if not showing:
+                _check_mode(full, parsed, multirun)
+            for variant in variants:
+                validate(compose_job(variant))
+            if not showing:
+                if full.hydra.sweeper.get("_target_") == SWEEPER_TARGET:
+                    _check_sweep(full, overrides, compose_job)
+                _check_output_dir(full, multirun)
     except RLSpeedError as error:
         _fail(str(error))
     except (ConfigCompositionException, OmegaConfBaseException) as error:

@@ -64,8 +64,8 @@ def run_cli(args: list[str], cwd: Path, env: dict[str, str] | None = None, timeo
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str) -> None:
-    """Bad input: a non-zero exit and exactly one stderr line holding every fragment."""
-    assert result.returncode != 0
+    """Bad input: exit code 2 and exactly one stderr line holding every fragment."""
+    assert result.returncode == 2, (result.returncode, result.stderr[-2000:])
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, result.stderr
     for fragment in fragments:

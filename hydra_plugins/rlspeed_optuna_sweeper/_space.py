@@ -67,6 +67,24 @@ class SearchSpace:
             lines.append(f"{key}={texts[value] if value in texts else value_text(value)}")
         return lines
 
+    def extremes(self) -> list[list[str]]:
+        """Trial overrides that together reach both ends of every range and every choice,
+        one key at a time from all-lowest: the pre-flight check validates each, so a value
+        outside a key's allowed range is named before any trial runs."""
+        ends = {key: _ends(dist) for key, dist in self.distributions.items()}
+        lowest = {key: values[0] for key, values in ends.items()}
+        variants = [self.overrides(lowest)]
+        for key, values in ends.items():
+            variants += [self.overrides({**lowest, key: value}) for value in values[1:]]
+        return variants
+
+
+def _ends(dist: BaseDistribution) -> list[Any]:
+    if isinstance(dist, CategoricalDistribution):
+        return list(dist.choices)
+    assert isinstance(dist, (IntDistribution, FloatDistribution))
+    return [dist.low, dist.high]
+
 
 @dataclass
 class SweepSetup:
@@ -102,7 +120,10 @@ def _needs_quotes(text: str) -> bool:
 
 def _key_exists(cfg: DictConfig, key: str) -> bool:
     if key.startswith(("+", "~")) or "/" in key or "@" in key:
-        return True  # additions, deletions and config groups: Hydra checks them
+        return True  # additions, deletions and nested config groups: Hydra checks them
+    groups = OmegaConf.select(cfg, "hydra.runtime.choices", default=None) or {}
+    if key in groups:  # a group without a node of its own, such as hparams
+        return True
     return OmegaConf.select(cfg, key, default=_ABSENT, throw_on_missing=False) is not _ABSENT
 
 
@@ -212,8 +233,10 @@ def search_space(
                 f"({_first_line(error)}); expected {SYNTAX}"
             ) from None
         key = override.get_key_element()
-        if not _key_exists(cfg, key) and where != "command line":
-            _unknown_key(key, "hydra.sweeper.params")
+        if not _key_exists(cfg, key):
+            _unknown_key(
+                key, "the command line" if where == "command line" else "hydra.sweeper.params"
+            )
         current = OmegaConf.select(cfg, key, default=None, throw_on_missing=False)
         try:
             dist = distribution(override, current)

@@ -3,20 +3,33 @@
 from __future__ import annotations
 
 import importlib
+import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from omegaconf import OmegaConf
+
+from rlspeed.algos.schedule import multiples_between, steps_run
 from rlspeed.errors import ConfigError
+from rlspeed.registry import ENGINES, TASKS
 
 # Range name -> (the test a hyperparameter must pass, what is allowed, as the error says it).
+# The tests are False for NaN, and the open ones bound inf out: a rate or a noise scale of
+# inf or nan would train on garbage.
 RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "count": (lambda value: value >= 1, "an integer >= 1"),
+    "steps": (lambda value: value >= 0, "an integer >= 0"),
     "unit": (lambda value: 0.0 <= value <= 1.0, "a number in [0, 1]"),
-    "positive": (lambda value: value > 0, "a number > 0"),
-    "non_negative": (lambda value: value >= 0, "a number >= 0"),
-    "off_at_zero": (lambda value: value >= 0, "a number >= 0 (0 turns it off)"),
+    "positive": (lambda value: 0 < value < math.inf, "a finite number > 0"),
+    "non_negative": (lambda value: 0 <= value < math.inf, "a finite number >= 0"),
+    "off_at_zero": (lambda value: 0 <= value < math.inf, "a finite number >= 0 (0 turns it off)"),
+    "finite": (math.isfinite, "a finite number"),
 }
+# A stored transition's bytes besides its two observations (action, reward, done flag),
+# rounded up to cover every task's action space (HalfCheetah: 6 float32s).
+TRANSITION_EXTRA_BYTES = 64
 
 
 def check_ranges(algo: Any, **keys_by_range: tuple[str, ...]) -> None:
@@ -29,10 +42,68 @@ def check_ranges(algo: Any, **keys_by_range: tuple[str, ...]) -> None:
                 raise ConfigError(f"algo.{key}", algo[key], allowed)
 
 
-def check_batch_fits_buffer(algo: Any) -> None:
-    if algo.batch_size > algo.buffer_size:
+def check_hidden_sizes(algo: Any) -> None:
+    if not algo.hidden_sizes or min(algo.hidden_sizes) < 1:
         raise ConfigError(
-            "algo.batch_size", algo.batch_size, f"<= algo.buffer_size ({algo.buffer_size})"
+            "algo.hidden_sizes", list(algo.hidden_sizes), "a non-empty list of integers >= 1"
+        )
+
+
+def check_replay(algo: Any, cfg: Any, min_updates: int = 1) -> None:
+    """What a replay-buffer algorithm (DQN, TD3) needs: a buffer that holds a batch and a step
+    of every env, and a budget that reaches ``min_updates`` gradient updates (a run without
+    any would end FINISHED having learned nothing). Its memory is checked too."""
+    check_ranges(algo, count=("buffer_size", "batch_size", "train_frequency"))
+    check_ranges(algo, steps=("learning_starts",))
+    for key, value in (("algo.batch_size", algo.batch_size), ("num_envs", cfg.num_envs)):
+        if value > algo.buffer_size:
+            raise ConfigError(key, value, f"<= algo.buffer_size ({algo.buffer_size})")
+    every, start, n = algo.train_frequency, algo.learning_starts, cfg.num_envs
+    # Updates fall on multiples of train_frequency after learning_starts, and a run ends at
+    # the first multiple of num_envs at or past total_steps.
+    if multiples_between(0, steps_run(cfg.total_steps, n), every, start) < min_updates:
+        last_needed = (start // every + min_updates) * every
+        least = (math.ceil(last_needed / n) - 1) * n + 1
+        what = "a gradient update" if min_updates == 1 else f"{min_updates} gradient updates"
+        raise ConfigError(
+            "total_steps",
+            cfg.total_steps,
+            f">= {least}, a budget with {what} (updates start after "
+            f"algo.learning_starts={start}, one every algo.train_frequency={every} env steps)",
+        )
+    check_memory(cfg, ("algo.buffer_size", algo.buffer_size))
+
+
+def physical_memory() -> int:
+    """Bytes of RAM this machine has."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def check_memory(cfg: Any, *stores: tuple[str, int]) -> None:
+    """Refuse sizes whose arrays cannot fit in this machine's physical memory, before they
+    hang a run (num_envs=10**12 or buffer_size=10**12 do on flax + jax-vmap).
+
+    A deliberately simple lower bound: an agent holds a transition per env (the env batch)
+    and the algorithm's ``stores`` ((key, transitions): a replay buffer, a rollout), each
+    transition two observations of ``TaskSpec.observation_bytes`` plus
+    TRANSITION_EXTRA_BYTES; the fused jax-vmap path holds all ``num_seeds`` agents at once.
+    Weights, compiled programs and Gymnasium's per-env objects come on top. The error names
+    the largest of the sizes involved.
+    """
+    parts = [("num_envs", cfg.num_envs), *stores]
+    transition = 2 * TASKS.get(cfg.task.name).observation_bytes(cfg.task) + TRANSITION_EXTRA_BYTES
+    agents = cfg.num_seeds if ENGINES.get(cfg.env.name).needs_functional_env else 1
+    transitions = agents * sum(count for _, count in parts)
+    needed, available = transitions * transition, physical_memory()
+    if needed > available:
+        keys = [key for key, _ in parts] + (["num_seeds"] if agents > 1 else [])
+        sizes = {key: OmegaConf.select(cfg, key) for key in keys}
+        key = max(sizes, key=sizes.__getitem__)
+        raise ConfigError(
+            key,
+            sizes[key],
+            f"a size that fits in memory: {transitions:,} transitions of {transition:,} bytes "
+            f"need {needed / 2**30:,.1f} GiB, this machine has {available / 2**30:,.1f} GiB",
         )
 
 

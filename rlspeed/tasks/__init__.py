@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from rlspeed.errors import ConfigError
+
 # A batched greedy policy: observations [B, ...] -> actions [B].
 Policy = Callable[[np.ndarray], np.ndarray]
 
@@ -23,6 +25,14 @@ class TabularSpec:
     state_index: Callable[[Any, Any, Any], Any]
 
 
+def check_settings(cfg: Any, **minimums: int) -> None:
+    """Reject the first ``task.<key>`` below its minimum: ``max_steps >= 1`` and, on tasks that
+    have it, ``eval_episodes >= 1``, then the task's own ``minimums`` (e.g. a grid's size)."""
+    for key, low in {"max_steps": 1, "eval_episodes": 1, **minimums}.items():
+        if key in cfg and cfg[key] < low:
+            raise ConfigError(f"task.{key}", cfg[key], f"an integer >= {low}")
+
+
 @dataclass(frozen=True)
 class TaskSpec:
     name: str
@@ -35,5 +45,10 @@ class TaskSpec:
     make_functional: Callable[[Any], Any] | None
     # Score of a greedy policy at the task's standard settings (the sweep objective).
     evaluate: Callable[[Any, Policy, int], float]
+    # Bytes of one observation at these settings, for the pre-flight memory estimate; worked
+    # out from the settings, never by building the env (a huge grid would not fit).
+    observation_bytes: Callable[[Any], int]
     # Finite state index of an observation, or None when the task has no tabular form.
     tabular: TabularSpec | None = None
+    # Raises ConfigError for settings the task cannot run with.
+    validate: Callable[[Any], None] = check_settings

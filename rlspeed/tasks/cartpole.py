@@ -58,4 +58,6 @@ SPEC = TaskSpec(
     make_env=make_env,
     make_functional=make_functional,
     evaluate=evaluate,
+    # (x, x_dot, theta, theta_dot) as float32.
+    observation_bytes=lambda cfg: 4 * 4,
 )

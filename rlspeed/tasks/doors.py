@@ -9,7 +9,8 @@ import gymnasium as gym
 import numpy as np
 
 from rlspeed.config import TaskConfig
-from rlspeed.tasks import Policy, TabularSpec, TaskSpec
+from rlspeed.errors import ConfigError
+from rlspeed.tasks import Policy, TabularSpec, TaskSpec, check_settings
 
 # The score is measured at the seed's episode length, whatever the training length.
 STANDARD_MAX_STEPS = 32
@@ -38,6 +39,16 @@ def make_functional(cfg: Any) -> Any:
     from rlspeed.envs.doors import DoorsFunctional
 
     return DoorsFunctional(grid_size=cfg.grid_size, n_doors=cfg.n_doors)
+
+
+def validate(cfg: Any) -> None:
+    """A middle wall row between the start and goal rows (grid_size >= 3) with 1 to
+    grid_size doors in it."""
+    check_settings(cfg, grid_size=3, n_doors=1)
+    if cfg.n_doors > cfg.grid_size:
+        raise ConfigError(
+            "task.n_doors", cfg.n_doors, f"an integer in [1, task.grid_size] = [1, {cfg.grid_size}]"
+        )
 
 
 def evaluate(cfg: Any, policy: Policy, seed: int) -> float:
@@ -90,5 +101,8 @@ SPEC = TaskSpec(
     make_env=make_env,
     make_functional=make_functional,
     evaluate=evaluate,
+    # The flattened grid, one int8 cell code per cell.
+    observation_bytes=lambda cfg: cfg.grid_size**2,
     tabular=TabularSpec(num_states=num_states, state_index=state_index),
+    validate=validate,
 )

@@ -9,7 +9,7 @@ import gymnasium as gym
 import numpy as np
 
 from rlspeed.config import TaskConfig
-from rlspeed.tasks import Policy, TabularSpec, TaskSpec
+from rlspeed.tasks import Policy, TabularSpec, TaskSpec, check_settings
 
 # Greedy evaluation always runs at this episode length, whatever the training length.
 STANDARD_MAX_STEPS = 50
@@ -84,5 +84,9 @@ SPEC = TaskSpec(
     make_env=make_env,
     make_functional=make_functional,
     evaluate=evaluate,
+    # The cell index as int32.
+    observation_bytes=lambda cfg: 4,
     tabular=TabularSpec(num_states=num_states, state_index=state_index),
+    # Size 1 would start the agent on the goal.
+    validate=lambda cfg: check_settings(cfg, size=2),
 )

@@ -57,4 +57,6 @@ SPEC = TaskSpec(
     # No JAX version yet: config validation rejects env=jax-vmap with one line.
     make_functional=None,
     evaluate=evaluate,
+    # 17 joint positions and velocities as float64.
+    observation_bytes=lambda cfg: 17 * 8,
 )

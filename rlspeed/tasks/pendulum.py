@@ -55,4 +55,6 @@ SPEC = TaskSpec(
     make_env=make_env,
     make_functional=make_functional,
     evaluate=evaluate,
+    # (cos theta, sin theta, theta_dot) as float32.
+    observation_bytes=lambda cfg: 3 * 4,
 )

@@ -13,9 +13,13 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from rlspeed.config import check_creatable
 from rlspeed.errors import ConfigError
 from rlspeed.tracking import TrackerSpec
 
+# MLflow 3's SQLAlchemy stores (mlflow.store.db.db_types.DATABASE_ENGINES).
+_DATABASES = ("sqlite", "postgresql", "mysql", "mssql")
+_STORES = "sqlite:///PATH.db, postgresql://, mysql://, mssql://, http(s)://HOST:PORT or databricks"
 # MLflow caps a param value at 6000 characters; longer values are cut, not dropped.
 _MAX_PARAM_LENGTH = 6000
 
@@ -25,30 +29,66 @@ def resolve_uri(cfg: Any) -> str | None:
 
 
 def check(cfg: Any) -> None:
-    """Fail fast on a store that cannot be reached, before any training."""
+    """Fail fast on a store that cannot record, before any training: a server that does not
+    answer, a database whose Python driver is missing, a SQLite URI without a file, a folder
+    that cannot be created, a file store (MLflow 3 refuses them) or an unknown scheme."""
     uri = resolve_uri(cfg)
     if uri is None:
         return
-    parsed = urllib.parse.urlparse(uri)
     key = "tracking.uri" if cfg.uri else "MLFLOW_TRACKING_URI"
-    if parsed.scheme in ("http", "https"):
+    scheme = urllib.parse.urlparse(uri).scheme.lower()
+    if scheme in ("http", "https"):
         try:
             with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=5):
                 pass
         except (urllib.error.URLError, OSError) as error:
             reason = getattr(error, "reason", error)
             raise ConfigError(key, uri, f"a reachable MLflow server ({reason})") from None
-    elif parsed.scheme in ("", "file", "sqlite"):
-        path = parsed.path if parsed.scheme else uri
-        if parsed.scheme == "sqlite":
-            path = uri.removeprefix("sqlite:///")
-            path = "/" + path if uri.startswith("sqlite:////") else path
-            path = os.path.dirname(path) or "."
-        parent = Path(path)
-        while not parent.exists() and parent != parent.parent:
-            parent = parent.parent
-        if not os.access(parent, os.W_OK):
-            raise ConfigError(key, uri, f"a writable location ({parent} is not writable)")
+    elif scheme.partition("+")[0] in _DATABASES:  # e.g. postgresql+psycopg2://
+        _check_database(key, uri)
+    elif scheme in ("", "file"):
+        _check_file_store(key, uri)
+    elif scheme != "databricks":
+        raise ConfigError(key, uri, f"a tracking URI MLflow can record to: {_STORES}")
+
+
+def _check_database(key: str, uri: str) -> None:
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+    try:
+        url = make_url(uri)
+        dialect = url.get_dialect()
+    except (ArgumentError, NoSuchModuleError, ValueError) as error:
+        raise ConfigError(key, uri, f"a database URL such as {_STORES} ({error})") from None
+    try:
+        dialect.import_dbapi()  # the driver MLflow's SQLAlchemy store will load
+    except ImportError as error:
+        raise ConfigError(
+            key, uri, f"a database whose Python driver is installed (no module {error.name!r})"
+        ) from None
+    if url.get_backend_name() == "sqlite":
+        if url.database in (None, "", ":memory:"):  # in memory: gone when the run ends
+            raise ConfigError(
+                key, uri, "a database file: sqlite:///RELATIVE.db or sqlite:////ABSOLUTE.db"
+            )
+        folder = Path(url.database).parent
+        check_creatable(key, uri, folder, "a database file in a folder rlspeed can write to")
+
+
+def _check_file_store(key: str, uri: str) -> None:
+    from mlflow.environment_variables import MLFLOW_ALLOW_FILE_STORE
+
+    if not MLFLOW_ALLOW_FILE_STORE.get():
+        raise ConfigError(
+            key,
+            uri,
+            "a database or server URI such as sqlite:///mlflow.db: MLflow 3 refuses file "
+            "stores (`mlflow migrate-filestore` converts one; MLFLOW_ALLOW_FILE_STORE=true "
+            "keeps using it)",
+        )
+    path = urllib.parse.urlparse(uri).path if uri.startswith("file:") else uri
+    check_creatable(key, uri, Path(path), "a folder rlspeed can create and write to")
 
 
 class MlflowTracker:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlspeed.algos import AlgoSpec, check_batch_fits_buffer, check_ranges
+from rlspeed.algos import AlgoSpec, check_hidden_sizes, check_ranges, check_replay
 from rlspeed.algos.schedule import epsilon_at, multiples_between, polyak_weight, steps_run
 from rlspeed.errors import ConfigError
 
@@ -85,14 +85,13 @@ def validate(algo: Any, cfg: Any) -> None:
     if algo.optimizer not in OPTIMIZERS:
         raise ConfigError("algo.optimizer", algo.optimizer, f"one of {', '.join(OPTIMIZERS)}")
     check_ranges(
-        algo, count=("buffer_size", "batch_size", "train_frequency", "target_network_frequency")
-    )
-    check_batch_fits_buffer(algo)
-    check_ranges(
         algo,
+        count=("target_network_frequency",),
         unit=("gamma", "tau", "start_e", "end_e", "exploration_fraction"),
         positive=("learning_rate",),
     )
+    check_hidden_sizes(algo)
+    check_replay(algo, cfg)
 
 
 SPEC = AlgoSpec(

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from rlspeed.algos import AlgoSpec, check_ranges
+from rlspeed.algos import AlgoSpec, check_memory, check_ranges
 from rlspeed.errors import ConfigError
 from rlspeed.registry import TASKS
 
@@ -41,6 +41,7 @@ def validate(algo: Any, cfg: Any) -> None:
         raise ConfigError(
             "task", cfg.task.name, f"a task with a tabular state: {', '.join(tabular)}"
         )
+    check_memory(cfg)
 
 
 SPEC = AlgoSpec(

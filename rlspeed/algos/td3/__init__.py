@@ -15,8 +15,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from rlspeed.algos import AlgoSpec, check_batch_fits_buffer, check_ranges
-from rlspeed.errors import ConfigError
+from rlspeed.algos import AlgoSpec, check_hidden_sizes, check_ranges, check_replay
 
 
 @dataclass
@@ -87,20 +86,16 @@ def is_actor_step(updates: Any, algo: Any) -> Any:
 
 
 def validate(algo: Any, cfg: Any) -> None:
-    check_ranges(algo, count=("buffer_size", "batch_size", "train_frequency", "policy_frequency"))
-    check_batch_fits_buffer(algo)
-    if algo.learning_starts < 0:
-        raise ConfigError("algo.learning_starts", algo.learning_starts, "an integer >= 0")
     check_ranges(
         algo,
+        count=("policy_frequency",),
         unit=("gamma", "tau"),
         non_negative=("policy_noise", "noise_clip", "exploration_noise"),
         positive=("learning_rate",),
     )
-    if not algo.hidden_sizes or min(algo.hidden_sizes) < 1:
-        raise ConfigError(
-            "algo.hidden_sizes", list(algo.hidden_sizes), "a non-empty list of integers >= 1"
-        )
+    check_hidden_sizes(algo)
+    # Until policy_frequency critic updates, the actor (the trained policy) never moves.
+    check_replay(algo, cfg, min_updates=algo.policy_frequency)
 
 
 SPEC = AlgoSpec(

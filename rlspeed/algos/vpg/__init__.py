@@ -17,8 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from rlspeed.algos import AlgoSpec, check_ranges
-from rlspeed.errors import ConfigError
+from rlspeed.algos import AlgoSpec, check_hidden_sizes, check_memory, check_ranges
 
 
 @dataclass
@@ -91,9 +90,11 @@ def validate(algo: Any, cfg: Any) -> None:
         unit=("gamma", "gae_lambda"),
         positive=("policy_lr", "value_lr"),
         off_at_zero=("ent_coef", "max_grad_norm"),
+        finite=("initial_log_std",),
     )
-    if any(size < 1 for size in algo.hidden_sizes):
-        raise ConfigError("algo.hidden_sizes", list(algo.hidden_sizes), "integers >= 1")
+    check_hidden_sizes(algo)
+    # A batch holds num_steps transitions of every env.
+    check_memory(cfg, ("algo.num_steps", algo.num_steps * cfg.num_envs))
 
 
 SPEC = AlgoSpec(

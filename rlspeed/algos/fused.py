@@ -17,13 +17,20 @@ from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import flax.serialization
 import jax
 import numpy as np
 
+from rlspeed.checkpoint import (
+    deferred_interrupts,
+    load_pytree,
+    save_pytree,
+    tree_from_host,
+    tree_to_host,
+)
 from rlspeed.engines.jax_vmap import VmapEnv, make_vmap_env
 from rlspeed.run import RunContext, TrainResult
 from rlspeed.seeding import JaxKeys, jax_keys
+from rlspeed.tasks import Policy
 
 
 class FusedTrainer(NamedTuple):
@@ -63,9 +70,26 @@ def scan_unroll(batch: int) -> int:
     return 4 if batch <= 128 else 1
 
 
-def save_pytree(tree: Any, path: Path) -> Path:
-    path.write_bytes(flax.serialization.to_bytes(jax.device_get(tree)))
-    return path
+def saved_policies(
+    cfg: Any,
+    path: Path,
+    template: Any,
+    params_of: Callable[[Any], Any],
+    greedy: Callable[[Any, jax.Array], jax.Array],
+) -> list[Policy]:
+    """The greedy policies of a flax checkpoint (``mode=eval``): one per agent it holds
+    (every seed of a fused run, stacked). ``template``: a checkpoint tree of one agent."""
+    fused = cfg.env.name == "jax-vmap"
+    agents = cfg.num_seeds if fused else 1
+    params = params_of(load_pytree(template, path, agents))
+    greedy = jax.jit(greedy)
+
+    def policy(params: Any) -> Policy:
+        return lambda obs: np.asarray(greedy(params, obs))
+
+    if agents == 1:
+        return [policy(params)]
+    return [policy(jax.tree.map(lambda x, i=i: x[i], params)) for i in range(agents)]
 
 
 def train_fused(ctx: RunContext, make_train: Callable[[Any, VmapEnv], FusedTrainer]) -> TrainResult:
@@ -99,34 +123,43 @@ def train_fused(ctx: RunContext, make_train: Callable[[Any, VmapEnv], FusedTrain
         def of_seed(tree: Any, index: int) -> Any:
             return jax.tree.map(lambda x: x[index], tree)
 
-    latest = {"state": state}
     ctx.all_seeds = True
+    done_iterations = 0
+    resumed = ctx.resume_state()
+    if resumed is not None:  # the whole train state: agents, replay buffers, envs, keys
+        state = tree_from_host(state, resumed["state"])
+        done_iterations = resumed["iterations"]
+    # The state after the last whole chunk, and its iteration count.
+    latest = {"state": state, "iterations": done_iterations}
     ctx.set_checkpoint(
-        "checkpoint.msgpack", lambda path: save_pytree(trainer.checkpoint(latest["state"]), path)
+        "checkpoint.msgpack",
+        lambda path: save_pytree(trainer.checkpoint(latest["state"]), path),
+        lambda: {"state": tree_to_host(latest["state"]), "iterations": latest["iterations"]},
     )
     chunk = max(1, math.ceil(cfg.log_every / trainer.steps_per_iteration))
     monitor = ctx.run_monitor
-    done_iterations = 0
-    while done_iterations < trainer.total_iterations:
-        iterations = min(chunk, trainer.total_iterations - done_iterations)
-        state, stats = run(state, iterations)
-        latest["state"] = state
-        done_iterations += iterations
-        stats, steps, updates = jax.device_get((stats, state.step, state.updates))
-        params = policy_params(state)
-        for index in range(seeds):
-            seed_stats = of_seed(stats, index)
-            monitor.episodes(
-                seed_stats.done, seed_stats.episode_return, seed_stats.episode_length, index
-            )
-            seed_params = of_seed(params, index)
-            monitor.log(
-                int(np.ravel(steps)[index]),
-                int(np.ravel(updates)[index]),
-                trainer.summarize(seed_stats),
-                lambda obs, p=seed_params: np.asarray(greedy(p, obs)),
-                index,
-            )
+    with deferred_interrupts() as check_interrupt:
+        while done_iterations < trainer.total_iterations:
+            iterations = min(chunk, trainer.total_iterations - done_iterations)
+            state, stats = run(state, iterations)
+            done_iterations += iterations
+            stats, steps, updates = jax.device_get((stats, state.step, state.updates))
+            params = policy_params(state)
+            for index in range(seeds):
+                seed_stats = of_seed(stats, index)
+                monitor.episodes(
+                    seed_stats.done, seed_stats.episode_return, seed_stats.episode_length, index
+                )
+                seed_params = of_seed(params, index)
+                monitor.log(
+                    int(np.ravel(steps)[index]),
+                    int(np.ravel(updates)[index]),
+                    trainer.summarize(seed_stats),
+                    lambda obs, p=seed_params: np.asarray(greedy(p, obs)),
+                    index,
+                )
+            latest.update(state=state, iterations=done_iterations)
+            check_interrupt()
     total_steps, total_updates = (
         int(np.sum(x)) for x in jax.device_get((state.step, state.updates))
     )

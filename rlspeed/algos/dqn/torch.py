@@ -15,8 +15,15 @@ from rlspeed.algos.dqn import DQNSchedule, learning_rate_at
 from rlspeed.algos.networks.torch import MLP, optimizer
 from rlspeed.algos.offpolicy import train_off_policy
 from rlspeed.algos.replay import Batch
+from rlspeed.checkpoint import save_torch
 from rlspeed.run import RunContext, TrainResult
 from rlspeed.seeding import Stream, int_seed
+from rlspeed.tasks import Policy
+
+
+@torch.no_grad()
+def greedy_actions(q_network: nn.Module, obs: np.ndarray) -> np.ndarray:
+    return q_network(torch.from_numpy(obs)).argmax(dim=1).numpy()
 
 
 class TorchLearner(DQNSchedule):
@@ -52,9 +59,8 @@ class TorchLearner(DQNSchedule):
         # int32 is what the JAX engine takes with x64 disabled.
         return torch.where(explore, random, greedy).to(torch.int32)
 
-    @torch.no_grad()
     def greedy(self, obs: np.ndarray) -> np.ndarray:
-        return self.q_network(torch.from_numpy(obs)).argmax(dim=1).numpy()
+        return greedy_actions(self.q_network, obs)
 
     def update(self, batch: Batch) -> dict[str, torch.Tensor]:
         obs, next_obs, actions, rewards, dones = (torch.from_numpy(x) for x in batch)
@@ -81,7 +87,7 @@ class TorchLearner(DQNSchedule):
             target.lerp_(online, weight)
 
     def save(self, path: Path) -> Path:
-        torch.save(
+        return save_torch(
             {
                 "q_network": self.q_network.state_dict(),
                 "target_network": self.target_network.state_dict(),
@@ -89,7 +95,6 @@ class TorchLearner(DQNSchedule):
             },
             path,
         )
-        return path
 
 
 def train_one(ctx: RunContext) -> TrainResult:
@@ -106,3 +111,10 @@ def train_one(ctx: RunContext) -> TrainResult:
 
 def train(ctx: RunContext) -> TrainResult:
     return ctx.each_seed(train_one)
+
+
+def load_policies(cfg: Any, path: Path, obs_space: Any, action_space: Any) -> list[Policy]:
+    """The greedy policy of a saved ``checkpoint.pt`` (``mode=eval``)."""
+    q_network = MLP(obs_space, int(action_space.n), cfg.algo.hidden_sizes, nn.ReLU)
+    q_network.load_state_dict(torch.load(path, weights_only=True)["q_network"])
+    return [partial(greedy_actions, q_network)]

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from rlspeed.algos.schedule import epsilon_at
+from rlspeed.checkpoint import ResumePoint, deferred_interrupts
 from rlspeed.monitor import IntervalMetrics
 from rlspeed.run import RunContext, TrainResult
 
@@ -50,7 +51,6 @@ def train_tabular(
     tabular = ctx.task.tabular
     engine = ctx.make_engine()
     learner = make_learner(tabular.num_states(cfg.task), int(engine.single_action_space.n))
-    ctx.set_checkpoint(checkpoint_name, learner.save)
 
     def states_of(obs: Any) -> np.ndarray:
         return tabular.state_index(cfg.task, np.asarray(obs), np)
@@ -58,28 +58,39 @@ def train_tabular(
     def greedy_policy(obs: np.ndarray) -> np.ndarray:
         return learner.greedy(states_of(obs))
 
-    step = updates = 0
     interval = IntervalMetrics(ctx.monitor, cfg.log_every, cfg.total_steps)
+    point = ResumePoint(learner=learner, interval=interval, engine=engine)
+    ctx.set_checkpoint(checkpoint_name, learner.save, point.state)
     try:
-        states = states_of(engine.reset())
-        while step < cfg.total_steps:
-            epsilon = float(epsilon_at(step, cfg.algo, cfg.total_steps))
-            actions = learner.act(states, step, epsilon)
-            result = engine.step(actions)
-            # The true next state is the final observation where an episode ended.
-            interval.add(
-                learner.update(
-                    states, actions, result.reward, states_of(result.final_obs), result.terminated
+        with deferred_interrupts() as check_interrupt:
+            states, step, updates = point.start(
+                ctx.resume_state(), lambda: states_of(engine.reset())
+            )
+            while step < cfg.total_steps:
+                epsilon = float(epsilon_at(step, cfg.algo, cfg.total_steps))
+                actions = learner.act(states, step, epsilon)
+                result = engine.step(actions)
+                # The true next state is the final observation where an episode ended.
+                interval.add(
+                    learner.update(
+                        states,
+                        actions,
+                        result.reward,
+                        states_of(result.final_obs),
+                        result.terminated,
+                    )
                 )
-            )
-            ctx.monitor.episodes(
-                np.asarray(result.terminated) | np.asarray(result.truncated),
-                result.episode_return,
-                result.episode_length,
-            )
-            states = states_of(result.obs)
-            step, updates = step + engine.num_envs, updates + 1
-            interval.log_if_due(step, updates, greedy_policy, {"charts/epsilon": epsilon})
+                ctx.monitor.episodes(
+                    np.asarray(result.terminated) | np.asarray(result.truncated),
+                    result.episode_return,
+                    result.episode_length,
+                )
+                states = states_of(result.obs)
+                step, updates = step + engine.num_envs, updates + 1
+                interval.log_if_due(step, updates, greedy_policy, {"charts/epsilon": epsilon})
+                point.reached(step, updates, states)
+                check_interrupt()
     finally:
+        point.freeze()
         engine.close()
     return TrainResult(steps=step, updates=updates)

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from rlspeed.algos.qlearn.loop import train_tabular
+from rlspeed.checkpoint import save_torch
 from rlspeed.run import RunContext, TrainResult
 from rlspeed.seeding import Stream, int_seed
 
@@ -91,8 +92,7 @@ class TorchQTable:
         return {"losses/td_error": td.abs().mean(), "losses/q_values": q_sa.mean()}
 
     def save(self, path: Path) -> Path:
-        torch.save({"q_table": self.q}, path)
-        return path
+        return save_torch({"q_table": self.q}, path)
 
 
 def train_one(ctx: RunContext) -> TrainResult:

@@ -24,6 +24,7 @@ from rlspeed.algos.td3 import (
     squash,
     uniform_actions,
 )
+from rlspeed.checkpoint import save_torch
 from rlspeed.run import RunContext, TrainResult
 from rlspeed.seeding import Stream, int_seed
 
@@ -143,8 +144,7 @@ class TorchLearner:
         state = {name: getattr(self, name).state_dict() for name in networks}
         state["q_optimizer"] = self.q_optimizer.state_dict()
         state["actor_optimizer"] = self.actor_optimizer.state_dict()
-        torch.save(state, path)
-        return path
+        return save_torch(state, path)
 
 
 def train_one(ctx: RunContext) -> TrainResult:

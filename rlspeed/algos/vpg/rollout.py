@@ -15,6 +15,7 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 
 from rlspeed.algos.vpg import gae
+from rlspeed.checkpoint import ResumePoint, deferred_interrupts
 from rlspeed.monitor import IntervalMetrics
 from rlspeed.run import RunContext, TrainResult
 
@@ -56,7 +57,6 @@ def train_on_policy(
     cfg, algo = ctx.cfg, ctx.cfg.algo
     engine = ctx.make_engine()
     learner = make_learner(engine.single_observation_space, engine.single_action_space)
-    ctx.set_checkpoint(checkpoint_name, learner.save)
     n, horizon = engine.num_envs, algo.num_steps
     obs_space, action_space = engine.single_observation_space, engine.single_action_space
     obs_buf = np.zeros((horizon, n, *obs_space.shape), dtype=obs_space.dtype)
@@ -65,39 +65,46 @@ def train_on_policy(
     actions_buf = np.zeros((horizon, n, *action_space.shape), dtype=action_dtype)
     rewards, terminated, dones = (np.zeros((horizon, n), dtype=np.float32) for _ in range(3))
 
-    step = updates = 0
     interval = IntervalMetrics(ctx.monitor, cfg.log_every, cfg.total_steps)
+    # The rollout arrays are refilled every iteration: nothing in them carries over.
+    point = ResumePoint(learner=learner, interval=interval, engine=engine)
+    ctx.set_checkpoint(checkpoint_name, learner.save, point.state)
     try:
-        obs = engine.reset()
-        while step < cfg.total_steps:
-            for t in range(horizon):
-                actions, env_actions = learner.act(obs)
-                result = engine.step(env_actions)
-                obs_buf[t] = np.asarray(obs)
-                actions_buf[t] = np.asarray(actions)
-                rewards[t] = np.asarray(result.reward)
-                terminated[t] = np.asarray(result.terminated)
-                dones[t] = np.asarray(result.terminated) | np.asarray(result.truncated)
-                final_obs_buf[t] = np.asarray(result.final_obs)
-                ctx.monitor.episodes(dones[t] > 0, result.episode_return, result.episode_length)
-                obs = result.obs
-            step += horizon * n
+        with deferred_interrupts() as check_interrupt:
+            obs, step, updates = point.start(ctx.resume_state(), engine.reset)
+            while step < cfg.total_steps:
+                for t in range(horizon):
+                    actions, env_actions = learner.act(obs)
+                    result = engine.step(env_actions)
+                    obs_buf[t] = np.asarray(obs)
+                    actions_buf[t] = np.asarray(actions)
+                    rewards[t] = np.asarray(result.reward)
+                    terminated[t] = np.asarray(result.terminated)
+                    dones[t] = np.asarray(result.terminated) | np.asarray(result.truncated)
+                    final_obs_buf[t] = np.asarray(result.final_obs)
+                    ctx.monitor.episodes(dones[t] > 0, result.episode_return, result.episode_length)
+                    obs = result.obs
+                step += horizon * n
 
-            flat_obs = obs_buf.reshape(horizon * n, *obs_space.shape)
-            values = learner.values(flat_obs).reshape(horizon, n)
-            next_values = learner.values(final_obs_buf.reshape(flat_obs.shape)).reshape(horizon, n)
-            advantages = gae(
-                rewards, values, next_values, terminated, dones, algo.gamma, algo.gae_lambda
-            )
-            batch = RolloutBatch(
-                flat_obs,
-                actions_buf.reshape(horizon * n, *action_space.shape),
-                advantages.reshape(-1),
-                (advantages + values).reshape(-1),
-            )
-            interval.add(learner.update(batch))
-            updates += 1 + algo.value_iterations
-            interval.log_if_due(step, updates, learner.greedy)
+                flat_obs = obs_buf.reshape(horizon * n, *obs_space.shape)
+                values = learner.values(flat_obs).reshape(horizon, n)
+                next_values = learner.values(final_obs_buf.reshape(flat_obs.shape))
+                next_values = next_values.reshape(horizon, n)
+                advantages = gae(
+                    rewards, values, next_values, terminated, dones, algo.gamma, algo.gae_lambda
+                )
+                batch = RolloutBatch(
+                    flat_obs,
+                    actions_buf.reshape(horizon * n, *action_space.shape),
+                    advantages.reshape(-1),
+                    (advantages + values).reshape(-1),
+                )
+                interval.add(learner.update(batch))
+                updates += 1 + algo.value_iterations
+                interval.log_if_due(step, updates, learner.greedy)
+                point.reached(step, updates, obs)
+                check_interrupt()
     finally:
+        point.freeze()
         engine.close()
     return TrainResult(steps=step, updates=updates)

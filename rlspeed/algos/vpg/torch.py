@@ -14,6 +14,7 @@ from torch.distributions import Categorical, Distribution, Independent, Normal
 
 from rlspeed.algos.networks.torch import MLP, optimizer
 from rlspeed.algos.vpg.rollout import RolloutBatch, train_on_policy
+from rlspeed.checkpoint import save_torch
 from rlspeed.run import RunContext, TrainResult
 from rlspeed.seeding import Stream, int_seed
 
@@ -108,7 +109,7 @@ class TorchLearner:
         }
 
     def save(self, path: Path) -> Path:
-        torch.save(
+        return save_torch(
             {
                 "policy": self.policy.state_dict(),
                 "value": self.value.state_dict(),
@@ -117,7 +118,6 @@ class TorchLearner:
             },
             path,
         )
-        return path
 
 
 def train_one(ctx: RunContext) -> TrainResult:

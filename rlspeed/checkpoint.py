@@ -1,0 +1,444 @@
+"""Checkpoints: one place for how they are written (atomically), what a resume needs and how
+it is read back.
+
+A run folder holds, per agent, two files:
+
+* ``checkpoint.pt`` (torch) or ``checkpoint.msgpack`` (flax): the agent's networks (and
+  optimizer state on torch), the file ``mode=eval`` loads and users load themselves;
+* ``resume.pkl``: everything ``resume=`` needs to continue the run where it stopped, as of
+  the end of the last whole iteration (the step and update counters, the learner's networks,
+  optimizer and random generators, the replay buffer, the envs' state and latest
+  observations, and the metrics recorded so far). On the fused ``flax`` + ``jax-vmap`` path
+  it is the whole train state (buffer, envs, keys). It is a pickle: resume only runs you trust.
+
+With ``num_seeds`` > 1 on a host-driven path, each agent's files end in ``_seed<i>``.
+Every write goes to a temporary file in the same folder, is flushed to disk, then renamed
+over the old file: a crash or a full disk leaves the previous file or none, never half of one.
+
+Torch, JAX and Gymnasium are imported only where a checkpoint of theirs is handled, so a
+torch run never loads JAX (and the reverse).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+from omegaconf import OmegaConf
+
+from rlspeed.errors import ConfigError
+
+RESUME_FILE = "resume.pkl"
+CONFIG_FILE = "config.yaml"
+AGENT_FILES = ("checkpoint.pt", "checkpoint.msgpack")
+# Bumped when what resume.pkl holds changes shape.
+FORMAT = 1
+# Keys a resumed run may change: where and how it reports, not what it trains.
+FREE_KEYS = ("resume", "mode", "checkpoint", "video", "progress", "tracking.", "trial.")
+FREE_KEYS += ("backend.compilation_cache",)
+
+
+# ---------------------------------------------------------------- writing
+
+
+def atomic_write(path: Path, write: Callable[[IO[bytes]], Any]) -> Path:
+    """``write(file)`` into a temporary file beside ``path``, fsync it, then rename it over
+    ``path``; on any error the temporary file is removed and ``path`` is left as it was."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as file:
+            write(file)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    with contextlib.suppress(OSError):  # make the rename itself durable where the OS allows
+        folder = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(folder)
+        finally:
+            os.close(folder)
+    return path
+
+
+def save_torch(obj: Any, path: Path) -> Path:
+    import torch
+
+    return atomic_write(path, lambda file: torch.save(obj, file))
+
+
+def save_pytree(tree: Any, path: Path) -> Path:
+    """A JAX pytree as flax msgpack (``flax.serialization.from_bytes`` reads it)."""
+    import flax.serialization
+    import jax
+
+    data = flax.serialization.to_bytes(jax.device_get(tree))
+    return atomic_write(path, lambda file: file.write(data))
+
+
+def save_resume(state: dict[str, Any], path: Path) -> Path:
+    data = {"format": FORMAT, **state}
+    return atomic_write(path, lambda file: pickle.dump(data, file, pickle.HIGHEST_PROTOCOL))
+
+
+# ---------------------------------------------------------------- state of live objects
+
+
+def _jax_leaves(value: Any) -> list[Any] | None:
+    """The leaves of ``value`` if it is a pytree of JAX arrays (None otherwise)."""
+    jax = sys.modules.get("jax")
+    if jax is None or isinstance(value, (int, float, np.ndarray)):
+        return None
+    leaves = jax.tree.leaves(value)
+    if leaves and all(isinstance(leaf, jax.Array) for leaf in leaves):
+        return leaves
+    return None
+
+
+def tree_to_host(tree: Any) -> list[np.ndarray]:
+    """A JAX pytree's leaves as NumPy arrays (typed PRNG keys as their key data)."""
+    import jax
+
+    def host(leaf: jax.Array) -> np.ndarray:
+        if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+            leaf = jax.random.key_data(leaf)
+        return np.asarray(jax.device_get(leaf))
+
+    return [host(leaf) for leaf in jax.tree.leaves(tree)]
+
+
+def tree_from_host(template: Any, leaves: list[np.ndarray]) -> Any:
+    """``template``'s pytree with the saved ``leaves`` (from ``tree_to_host``) in it."""
+    import jax
+    import jax.numpy as jnp
+
+    old, treedef = jax.tree.flatten(template)
+    if len(old) != len(leaves):
+        raise ValueError(f"the saved state has {len(leaves)} arrays, this run's {len(old)}")
+
+    def device(like: jax.Array, saved: np.ndarray) -> jax.Array:
+        if jax.dtypes.issubdtype(like.dtype, jax.dtypes.prng_key):
+            return jax.random.wrap_key_data(jnp.asarray(saved), impl=jax.random.key_impl(like))
+        if saved.shape != like.shape:
+            raise ValueError(f"a saved array has shape {saved.shape}, this run's {like.shape}")
+        return jnp.asarray(saved, dtype=like.dtype)
+
+    return jax.tree.unflatten(treedef, [device(a, b) for a, b in zip(old, leaves, strict=True)])
+
+
+def capture(obj: Any) -> dict[str, Any]:
+    """The state of ``obj``'s attributes that change during training, whatever generators
+    and networks it holds: anything with ``state_dict`` (torch modules and optimizers,
+    IntervalMetrics), torch generators and tensors, NumPy generators and arrays, pytrees of
+    JAX arrays (parameters, optimizer states, keys), Gymnasium SyncVectorEnv's envs and
+    numbers. Configs, functions and compiled programs are rebuilt by the run itself."""
+    torch = sys.modules.get("torch")
+    state: dict[str, Any] = {}
+    for name, value in vars(obj).items():
+        if hasattr(value, "state_dict") and hasattr(value, "load_state_dict"):
+            state[name] = value.state_dict()
+        elif torch is not None and isinstance(value, torch.Generator):
+            state[name] = value.get_state()
+        elif torch is not None and isinstance(value, torch.Tensor):
+            state[name] = value.detach().clone()
+        elif isinstance(value, np.random.Generator):
+            state[name] = value.bit_generator.state
+        elif isinstance(value, np.ndarray):
+            state[name] = value.copy()
+        elif isinstance(value, (bool, int, float)):
+            state[name] = value
+        elif _is_sync_vector_env(value):
+            # The envs themselves (positions, time-limit counters, their np_random streams).
+            state[name] = pickle.dumps(value.envs)
+        elif (leaves := _jax_leaves(value)) is not None:
+            state[name] = tree_to_host(leaves)
+    return state
+
+
+def restore(obj: Any, state: dict[str, Any]) -> None:
+    """Put a ``capture`` of an object of the same kind back into ``obj``."""
+    torch = sys.modules.get("torch")
+    for name, saved in state.items():
+        value = getattr(obj, name)
+        if hasattr(value, "state_dict") and hasattr(value, "load_state_dict"):
+            value.load_state_dict(saved)
+        elif torch is not None and isinstance(value, torch.Generator):
+            value.set_state(saved)
+        elif torch is not None and isinstance(value, torch.Tensor):
+            with torch.no_grad():
+                value.copy_(saved)
+        elif isinstance(value, np.random.Generator):
+            value.bit_generator.state = saved
+        elif isinstance(value, np.ndarray):
+            value[...] = saved
+        elif _is_sync_vector_env(value):
+            for env in value.envs:
+                env.close()
+            value.envs = pickle.loads(saved)
+        elif isinstance(saved, list) and _jax_leaves(value) is not None:
+            setattr(obj, name, tree_from_host(value, saved))
+        else:
+            setattr(obj, name, saved)
+
+
+def _is_sync_vector_env(value: Any) -> bool:
+    gym = sys.modules.get("gymnasium")
+    return gym is not None and isinstance(value, gym.vector.SyncVectorEnv)
+
+
+class ResumePoint:
+    """Where a host-driven training loop stands after its last whole iteration: its env
+    step and update counters, the latest observations and the state of its ``parts``
+    (learner, replay buffer, interval metrics, engine: whatever the loop carries over)."""
+
+    def __init__(self, **parts: Any) -> None:
+        self.parts = parts
+        self.step = self.updates = 0
+        self.obs: Any = None
+        self._frozen: dict[str, Any] | None = None
+
+    def start(self, saved: dict[str, Any] | None, reset: Callable[[], Any]) -> tuple[Any, int, int]:
+        """(observations, step, updates) to start the loop from: ``reset()``'s for a new
+        run; for a resumed one the saved ones, with every part put back as it was."""
+        self.obs = reset()  # also builds the engine state that the saved one replaces
+        if saved is not None:
+            for name, part in self.parts.items():
+                if hasattr(part, "load_state_dict"):
+                    part.load_state_dict(saved["parts"][name])
+                else:
+                    restore(part, saved["parts"][name])
+            self.obs, self.step, self.updates = saved["obs"], saved["step"], saved["updates"]
+        return self.obs, self.step, self.updates
+
+    def reached(self, step: int, updates: int, obs: Any) -> None:
+        self.step, self.updates, self.obs = step, updates, obs
+
+    def freeze(self) -> None:
+        """Take the parts' state now (before the engine closes, which drops its state)."""
+        self._frozen = self._parts_state()
+
+    def state(self) -> dict[str, Any]:
+        parts = self._frozen or self._parts_state()
+        obs = np.asarray(self.obs)
+        return {"step": self.step, "updates": self.updates, "obs": obs, "parts": parts}
+
+    def _parts_state(self) -> dict[str, Any]:
+        return {
+            name: part.state_dict() if hasattr(part, "state_dict") else capture(part)
+            for name, part in self.parts.items()
+        }
+
+
+# ---------------------------------------------------------------- interrupts
+
+
+@contextlib.contextmanager
+def deferred_interrupts() -> Iterator[Callable[[], None]]:
+    """Hold Ctrl-C and SIGTERM until the loop reaches the end of an iteration.
+
+    Yields ``check()``, which the loop calls there: a signal that arrived meanwhile is
+    handed to the handler it would have reached (raising KeyboardInterrupt), so the
+    checkpoint written on the way out holds a whole iteration, never half of one. A
+    signal that arrives after the loop is handed over on leaving the block."""
+    if threading.current_thread() is not threading.main_thread():
+        yield lambda: None
+        return
+    pending: list[tuple[int, Any]] = []
+    previous = {
+        signum: signal.getsignal(signum)
+        for signum in (signal.SIGINT, signal.SIGTERM)
+        if callable(signal.getsignal(signum))
+    }
+
+    def hold(signum: int, frame: Any) -> None:
+        pending.append((signum, frame))
+
+    def check() -> None:
+        if pending:
+            signum, frame = pending.pop(0)
+            pending.clear()
+            restore_handlers()
+            previous[signum](signum, frame)
+
+    def restore_handlers() -> None:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+    for signum in previous:
+        signal.signal(signum, hold)
+    try:
+        yield check
+    finally:
+        restore_handlers()
+    check()
+
+
+# ---------------------------------------------------------------- reading
+
+
+def run_folder(value: str) -> Path:
+    """The run folder of ``resume=`` / ``checkpoint=``: the folder itself or a file's folder."""
+    path = Path(value).expanduser()
+    return path if path.is_dir() else path.parent
+
+
+def resume_files(folder: Path) -> dict[int, Path]:
+    """Seed index -> that agent's resume file (index 0 holds every seed on the fused path)."""
+    files = {}
+    if (folder / RESUME_FILE).is_file():
+        files[0] = folder / RESUME_FILE
+    for path in folder.glob("resume_seed*.pkl"):
+        index = path.stem.removeprefix("resume_seed")
+        if index.isdigit():
+            files[int(index)] = path
+    return files
+
+
+def load_resume(value: str) -> dict[int, dict[str, Any]]:
+    return {
+        index: pickle.loads(path.read_bytes())
+        for index, path in resume_files(run_folder(value)).items()
+    }
+
+
+def saved_config(folder: Path) -> Any:
+    return OmegaConf.load(folder / CONFIG_FILE)
+
+
+def _flat(cfg: Any) -> dict[str, Any]:
+    from rlspeed.config import flatten
+
+    return {
+        key: value
+        for key, value in flatten(cfg).items()
+        if not any(key == free or key.startswith(free) for free in FREE_KEYS)
+        and key.partition(".")[0] in cfg  # keys this config has (older runs lack new ones)
+    }
+
+
+def check_resume(cfg: Any) -> None:
+    """``resume=PATH``: a run folder (or a file in one) with resume state, written by a run
+    of this config. One ConfigError line otherwise."""
+    value = cfg.resume
+    folder = run_folder(value)
+    if not Path(value).expanduser().exists():
+        raise ConfigError("resume", value, "an existing run folder or checkpoint file")
+    if not resume_files(folder) or not (folder / CONFIG_FILE).is_file():
+        raise ConfigError(
+            "resume",
+            value,
+            f"a run folder (or a file in one) with {RESUME_FILE} and {CONFIG_FILE}, "
+            "as rlspeed runs write",
+        )
+    saved, current = _flat(saved_config(folder)), _flat(cfg)
+    for key in sorted(saved.keys() | current.keys()):
+        if saved.get(key) != current.get(key):
+            raise ConfigError(
+                "resume",
+                value,
+                f"a run of this config (it ran with {key}={saved.get(key)}, "
+                f"this run has {key}={current.get(key)}); repeat that run's settings",
+            )
+
+
+def agent_file(value: str) -> Path | None:
+    """The agent checkpoint of ``checkpoint=PATH`` (a run folder or the file), or None."""
+    path = Path(value).expanduser()
+    if path.is_file() and path.name.startswith("checkpoint"):
+        return path
+    if path.is_dir():
+        found = sorted(p for name in AGENT_FILES if (p := path / name).is_file())
+        found += sorted(path.glob("checkpoint_seed*.*"))
+        return found[0] if found else None
+    return None
+
+
+def load_pytree(template: Any, path: Path, agents: int = 1) -> Any:
+    """A ``save_pytree`` file read into ``template``'s structure; ``agents`` > 1: a fused
+    run's file, each array stacked over its agents on a new leading axis."""
+    import flax.serialization
+    import jax
+    import jax.numpy as jnp
+
+    if agents > 1:
+        template = jax.tree.map(lambda x: jnp.stack([x] * agents), template)
+    return flax.serialization.from_bytes(template, Path(path).read_bytes())
+
+
+# ---------------------------------------------------------------- mode=eval / resume keys
+
+MODES = ("train", "eval")
+
+
+def check_modes(cfg: Any) -> None:
+    """``mode``, ``resume``, ``checkpoint`` and ``video``: one ConfigError line for a value
+    that cannot work (called by ``rlspeed.config.validate``)."""
+    if cfg.mode not in MODES:
+        raise ConfigError("mode", cfg.mode, f"one of {', '.join(MODES)}")
+    if cfg.mode == "train":
+        for key in ("checkpoint", "video"):
+            if cfg[key] is not None:
+                raise ConfigError(key, cfg[key], "null unless mode=eval")
+        if cfg.resume is not None:
+            check_resume(cfg)
+        return
+    if cfg.resume is not None:
+        raise ConfigError("resume", cfg.resume, "null with mode=eval (use checkpoint=PATH)")
+    path = agent_file(cfg.checkpoint) if cfg.checkpoint is not None else None
+    if path is None or not (path.parent / CONFIG_FILE).is_file():
+        raise ConfigError(
+            "checkpoint",
+            cfg.checkpoint,
+            "a run folder or a checkpoint file in one (checkpoint.pt, checkpoint.msgpack, "
+            f"checkpoint_seed<i>.*) with its {CONFIG_FILE}",
+        )
+    if cfg.video is not None:
+        check_video(cfg.video, saved_config(path.parent))
+
+
+def check_video(value: str, saved: Any) -> None:
+    import importlib.util
+
+    from rlspeed.registry import TASKS
+
+    suffixes = [".gif"] + ([".mp4"] if importlib.util.find_spec("imageio_ffmpeg") else [])
+    path = Path(value).expanduser()
+    if path.suffix.lower() not in suffixes:
+        extra = "" if ".mp4" in suffixes else " (.mp4 needs the imageio-ffmpeg package)"
+        raise ConfigError("video", value, f"a file name ending in {', '.join(suffixes)}{extra}")
+    folder = path.parent
+    if not (folder.is_dir() and os.access(folder, os.W_OK | os.X_OK)):
+        raise ConfigError("video", value, "a file in an existing folder rlspeed can write to")
+    task = TASKS.get(saved.task.name)
+    env = task.make_env(saved.task)
+    mode = render_mode(env)
+    env.close()
+    if mode is None:
+        raise ConfigError(
+            "video",
+            value,
+            f"null: task={saved.task.name} cannot be filmed here (its rgb_array rendering "
+            "needs pygame, which is not installed); doors and gridworld can",
+        )
+
+
+def render_mode(env: Any) -> str | None:
+    """How rlspeed films ``env``: its ``rgb_array`` frames where they can be drawn here,
+    else its text frames (``ansi``) painted as cells; None when it has neither."""
+    import importlib.util
+
+    modes = env.metadata.get("render_modes", [])
+    if "rgb_array" in modes and importlib.util.find_spec("pygame") is not None:
+        return "rgb_array"
+    return "ansi" if "ansi" in modes else None

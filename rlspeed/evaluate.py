@@ -1,0 +1,105 @@
+"""``rlspeed mode=eval checkpoint=PATH [video=FILE.gif]``: score a saved agent as training's
+``eval/score`` does (the task's greedy score at standard settings) and film one episode.
+
+The run's own ``config.yaml`` (beside the checkpoint) says which task, algorithm and
+backend built the agent; each algorithm's backend module reads its checkpoint back with
+``load_policies(cfg, path)`` (one greedy policy per agent the file holds).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from omegaconf import DictConfig
+
+from rlspeed.checkpoint import agent_file, render_mode, saved_config
+from rlspeed.registry import ALGOS, BACKENDS, TASKS
+from rlspeed.seeding import eval_seeds
+from rlspeed.tasks import Policy
+
+log = logging.getLogger("rlspeed")
+
+# Pixels per text cell when an env's ``ansi`` frames are painted.
+CELL = 24
+COLORS = {
+    ".": (245, 245, 245),  # empty
+    "#": (60, 60, 60),  # wall
+    "A": (30, 100, 220),  # agent
+    "G": (40, 170, 70),  # goal
+}
+OTHER = (220, 120, 40)
+
+
+def evaluate_checkpoint(cfg: DictConfig) -> float:
+    """Score every agent of the checkpoint; print and return their mean score."""
+    path = agent_file(cfg.checkpoint)
+    assert path is not None  # checked by check_modes before the run started
+    saved = saved_config(path.parent)
+    task = TASKS.get(saved.task.name)
+    BACKENDS.get(saved.backend.name).setup(saved.backend, saved.seed)
+    env = task.make_env(saved.task)
+    policies = _load_policies(saved, path, env.observation_space, env.action_space)
+    env.close()
+    # The evaluation seed training used for this agent (seed + its index among the run's).
+    first = _seed_index(path)
+    scores = [
+        task.evaluate(saved.task, policy, saved.seed + first + i)
+        for i, policy in enumerate(policies)
+    ]
+    for i, score in enumerate(scores):
+        print(f"rlspeed: score {score:.4f} (seed {saved.seed + first + i}, {path})")
+    if cfg.video is not None:
+        frames, fps = film(task, saved, policies[0], saved.seed + first)
+        _write_video(frames, fps, Path(cfg.video).expanduser())
+        print(f"rlspeed: video of one episode ({len(frames)} frames): {cfg.video}")
+    return float(np.mean(scores))
+
+
+def _load_policies(saved: Any, path: Path, obs_space: Any, action_space: Any) -> list[Policy]:
+    spec = ALGOS.get(saved.algo.name)
+    module = importlib.import_module(spec.implementations[saved.backend.name].partition(":")[0])
+    return module.load_policies(saved, path, obs_space, action_space)
+
+
+def _seed_index(path: Path) -> int:
+    index = path.stem.removeprefix("checkpoint_seed")
+    return int(index) if index.isdigit() else 0
+
+
+def film(task: Any, saved: Any, policy: Policy, seed: int) -> tuple[list[np.ndarray], int]:
+    """RGB frames of one greedy episode, reset with the run's first evaluation seed, and
+    the env's frame rate."""
+    env = task.make_env(saved.task)
+    mode = render_mode(env)
+    env.unwrapped.render_mode = mode
+    obs, _ = env.reset(seed=eval_seeds(seed, 1)[0])
+    frames = [_frame(env.render(), mode)]
+    done = False
+    while not done:
+        action = np.asarray(policy(np.asarray(obs)[None]))[0]
+        obs, _, terminated, truncated, _ = env.step(action)
+        frames.append(_frame(env.render(), mode))
+        done = terminated or truncated
+    env.close()
+    return frames, int(env.metadata.get("render_fps", 30))
+
+
+def _frame(rendered: Any, mode: str | None) -> np.ndarray:
+    if mode == "rgb_array":
+        return np.asarray(rendered, dtype=np.uint8)
+    rows = str(rendered).rstrip("\n").split("\n")
+    cells = np.array([[COLORS.get(ch, OTHER) for ch in row] for row in rows], dtype=np.uint8)
+    return np.kron(cells, np.ones((CELL, CELL, 1), dtype=np.uint8))
+
+
+def _write_video(frames: list[np.ndarray], fps: int, path: Path) -> None:
+    import imageio.v2 as imageio
+
+    if path.suffix.lower() == ".gif":
+        imageio.mimsave(path, frames, duration=1000 / fps, loop=0)
+    else:
+        imageio.mimsave(path, frames, fps=fps)

@@ -1,0 +1,134 @@
+"""Checkpoint resume and ``mode=eval`` through the real CLI.
+
+A run cut by SIGTERM and resumed with ``resume=<its folder>`` must end where the same run
+uninterrupted ends: same parameters, same score and counters. The cut lands wherever the
+signal finds the run (after its first progress line); the loops hold the signal until the
+end of the iteration, so the checkpoint holds a whole one wherever that is.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import RLSPEED, assert_one_line_error, cli_env, run_cli
+
+# Tiny DQN runs on GridWorld (one-hot of 25 cells): a few seconds each.
+DQN = [
+    "algo=dqn",
+    "task=gridworld",
+    "algo.hidden_sizes=[16]",
+    "algo.learning_starts=200",
+    "algo.buffer_size=1000",
+    "algo.batch_size=32",
+    "algo.target_network_frequency=200",
+    "tracking=none",
+    "progress=plain",
+]
+PATHS = {
+    "torch-gym-sync": ["backend=torch", "env=gym-sync", "num_envs=4", "total_steps=3000"],
+    # Every chunk logs and evaluates, so the run lasts well past its first progress line.
+    "flax-jax-vmap": ["backend=flax", "env=jax-vmap", "num_envs=8", "total_steps=24000"],
+}
+LOGS = ["log_every=400", "eval_every=400"]
+# What must match exactly (wall-time rates aside).
+SAME = ("score", "rolling_step_reward", "recent_return", "env_steps", "gradient_updates")
+
+
+def _metrics(folder: Path) -> dict:
+    return json.loads((folder / "metrics.json").read_text())
+
+
+def _cut_after_first_log(args: list[str], cwd: Path) -> str:
+    """Start the CLI, SIGTERM it once its first progress line appears; returns its output."""
+    with subprocess.Popen(
+        [RLSPEED, *args],
+        cwd=cwd,
+        env=cli_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        # Default SIGINT even where the suite runs as a background job (see test_tracking).
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    ) as proc:
+        lines = []
+        for line in proc.stdout:
+            lines.append(line)
+            if " - step " in line:
+                proc.send_signal(signal.SIGTERM)
+                break
+        lines += proc.stdout.readlines()
+        proc.wait(timeout=120)
+    assert proc.returncode != 0, "".join(lines)
+    return "".join(lines)
+
+
+def _rows(folder: Path) -> list[dict]:
+    """The run's logged rows (kept in its resume state), wall-time rates aside."""
+    history = pickle.loads((folder / "resume.pkl").read_bytes())["monitor"]["history"]
+    timing = ("charts/SPS", "charts/updates_per_second")
+    return [{k: v for k, v in row.items() if k not in timing} for row in history]
+
+
+def _params(folder: Path) -> bytes | list:
+    if (folder / "checkpoint.msgpack").exists():
+        return (folder / "checkpoint.msgpack").read_bytes()
+    import torch
+
+    state = torch.load(folder / "checkpoint.pt", weights_only=True)
+    return [t.tolist() for t in state["q_network"].values()]
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_sigterm_then_resume_ends_like_an_uninterrupted_run(tmp_path, path):
+    args = [*DQN, *PATHS[path], *LOGS]
+    whole = run_cli([*args, "hydra.run.dir=whole"], tmp_path)
+    assert whole.returncode == 0, whole.stderr[-2000:]
+    output = _cut_after_first_log([*args, "hydra.run.dir=cut"], tmp_path)
+    cut = _metrics(tmp_path / "cut")
+    assert cut["status"] == "KILLED", output[-2000:]
+    total = int(PATHS[path][-1].partition("=")[2])
+    assert 0 < cut["env_steps"] < total, "the run ended before the signal: lengthen it"
+
+    resumed = run_cli([*args, "resume=cut", "hydra.run.dir=resumed"], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    # Progress goes on from the saved step, not from 0.
+    first = next(line for line in resumed.stdout.splitlines() if " - step " in line)
+    assert int(first.split(" - step ")[1].split("/")[0].replace(",", "")) > cut["env_steps"]
+    a, b = _metrics(tmp_path / "whole"), _metrics(tmp_path / "resumed")
+    assert b["status"] == "FINISHED"
+    assert {k: a[k] for k in SAME} == {k: b[k] for k in SAME}
+    assert _params(tmp_path / "whole") == _params(tmp_path / "resumed")
+    # Every logged row alike, the one after the cut too (its interval spans both runs).
+    assert _rows(tmp_path / "whole") == _rows(tmp_path / "resumed")
+
+    # mode=eval scores the saved agent as training's final evaluation did, and films it.
+    evaluated = run_cli(
+        ["mode=eval", "checkpoint=resumed", "video=episode.gif", "hydra.run.dir=eval"], tmp_path
+    )
+    assert evaluated.returncode == 0, evaluated.stderr[-2000:]
+    assert f"rlspeed: score {a['score']:.4f}" in evaluated.stdout
+    assert (tmp_path / "episode.gif").stat().st_size > 0
+
+
+BAD = [
+    (["resume=nowhere"], "invalid resume=nowhere: expected an existing run folder"),
+    (["resume=."], "invalid resume=.: expected a run folder (or a file in one) with resume.pkl"),
+    (["mode=eval"], "invalid checkpoint=None: expected a run folder or a checkpoint file"),
+    (["mode=eval", "checkpoint=nowhere"], "invalid checkpoint=nowhere"),
+    (["mode=test"], "invalid mode=test: expected one of train, eval"),
+    (["video=a.gif"], "invalid video=a.gif: expected null unless mode=eval"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "line"), BAD)
+def test_bad_resume_and_eval_keys_are_one_line(tmp_path, overrides, line):
+    result = run_cli([*overrides, "tracking=none"], tmp_path)
+    assert result.returncode == 2
+    assert_one_line_error(result, line)
+    assert not (tmp_path / "outputs").exists()

@@ -11,6 +11,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from rlspeed.checkpoint import check_modes
 from rlspeed.errors import ConfigError
 from rlspeed.registry import ALGOS, BACKENDS, ENGINES, TASKS, TRACKERS
 
@@ -84,6 +85,12 @@ class RunConfig:
     eval_every: int = 50_000
     # auto: rich progress on a terminal, plain log lines otherwise.
     progress: str = "auto"
+    # train, or eval: score the agent saved at ``checkpoint`` (and film one episode to ``video``).
+    mode: str = "train"
+    # A run folder (or a file in one) to continue from, with this run's settings.
+    resume: str | None = None
+    checkpoint: str | None = None
+    video: str | None = None
 
 
 def register_configs() -> None:
@@ -138,6 +145,7 @@ def validate(cfg: DictConfig) -> None:
     task.validate(cfg.task)
     algo.validate(cfg.algo, cfg)
     TRACKERS.get(cfg.tracking.name).check(cfg.tracking)
+    check_modes(cfg)
 
 
 def to_yaml(cfg: DictConfig) -> str:

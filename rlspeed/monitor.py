@@ -232,6 +232,44 @@ class RunMonitor:
     def wall_time(self) -> float:
         return time.perf_counter() - self._start
 
+    def state_dict(self) -> dict[str, Any]:
+        """What a resumed run continues from: every seed's counters, episode window and
+        next evaluation, the rows logged so far and the training time spent."""
+        streams = [
+            {
+                "window": list(s.window),
+                "interval": s.interval.copy(),
+                "next_eval": s.next_eval,
+                "steps": s.steps,
+                "updates": s.updates,
+                "score": s.score,
+            }
+            for s in self.streams
+        ]
+        return {
+            "streams": streams,
+            "history": self.history,
+            "seed_history": self.seed_history,
+            "pending": self._pending,
+            "score": self.score,
+            "wall_time": self.wall_time,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for stream, saved in zip(self.streams, state["streams"], strict=True):
+            stream.window.extend(saved["window"])
+            stream.interval = saved["interval"].copy()
+            stream.next_eval = saved["next_eval"]
+            stream.steps = stream.last_step = saved["steps"]
+            stream.updates = stream.last_updates = saved["updates"]
+            stream.score = saved["score"]
+        self.history = list(state["history"])
+        self.seed_history = [list(rows) for rows in state["seed_history"]]
+        self._pending = dict(state["pending"])
+        self.score = state["score"]
+        # Rates and wall_time_s count the training time of both runs (not the gap between).
+        self._start = time.perf_counter() - state["wall_time"]
+
     def close(self) -> None:
         if self._progress is not None:
             self._progress.stop()
@@ -267,6 +305,16 @@ class IntervalMetrics:
     def add(self, metrics: dict[str, Any]) -> None:
         for name, value in metrics.items():
             self.values.setdefault(name, []).append(value)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "next_log": self.next_log,
+            "values": {name: [float(v) for v in vs] for name, vs in self.values.items()},
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.next_log = state["next_log"]
+        self.values = {name: list(vs) for name, vs in state["values"].items()}
 
     def log_if_due(
         self, step: int, updates: int, policy: Policy, latest: dict[str, float] | None = None

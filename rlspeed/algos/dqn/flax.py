@@ -21,7 +21,7 @@ import optax
 
 from rlspeed.algos.dqn import DQNSchedule, learning_rate_at
 from rlspeed.algos.encoding import input_size, one_hot_classes
-from rlspeed.algos.fused import FusedTrainer, save_pytree, train_fused
+from rlspeed.algos.fused import FusedTrainer, save_pytree, saved_policies, train_fused
 from rlspeed.algos.networks.flax import MLP
 from rlspeed.algos.offpolicy import train_off_policy
 from rlspeed.algos.replay import (
@@ -35,6 +35,7 @@ from rlspeed.algos.schedule import epsilon_at, multiples_between, polyak_weight
 from rlspeed.engines.jax_vmap import VmapEnv, VmapState
 from rlspeed.run import RunContext, TrainResult
 from rlspeed.seeding import JaxKeys, Stream, jax_key
+from rlspeed.tasks import Policy
 
 
 class Agent(NamedTuple):
@@ -299,3 +300,10 @@ def train(ctx: RunContext) -> TrainResult:
             "checkpoint.msgpack",
         )
     )
+
+
+def load_policies(cfg: Any, path: Path, obs_space: Any, action_space: Any) -> list[Policy]:
+    """The greedy policies of a saved ``checkpoint.msgpack`` (``mode=eval``)."""
+    fns = DQNFunctions(obs_space, action_space, cfg.algo, cfg.total_steps, cfg.num_envs)
+    template = fns.init(jax.random.key(0))._asdict()
+    return saved_policies(cfg, path, template, lambda agent: agent["params"], fns.greedy)

@@ -121,7 +121,8 @@ class FlaxLearner(DQNSchedule):
         self.algo, self.total_steps, self.num_envs = algo, total_steps, num_envs
         self.fns = DQNFunctions(obs_space, action_space, algo, total_steps, num_envs)
         self.key = jax_key(seed, Stream.ACT)
-        self.agent = self.fns.init(jax_key(seed, Stream.INIT))
+        # Jitted: one compilation instead of one per eager operation (half the time).
+        self.agent = jax.jit(self.fns.init)(jax_key(seed, Stream.INIT))
         self._act = jax.jit(self.fns.act)
         self._greedy = jax.jit(self.fns.greedy)
         self._update = jax.jit(self.fns.learn)

@@ -221,19 +221,19 @@ def test_config_written_for_hydra_optuna_sweeper_runs_unchanged(tmp_path):
 
 
 def test_failed_trials_within_max_failure_rate(tmp_path):
-    """A trial whose config is invalid FAILs; the sweep goes on within max_failure_rate and
-    stops with one line beyond it."""
+    """A trial whose run fails FAILs; the sweep goes on within max_failure_rate and stops
+    with one line beyond it."""
     conf = tmp_path / "conf" / "hparams"
     conf.mkdir(parents=True)
-    # batch_size 9000 > buffer_size: that trial's run fails its config check.
+    # A learning rate of 1e30 makes the TD loss NaN by the first log: that trial's run stops.
+    # (Values a key cannot take are refused before the sweep starts, in one line.)
     (conf / "failing.yaml").write_text(
         "# @package _global_\ndefaults:\n  - override /hydra/sweeper: optuna\n"
         "  - override /hydra/sweeper/sampler: grid\n"
         "hydra:\n  sweeper:\n    n_trials: 2\n    params:\n"
-        "      algo.batch_size: choice(16, 9000)\n"
+        "      algo.learning_rate: choice(0.001, 1e30)\n"
     )
     args = ["-m", "--config-dir", str(tmp_path / "conf"), "hparams=failing", "tracking=none"]
-    args.append("algo.buffer_size=5000")
     args += TINY
     result = run_cli([*args, "hydra.sweeper.max_failure_rate=1.0"], cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]

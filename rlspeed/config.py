@@ -111,6 +111,13 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError("seed", cfg.seed, "an integer >= 0")
     if cfg.total_steps < cfg.num_envs:  # one step of every env is the least a run does
         raise ConfigError("total_steps", cfg.total_steps, f">= num_envs ({cfg.num_envs})")
+    if cfg.backend.threads < 0:
+        raise ConfigError("backend.threads", cfg.backend.threads, "an integer >= 0 (0: default)")
+    if cfg.trial.number is not None and not (cfg.trial.storage and cfg.trial.study_name):
+        # Set by the Optuna sweeper for its jobs, never by hand.
+        raise ConfigError(
+            "trial.number", cfg.trial.number, "null outside an Optuna sweep (hydra/sweeper=optuna)"
+        )
     if cfg.progress not in ("auto", "rich", "plain", "none"):
         raise ConfigError("progress", cfg.progress, "one of auto, rich, plain, none")
     if cfg.backend.compilation_cache is not None:

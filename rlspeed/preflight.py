@@ -48,14 +48,27 @@ def _parse(overrides: list[str]) -> list[Override]:
     return parsed
 
 
-def _check_group_values(parsed: list[Override]) -> None:
-    """A config group takes an option's name: Hydra fails on ``algo=null`` or ``task=5``
-    with a traceback."""
+def _check_overrides(parsed: list[Override]) -> None:
+    """What Hydra takes silently or with a traceback: ``+key=value`` adding a key rlspeed
+    never reads (a typo such as ``+algo.lerning_rate=0.1`` would be ignored), ``~key``
+    removing a key or group every run needs, and a config group given something other than
+    an option's name (``algo=null``, ``task=5``)."""
     loader = GlobalHydra.instance().config_loader()
     for override in parsed:
-        if override.is_sweep_override() or override.is_delete():
-            continue
+        line = override.input_line
         options = loader.get_group_options(override.key_or_group)
+        if override.is_add() and not options:
+            raise RLSpeedError(
+                f"rlspeed: unknown key '{override.key_or_group}' in '{line}': rlspeed reads no "
+                "such key; expected an existing key, without + (see rlspeed --cfg job)"
+            )
+        if override.is_delete():
+            raise RLSpeedError(
+                f"rlspeed: invalid override '{line}': rlspeed's keys and config groups cannot "
+                f"be removed; expected {override.key_or_group}=VALUE, or no override of it"
+            )
+        if override.is_sweep_override():
+            continue
         if options and not isinstance(override.value(), str):
             raise ConfigError(
                 override.key_or_group,
@@ -122,13 +135,18 @@ def _check_output_dir(full: DictConfig, multirun: bool) -> None:
     """Hydra creates the run's (or the sweep's) folder; check it can, creating nothing."""
     key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
     folder = OmegaConf.select(full, key)
-    check_creatable(key, folder, Path(folder), "a folder rlspeed can create and write to")
+    allowed = "a folder rlspeed can create and write to"
+    if not folder:  # Hydra would write the run's files into the working directory
+        raise ConfigError(key, folder, allowed)
+    check_creatable(key, folder, Path(folder), allowed)
 
 
 def _explain(error: Exception) -> str:
     """One line for a Hydra/OmegaConf composition error."""
     if isinstance(error, MissingConfigException) and error.missing_cfg_file:
         group, _, value = error.missing_cfg_file.rpartition("/")
+        if not group:
+            return f"rlspeed: invalid --config-name={value}: expected a config in the config path"
         allowed = ", ".join(sorted(error.options or [])) or "an existing option"
         return f"rlspeed: invalid {group}={value}: expected one of {allowed}"
     cause = error.__cause__
@@ -174,6 +192,8 @@ def preflight(argv: list[str], conf_dir: str) -> None:
         return
     overrides = [o for o in args.overrides if not _is_hydra(o)]
     hydra_overrides = [o for o in args.overrides if _is_hydra(o)]
+    if args.config_dir and not os.path.isdir(args.config_dir):
+        _fail(f"rlspeed: invalid --config-dir={args.config_dir}: expected an existing folder")
     if args.config_dir and not any(o.startswith("hydra.searchpath") for o in hydra_overrides):
         # --config-dir adds a config folder (e.g. one's own hparams options).
         path = "file://" + os.path.abspath(args.config_dir)
@@ -183,7 +203,7 @@ def preflight(argv: list[str], conf_dir: str) -> None:
     try:
         parsed = _parse(overrides)
         with initialize_config_dir(config_dir=conf_dir, version_base=None):
-            _check_group_values(parsed)
+            _check_overrides(parsed)
             variants = _variants(parsed)
 
             def compose_job(job_overrides: list[str]) -> DictConfig:

@@ -22,6 +22,8 @@ RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "count": (lambda value: value >= 1, "an integer >= 1"),
     "steps": (lambda value: value >= 0, "an integer >= 0"),
     "unit": (lambda value: 0.0 <= value <= 1.0, "a number in [0, 1]"),
+    # A step size or a Polyak factor: 0 would never move anything.
+    "step": (lambda value: 0.0 < value <= 1.0, "a number in (0, 1]"),
     "positive": (lambda value: 0 < value < math.inf, "a finite number > 0"),
     "non_negative": (lambda value: 0 <= value < math.inf, "a finite number >= 0"),
     "off_at_zero": (lambda value: 0 <= value < math.inf, "a finite number >= 0 (0 turns it off)"),

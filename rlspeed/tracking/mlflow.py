@@ -32,6 +32,8 @@ def check(cfg: Any) -> None:
     """Fail fast on a store that cannot record, before any training: a server that does not
     answer, a database whose Python driver is missing, a SQLite URI without a file, a folder
     that cannot be created, a file store (MLflow 3 refuses them) or an unknown scheme."""
+    if not cfg.experiment.strip():
+        raise ConfigError("tracking.experiment", cfg.experiment, "a non-empty experiment name")
     uri = resolve_uri(cfg)
     if uri is None:
         return

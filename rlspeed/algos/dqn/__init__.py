@@ -87,7 +87,8 @@ def validate(algo: Any, cfg: Any) -> None:
     check_ranges(
         algo,
         count=("target_network_frequency",),
-        unit=("gamma", "tau", "start_e", "end_e", "exploration_fraction"),
+        unit=("gamma", "start_e", "end_e", "exploration_fraction"),
+        step=("tau",),
         positive=("learning_rate",),
     )
     check_hidden_sizes(algo)

@@ -33,9 +33,7 @@ class QLearnConfig:
 
 
 def validate(algo: Any, cfg: Any) -> None:
-    if not 0.0 < algo.alpha <= 1.0:
-        raise ConfigError("algo.alpha", algo.alpha, "a number in (0, 1]")
-    check_ranges(algo, unit=("gamma", "start_e", "end_e", "exploration_fraction"))
+    check_ranges(algo, step=("alpha",), unit=("gamma", "start_e", "end_e", "exploration_fraction"))
     if TASKS.get(cfg.task.name).tabular is None:
         tabular = sorted(task.name for task in TASKS if task.tabular is not None)
         raise ConfigError(

@@ -89,7 +89,8 @@ def validate(algo: Any, cfg: Any) -> None:
     check_ranges(
         algo,
         count=("policy_frequency",),
-        unit=("gamma", "tau"),
+        unit=("gamma",),
+        step=("tau",),
         non_negative=("policy_noise", "noise_clip", "exploration_noise"),
         positive=("learning_rate",),
     )

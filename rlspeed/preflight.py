@@ -1,9 +1,11 @@
 """Check the command line before Hydra starts any job.
 
 Hydra reports composition errors over several lines; users of a CLI (and scripts on a
-cluster) want one line naming the key, the bad value and what is allowed, and a non-zero
-exit code before anything runs. For a multirun every swept value is checked, so a bad
-value fails the sweep before its first job rather than in the middle.
+cluster) want one line naming the key, the bad value and what is allowed, and exit code 2
+before anything runs or is created (no output folder, no MLflow run, no study). For a
+multirun every swept value is checked (every value of ``a,b`` and ``range()``; for the
+Optuna sweeper both ends of every range and every choice), so a bad value fails the sweep
+before its first job rather than as a failed trial.
 """
 
 from __future__ import annotations

@@ -177,10 +177,10 @@ def test_storage_that_cannot_record_trials_is_one_line(tmp_path, storage, fragme
 
 
 def test_trials_beyond_n_trials_in_the_order_asked_are_surplus():
-    def trial(number, state, **user_attrs):
+    def trial(number, state, trial_id=None, **user_attrs):
         value = 0.5 if state == TrialState.COMPLETE else None
         frozen = optuna.trial.create_trial(state=state, value=value, user_attrs=user_attrs)
-        frozen.number = number
+        frozen.number, frozen._trial_id = number, number if trial_id is None else trial_id
         return frozen
 
     trials = [
@@ -190,9 +190,10 @@ def test_trials_beyond_n_trials_in_the_order_asked_are_surplus():
         trial(3, TrialState.WAITING),
         trial(4, TrialState.RUNNING),
         trial(5, TrialState.RUNNING),
+        trial(5, TrialState.RUNNING, trial_id=6),  # same number (a database server): id next
     ]
-    assert [is_surplus(n, trials, n_trials=3) for n in (2, 4, 5)] == [False, False, True]
-    assert is_surplus(5, trials, n_trials=4) is False
+    assert [is_surplus(n, trials, n_trials=3) for n in (2, 4, 5, 6)] == [False, False, True, True]
+    assert [is_surplus(n, trials, n_trials=4) for n in (5, 6)] == [False, True]
 
 
 @pytest.mark.parametrize("damage", ["cut", "glued", "zeros"])

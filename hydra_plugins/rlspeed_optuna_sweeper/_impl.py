@@ -197,7 +197,7 @@ class OptunaSweeperImpl:
                 trials = study.get_trials(deepcopy=False)
                 launch: list[tuple[Any, list[str]]] = []
                 for trial in list(pending):
-                    if is_surplus(trial.number, trials, node.n_trials):
+                    if is_surplus(trial._trial_id, trials, node.n_trials):
                         # Another sweep of the study asked for the last trials meanwhile.
                         keeper.mark_surplus(trial, node.n_trials)
                         _tell(study, trial, state=TrialState.FAIL)

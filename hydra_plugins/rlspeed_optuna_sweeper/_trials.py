@@ -23,7 +23,11 @@ first ``n_trials`` counted is surplus. A surplus trial never runs; Optuna cannot
 trial, so it is told FAIL with the user attribute ``SURPLUS_ATTR`` saying why (samplers
 ignore failed trials) and is left out of every count. As trials are numbered in the order
 they were asked for, a sweeper that finds its trial within the first ``n_trials`` sees
-every trial that could come before it: no study gets more than ``n_trials``.
+every trial that could come before it: no study gets more than ``n_trials`` in a journal
+file or SQLite, whose writes are serialized. On a database server (PostgreSQL, MySQL) two
+trials asked for in the same instant can get the same number, or the one with the lower id
+can be committed later; their order is then (number, id), and such a pair can still
+overshoot ``n_trials`` by one.
 """
 
 from __future__ import annotations
@@ -102,9 +106,15 @@ def counted(trials: list[FrozenTrial]) -> list[FrozenTrial]:
     return [t for t in trials if t.state in COUNTED and SURPLUS_ATTR not in t.user_attrs]
 
 
-def is_surplus(number: int, trials: list[FrozenTrial], n_trials: int) -> bool:
-    """Whether trial ``number`` comes after the first ``n_trials`` counted trials."""
-    return sum(t.number < number for t in counted(trials)) >= n_trials
+def is_surplus(trial_id: int, trials: list[FrozenTrial], n_trials: int) -> bool:
+    """Whether trial ``trial_id`` comes after the first ``n_trials`` counted trials, in the
+    order they were asked for (number, then id: see the module's note on databases)."""
+
+    def order(trial: FrozenTrial) -> tuple[int, int]:
+        return trial.number, trial._trial_id
+
+    mine = order(next(t for t in trials if t._trial_id == trial_id))
+    return sum(order(t) < mine for t in counted(trials)) >= n_trials
 
 
 class TrialKeeper:

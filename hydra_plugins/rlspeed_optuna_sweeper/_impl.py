@@ -254,6 +254,18 @@ class OptunaSweeperImpl:
     def _record(self, study: Any, trial: Any, ret: JobReturn, n_objectives: int) -> int:
         """Record how a job ended; returns 1 if the trial failed, else 0."""
         output_dir = OmegaConf.select(ret.hydra_cfg or {}, "hydra.runtime.output_dir")
+        state = trial.storage.get_trial(trial._trial_id).state
+        if state != TrialState.RUNNING:
+            # Another sweep judged it stale (this one gave no heartbeat for GRACE_S seconds,
+            # e.g. a suspended machine): Optuna cannot change a finished trial.
+            log.warning(
+                "Trial %d was marked %s by another sweep while its job ran: the job's "
+                "result is not in the study (its folder: %s)",
+                trial.number,
+                state.name,
+                output_dir,
+            )
+            return 0
         if output_dir:
             trial.set_user_attr("output_dir", str(output_dir))
         if ret.status == JobStatus.COMPLETED:

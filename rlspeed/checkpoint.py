@@ -323,7 +323,6 @@ def _flat(cfg: Any) -> dict[str, Any]:
         key: value
         for key, value in flatten(cfg).items()
         if not any(key == free or key.startswith(free) for free in FREE_KEYS)
-        and key.partition(".")[0] in cfg  # keys this config has (older runs lack new ones)
     }
 
 
@@ -342,7 +341,8 @@ def check_resume(cfg: Any) -> None:
             "as rlspeed runs write",
         )
     saved, current = _flat(saved_config(folder)), _flat(cfg)
-    for key in sorted(saved.keys() | current.keys()):
+    # Keys both have: a key added to rlspeed since that run has its default there.
+    for key in sorted(saved.keys() & current.keys()):
         if saved.get(key) != current.get(key):
             raise ConfigError(
                 "resume",
@@ -352,16 +352,15 @@ def check_resume(cfg: Any) -> None:
             )
 
 
-def agent_file(value: str) -> Path | None:
-    """The agent checkpoint of ``checkpoint=PATH`` (a run folder or the file), or None."""
+def agent_files(value: str) -> list[Path]:
+    """The agent checkpoints of ``checkpoint=PATH``: the file, or every one in the folder."""
     path = Path(value).expanduser()
     if path.is_file() and path.name.startswith("checkpoint"):
-        return path
+        return [path]
     if path.is_dir():
-        found = sorted(p for name in AGENT_FILES if (p := path / name).is_file())
-        found += sorted(path.glob("checkpoint_seed*.*"))
-        return found[0] if found else None
-    return None
+        found = [p for name in AGENT_FILES if (p := path / name).is_file()]
+        return found + sorted(path.glob("checkpoint_seed*.*"))
+    return []
 
 
 def load_pytree(template: Any, path: Path, agents: int = 1) -> Any:
@@ -395,8 +394,8 @@ def check_modes(cfg: Any) -> None:
         return
     if cfg.resume is not None:
         raise ConfigError("resume", cfg.resume, "null with mode=eval (use checkpoint=PATH)")
-    path = agent_file(cfg.checkpoint) if cfg.checkpoint is not None else None
-    if path is None or not (path.parent / CONFIG_FILE).is_file():
+    paths = agent_files(cfg.checkpoint) if cfg.checkpoint is not None else []
+    if not paths or not (paths[0].parent / CONFIG_FILE).is_file():
         raise ConfigError(
             "checkpoint",
             cfg.checkpoint,
@@ -404,7 +403,7 @@ def check_modes(cfg: Any) -> None:
             f"checkpoint_seed<i>.*) with its {CONFIG_FILE}",
         )
     if cfg.video is not None:
-        check_video(cfg.video, saved_config(path.parent))
+        check_video(cfg.video, saved_config(paths[0].parent))
 
 
 def check_video(value: str, saved: Any) -> None:

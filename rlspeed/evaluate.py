@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from omegaconf import DictConfig
 
-from rlspeed.checkpoint import agent_file, render_mode, saved_config
+from rlspeed.checkpoint import agent_files, render_mode, saved_config
 from rlspeed.registry import ALGOS, BACKENDS, TASKS
 from rlspeed.seeding import eval_seeds
 from rlspeed.tasks import Policy
@@ -36,24 +36,25 @@ OTHER = (220, 120, 40)
 
 def evaluate_checkpoint(cfg: DictConfig) -> float:
     """Score every agent of the checkpoint; print and return their mean score."""
-    path = agent_file(cfg.checkpoint)
-    assert path is not None  # checked by check_modes before the run started
-    saved = saved_config(path.parent)
+    paths = agent_files(cfg.checkpoint)  # not empty: checked before the run started
+    saved = saved_config(paths[0].parent)
     task = TASKS.get(saved.task.name)
     BACKENDS.get(saved.backend.name).setup(saved.backend, saved.seed)
     env = task.make_env(saved.task)
-    policies = _load_policies(saved, path, env.observation_space, env.action_space)
+    # (seed, policy) per agent: each is scored with the evaluation seed training gave it.
+    agents = []
+    for path in paths:
+        first = saved.seed + _seed_index(path)
+        policies = _load_policies(saved, path, env.observation_space, env.action_space)
+        agents += [(first + i, policy, path) for i, policy in enumerate(policies)]
     env.close()
-    # The evaluation seed training used for this agent (seed + its index among the run's).
-    first = _seed_index(path)
-    scores = [
-        task.evaluate(saved.task, policy, saved.seed + first + i)
-        for i, policy in enumerate(policies)
-    ]
-    for i, score in enumerate(scores):
-        print(f"rlspeed: score {score:.4f} (seed {saved.seed + first + i}, {path})")
+    scores = []
+    for seed, policy, path in agents:
+        scores.append(task.evaluate(saved.task, policy, seed))
+        print(f"rlspeed: score {scores[-1]:.4f} (seed {seed}, {path})")
     if cfg.video is not None:
-        frames, fps = film(task, saved, policies[0], saved.seed + first)
+        seed, policy, _ = agents[0]
+        frames, fps = film(task, saved, policy, seed)
         _write_video(frames, fps, Path(cfg.video).expanduser())
         print(f"rlspeed: video of one episode ({len(frames)} frames): {cfg.video}")
     return float(np.mean(scores))

@@ -8,6 +8,7 @@ end of the iteration, so the checkpoint holds a whole one wherever that is.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import pickle
 import signal
@@ -95,6 +96,15 @@ def test_sigterm_then_resume_ends_like_an_uninterrupted_run(tmp_path, path):
     total = int(PATHS[path][-1].partition("=")[2])
     assert 0 < cut["env_steps"] < total, "the run ended before the signal: lengthen it"
 
+    # Another config cannot continue it.
+    other = run_cli([*args, "total_steps=9000", "resume=cut", "hydra.run.dir=other"], tmp_path)
+    assert_one_line_error(
+        other,
+        f"rlspeed: invalid resume=cut: expected a run of this config (it ran with "
+        f"total_steps={total}, this run has total_steps=9000)",
+    )
+    assert other.returncode == 2 and not (tmp_path / "other").exists()
+
     resumed = run_cli([*args, "resume=cut", "hydra.run.dir=resumed"], tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     # Progress goes on from the saved step, not from 0.
@@ -121,13 +131,28 @@ BAD = [
     (["resume=."], "invalid resume=.: expected a run folder (or a file in one) with resume.pkl"),
     (["mode=eval"], "invalid checkpoint=None: expected a run folder or a checkpoint file"),
     (["mode=eval", "checkpoint=nowhere"], "invalid checkpoint=nowhere"),
+    (["mode=eval", "checkpoint=."], "invalid checkpoint=.: expected a run folder"),
     (["mode=test"], "invalid mode=test: expected one of train, eval"),
     (["video=a.gif"], "invalid video=a.gif: expected null unless mode=eval"),
+    (["mode=eval", "checkpoint=run", "resume=run"], "invalid resume=run: expected null"),
+    (["mode=eval", "checkpoint=run", "video=a.avi"], "invalid video=a.avi: expected a file name"),
+    (["mode=eval", "checkpoint=run", "video=no/a.gif"], "expected a file in an existing folder"),
+    pytest.param(
+        ["mode=eval", "checkpoint=run/checkpoint.pt", "video=a.gif"],
+        "invalid video=a.gif: expected null: task=cartpole cannot be filmed here",
+        marks=pytest.mark.skipif(
+            importlib.util.find_spec("pygame") is not None, reason="pygame draws CartPole"
+        ),
+    ),
 ]
 
 
 @pytest.mark.parametrize(("overrides", "line"), BAD)
 def test_bad_resume_and_eval_keys_are_one_line(tmp_path, overrides, line):
+    # A run folder as far as the checks look (its files are not read before the run).
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.yaml").write_text("task: {name: cartpole, max_steps: 500}\n")
+    (tmp_path / "run" / "checkpoint.pt").write_bytes(b"")
     result = run_cli([*overrides, "tracking=none"], tmp_path)
     assert result.returncode == 2
     assert_one_line_error(result, line)

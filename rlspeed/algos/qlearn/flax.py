@@ -17,13 +17,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rlspeed.algos.fused import FusedTrainer, save_pytree, scan_unroll, train_fused
+from rlspeed.algos.fused import (
+    FusedTrainer,
+    save_pytree,
+    saved_policies,
+    scan_unroll,
+    train_fused,
+)
 from rlspeed.algos.qlearn.loop import train_tabular
 from rlspeed.algos.schedule import epsilon_at
 from rlspeed.engines.jax_vmap import VmapEnv, VmapState
 from rlspeed.registry import TASKS
 from rlspeed.run import RunContext, TrainResult
 from rlspeed.seeding import JaxKeys, Stream, jax_key
+from rlspeed.tasks import Policy
 
 
 def max_over_actions(values: jax.Array) -> jax.Array:
@@ -226,4 +233,17 @@ def train(ctx: RunContext) -> TrainResult:
             partial(FlaxQTable, algo=ctx.cfg.algo, seed=seed_ctx.seed),
             "checkpoint.msgpack",
         )
+    )
+
+
+def load_policies(cfg: Any, path: Path, obs_space: Any, action_space: Any) -> list[Policy]:
+    """The greedy policies of a saved ``checkpoint.msgpack`` (``mode=eval``)."""
+    tabular = TASKS.get(cfg.task.name).tabular
+    template = {"q_table": jnp.zeros((tabular.num_states(cfg.task), int(action_space.n)))}
+    return saved_policies(
+        cfg,
+        path,
+        template,
+        lambda saved: saved["q_table"],
+        lambda q, obs: greedy(q, tabular.state_index(cfg.task, obs, jnp)),
     )

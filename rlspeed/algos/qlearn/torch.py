@@ -11,8 +11,10 @@ import torch
 
 from rlspeed.algos.qlearn.loop import train_tabular
 from rlspeed.checkpoint import save_torch
+from rlspeed.registry import TASKS
 from rlspeed.run import RunContext, TrainResult
 from rlspeed.seeding import Stream, int_seed
+from rlspeed.tasks import Policy
 
 
 def explore_greedy(
@@ -102,3 +104,14 @@ def train_one(ctx: RunContext) -> TrainResult:
 
 def train(ctx: RunContext) -> TrainResult:
     return ctx.each_seed(train_one)
+
+
+def load_policies(cfg: Any, path: Path, obs_space: Any, action_space: Any) -> list[Policy]:
+    """The greedy policy of a saved ``checkpoint.pt`` (``mode=eval``)."""
+    q = torch.load(path, weights_only=True)["q_table"]
+    tabular = TASKS.get(cfg.task.name).tabular
+
+    def greedy(obs: np.ndarray) -> np.ndarray:
+        return q[torch.from_numpy(tabular.state_index(cfg.task, obs, np))].argmax(dim=1).numpy()
+
+    return [greedy]

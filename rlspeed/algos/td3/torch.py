@@ -27,6 +27,7 @@ from rlspeed.algos.td3 import (
 from rlspeed.checkpoint import save_torch
 from rlspeed.run import RunContext, TrainResult
 from rlspeed.seeding import Stream, int_seed
+from rlspeed.tasks import Policy
 
 
 def mlp(sizes: Sequence[int]) -> nn.Sequential:
@@ -154,3 +155,10 @@ def train_one(ctx: RunContext) -> TrainResult:
 
 def train(ctx: RunContext) -> TrainResult:
     return ctx.each_seed(train_one)
+
+
+def load_policies(cfg: Any, path: Path, obs_space: Any, action_space: Any) -> list[Policy]:
+    """The deterministic policy of a saved ``checkpoint.pt`` (``mode=eval``)."""
+    learner = TorchLearner(obs_space, action_space, cfg.algo, cfg.seed)
+    learner.actor.load_state_dict(torch.load(path, weights_only=True)["actor"])
+    return [learner.greedy]

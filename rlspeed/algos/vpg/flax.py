@@ -22,7 +22,7 @@ import numpy as np
 import optax
 
 from rlspeed.algos.encoding import one_hot_classes
-from rlspeed.algos.fused import FusedTrainer, save_pytree, train_fused
+from rlspeed.algos.fused import FusedTrainer, save_pytree, saved_policies, train_fused
 from rlspeed.algos.networks.flax import MLP
 from rlspeed.algos.vpg import advantage_terms
 from rlspeed.algos.vpg.rollout import RolloutBatch, train_on_policy
@@ -30,6 +30,7 @@ from rlspeed.engines import StepResult
 from rlspeed.engines.jax_vmap import VmapEnv, VmapState
 from rlspeed.run import RunContext, TrainResult
 from rlspeed.seeding import JaxKeys, Stream, jax_key
+from rlspeed.tasks import Policy as GreedyPolicy
 
 LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 
@@ -328,3 +329,12 @@ def train(ctx: RunContext) -> TrainResult:
             "checkpoint.msgpack",
         )
     )
+
+
+def load_policies(
+    cfg: Any, path: Path, obs_space: Any, action_space: Any
+) -> list[GreedyPolicy]:
+    """The greedy policies of a saved ``checkpoint.msgpack`` (``mode=eval``)."""
+    fns = VPGFunctions(obs_space, action_space, cfg.algo)
+    template = fns.init(jax.random.key(0))._asdict()
+    return saved_policies(cfg, path, template, lambda agent: agent["policy_params"], fns.greedy)

@@ -17,6 +17,7 @@ from rlspeed.algos.vpg.rollout import RolloutBatch, train_on_policy
 from rlspeed.checkpoint import save_torch
 from rlspeed.run import RunContext, TrainResult
 from rlspeed.seeding import Stream, int_seed
+from rlspeed.tasks import Policy as GreedyPolicy
 
 
 class Policy(nn.Module):
@@ -127,3 +128,12 @@ def train_one(ctx: RunContext) -> TrainResult:
 
 def train(ctx: RunContext) -> TrainResult:
     return ctx.each_seed(train_one)
+
+
+def load_policies(
+    cfg: Any, path: Path, obs_space: Any, action_space: Any
+) -> list[GreedyPolicy]:
+    """The greedy policy of a saved ``checkpoint.pt`` (``mode=eval``)."""
+    learner = TorchLearner(obs_space, action_space, cfg.algo, cfg.seed)
+    learner.policy.load_state_dict(torch.load(path, weights_only=True)["policy"])
+    return [learner.greedy]

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 
 import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from rlspeed.config import register_configs
+from rlspeed.errors import RLSpeedError
 
 
 def _conf_dir() -> str:
@@ -25,15 +29,40 @@ CONF_DIR = _conf_dir()
 def _task(cfg: DictConfig) -> float:
     from rlspeed.run import run
 
-    return run(cfg)
+    try:
+        return run(cfg)
+    except RLSpeedError as error:
+        if HydraConfig.get().mode == RunMode.MULTIRUN:
+            raise  # the sweeper records the job as failed and goes on
+        # One line, not Hydra's three ("Error executing job with overrides: ...").
+        print(error, file=sys.stderr)
+        sys.exit(1)
 
 
 def main() -> None:
-    register_configs()
-    from rlspeed.preflight import preflight
+    try:
+        from rlspeed.run import interrupt
 
-    preflight(sys.argv[1:], CONF_DIR)
-    _task()
+        # Ctrl-C and SIGTERM stop the command wherever they land with one line (a signal the
+        # caller ignores, as a shell does SIGINT for a background job, stays ignored).
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.signal(signal.SIGINT, interrupt)
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, interrupt)
+        register_configs()
+        from rlspeed.preflight import preflight
+
+        preflight(sys.argv[1:], CONF_DIR)
+        _task()
+    except KeyboardInterrupt as stop:
+        # rlspeed.run.Interrupted, or the plain KeyboardInterrupt of a Ctrl-C that came early.
+        signum = getattr(stop, "signum", signal.SIGINT)
+        out_dir = getattr(stop, "out_dir", None)
+        line = f"rlspeed: interrupted by {signal.Signals(signum).name}"
+        if out_dir is not None:
+            line += f"; the run is marked KILLED, what it recorded is in {out_dir}"
+        print(line, file=sys.stderr)
+        sys.exit(128 + signum)
 
 
 if __name__ == "__main__":

@@ -126,6 +126,9 @@ class RunMonitor:
         self.num_seeds = num_seeds
         self.streams = [SeedStream(eval_every) for _ in range(num_seeds)]
         self.history: list[dict[str, float]] = []
+        # num_seeds > 1: each seed's own rows, what a run stopped before every seed logged a
+        # step (Ctrl-C during seed 0 of a host-driven run) still has to show.
+        self.seed_history: list[list[dict[str, float]]] = [[] for _ in range(num_seeds)]
         # step -> {seed: row}, until every seed has logged that step.
         self._pending: dict[int, dict[int, dict[str, float]]] = {}
         self._start = time.perf_counter()
@@ -175,6 +178,7 @@ class RunMonitor:
             self._emit(step, row)
             return
         self.tracker.log_metrics({f"seed{seed}/{k}": v for k, v in row.items()}, step)
+        self.seed_history[seed].append({"step": float(step), **row})
         rows = self._pending.setdefault(step, {})
         rows[seed] = row
         if len(rows) == self.num_seeds:

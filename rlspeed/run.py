@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 import logging
 import signal
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from hydra.core.hydra_config import HydraConfig
@@ -16,13 +19,15 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.table import Table
 
+from rlspeed.checkpoint import RESUME_FILE, atomic_write, load_resume, run_folder, save_resume
 from rlspeed.config import RunConfig, flatten, to_yaml, validate
 from rlspeed.engines import Engine, EngineSpec
+from rlspeed.errors import RLSpeedError
 from rlspeed.monitor import RECENT_EPISODES, RunMonitor, SeedMonitor
 from rlspeed.registry import ALGOS, BACKENDS, ENGINES, TASKS, TRACKERS
 from rlspeed.sweep import TrialReporter
 from rlspeed.tasks import TaskSpec
-from rlspeed.tracking import Tracker
+from rlspeed.tracking import Tracker, cause
 
 log = logging.getLogger("rlspeed")
 
@@ -31,6 +36,15 @@ log = logging.getLogger("rlspeed")
 class TrainResult:
     steps: int
     updates: int
+
+
+@dataclass(frozen=True)
+class OutputFile:
+    """A file the run writes when it ends: where, how, and whether MLflow gets a copy."""
+
+    path: Path
+    write: Callable[[Path], object]
+    artifact: bool = True
 
 
 @dataclass
@@ -46,9 +60,11 @@ class RunContext:
     seed_index: int = 0
     # True on the fused path, where one program trains every seed at once.
     all_seeds: bool = False
-    # Per seed index: writes that agent's checkpoint and returns its path (set by the
-    # algorithm once the agent exists; called when the run ends, however it ends).
-    checkpointers: dict[int, Callable[[], Path]] = field(default_factory=dict)
+    # Per seed index: that agent's files (set by the algorithm once the agent exists;
+    # written when the run ends, however it ends).
+    checkpointers: dict[int, list[OutputFile]] = field(default_factory=dict)
+    # resume=PATH: per seed index, the saved state that agent continues from.
+    resumed: dict[int, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def seed(self) -> int:
@@ -62,13 +78,35 @@ class RunContext:
         cfg = self.cfg
         return self.engine.make(self.task, cfg.task, cfg.env, cfg.num_envs, self.seed)
 
-    def set_checkpoint(self, name: str, save: Callable[[Path], Path]) -> None:
+    def set_checkpoint(
+        self,
+        name: str,
+        save: Callable[[Path], Path],
+        resume_state: Callable[[], dict[str, Any]],
+    ) -> None:
         """Register ``save(path)`` as this agent's checkpoint, file ``name`` in the run folder
-        (``<stem>_seed<i><suffix>`` when agents of several seeds are saved one by one)."""
-        path = self.out_dir / name
+        (``<stem>_seed<i><suffix>`` when agents of several seeds are saved one by one), and
+        ``resume_state()`` as what ``resume=`` continues from (``resume.pkl``, same naming)."""
+        path, resume_path = self.out_dir / name, self.out_dir / RESUME_FILE
         if self.cfg.num_seeds > 1 and not self.all_seeds:
-            path = path.with_name(f"{path.stem}_seed{self.seed_index}{path.suffix}")
-        self.checkpointers[self.seed_index] = lambda: save(path)
+            path, resume_path = (
+                p.with_name(f"{p.stem}_seed{self.seed_index}{p.suffix}")
+                for p in (path, resume_path)
+            )
+
+        def save_state(path: Path) -> Path:
+            state = {**resume_state(), "monitor": self.run_monitor.state_dict()}
+            return save_resume(state, path)
+
+        # The resume state stays in the run folder: it holds the replay buffer (large).
+        self.checkpointers[self.seed_index] = [
+            OutputFile(path, save),
+            OutputFile(resume_path, save_state, artifact=False),
+        ]
+
+    def resume_state(self) -> dict[str, Any] | None:
+        """This agent's saved state when the run resumes one (None otherwise)."""
+        return self.resumed.get(self.seed_index)
 
     def each_seed(self, train_one: Callable[[RunContext], TrainResult]) -> TrainResult:
         """Train the ``num_seeds`` agents one after another (the host-driven paths)."""
@@ -81,8 +119,20 @@ class RunContext:
         return TrainResult(steps, updates)
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C (SIGINT) or SIGTERM (a scheduler's preemption, `timeout`): the run ends as
+    KILLED with what it recorded saved, and the command exits 128 + the signal's number."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"signal {signal.Signals(signum).name}")
+        self.signum = signum
+        # The output folder of the run it stopped, once that run has saved its outputs.
+        self.out_dir: Path | None = None
+
+
+def interrupt(signum: int, frame: object) -> None:
+    """Signal handler: stop whatever the main thread is doing with ``Interrupted``."""
+    raise Interrupted(signum)
 
 
 def _output_dir() -> Path:
@@ -94,6 +144,10 @@ def _output_dir() -> Path:
 def run(cfg: DictConfig) -> float:
     """Train as configured; returns the task's score (greedy evaluation)."""
     validate(cfg)
+    if cfg.mode == "eval":
+        from rlspeed.evaluate import evaluate_checkpoint
+
+        return evaluate_checkpoint(cfg)
     algo, task = ALGOS.get(cfg.algo.name), TASKS.get(cfg.task.name)
     engine = ENGINES.get(cfg.env.name)
     BACKENDS.get(cfg.backend.name).setup(cfg.backend, cfg.seed)
@@ -101,7 +155,12 @@ def run(cfg: DictConfig) -> float:
 
     out_dir = _output_dir()
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "config.yaml").write_text(to_yaml(cfg))
+    try:
+        _write_text(out_dir / "config.yaml", to_yaml(cfg))
+    except OSError as error:
+        raise RLSpeedError(
+            f"rlspeed: could not write config.yaml in {out_dir}: {cause(error)}"
+        ) from None
     choices = {
         "backend": cfg.backend.name,
         "env": cfg.env.name,
@@ -113,6 +172,9 @@ def run(cfg: DictConfig) -> float:
     if reporter is not None:
         run_name += f"-trial{cfg.trial.number}"
         tags.update({"optuna.study": cfg.trial.study_name, "optuna.trial": str(cfg.trial.number)})
+    resumed = load_resume(cfg.resume) if cfg.resume else {}
+    if resumed:
+        tags["rlspeed.resumed_from"] = str(run_folder(cfg.resume).resolve())
     tracker = TRACKERS.get(cfg.tracking.name).make(cfg.tracking)
     tracker.start(run_name=run_name, params=flatten(cfg), tags=tags)
     # The training loops read the config on every step: as the schema's dataclasses an
@@ -129,19 +191,23 @@ def run(cfg: DictConfig) -> float:
         on_score=reporter.report if reporter is not None else None,
         num_seeds=cfg.num_seeds,
     )
-    ctx = RunContext(plain_cfg, task, engine, monitor, out_dir)
+    if resumed:  # metrics continue from the saved step (every agent file holds them all)
+        monitor.load_state_dict(resumed[min(resumed)]["monitor"])
+    ctx = RunContext(plain_cfg, task, engine, monitor, out_dir, resumed=resumed)
     # optuna.TrialPruned for a trial run; () matches nothing, so other runs never import optuna.
     pruned_error = reporter.pruned_error if reporter is not None else ()
     status = "FAILED"
     # A scheduler's SIGTERM (preemption, `timeout`) ends the run like Ctrl-C: KILLED, checkpointed.
     in_main_thread = threading.current_thread() is threading.main_thread()
-    previous_handler = signal.signal(signal.SIGTERM, _interrupt) if in_main_thread else None
+    previous_handler = signal.signal(signal.SIGTERM, interrupt) if in_main_thread else None
     try:
         result = train(ctx)
         status = "FINISHED"
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:
         status = "KILLED"
         log.warning("rlspeed: interrupted; saving a checkpoint and the metrics recorded so far")
+        if isinstance(stop, Interrupted):
+            stop.out_dir = out_dir
         raise
     except pruned_error as pruned:
         # Stopped by the study's pruner: the sweeper records the trial as PRUNED.
@@ -153,31 +219,75 @@ def run(cfg: DictConfig) -> float:
         if in_main_thread:
             signal.signal(signal.SIGTERM, previous_handler)
         monitor.close()
-        _finish(tracker, ctx, status)
+        unrecorded = _finish(tracker, ctx, status)
+        if unrecorded and status != "FINISHED":  # beside the error or interrupt on its way out
+            print(unrecorded, file=sys.stderr)
     _summary(choices, monitor, result, tracker.run_id, out_dir)
+    if unrecorded:
+        raise RLSpeedError(unrecorded)
     return monitor.score
 
 
-def _finish(tracker: Tracker, ctx: RunContext, status: str) -> None:
-    """Write outputs and close the tracked run; runs even when training failed."""
-    out_dir = ctx.out_dir
-    artifacts = [out_dir / "config.yaml"]
-    monitor = ctx.run_monitor
+def _finish(tracker: Tracker, ctx: RunContext, status: str) -> str | None:
+    """Save the run's outputs and close the tracked run, however training ended.
+
+    Each file is written on its own (atomically), so one that cannot be written, on a full
+    disk say, costs only itself. Returns one line saying what could not be recorded, where
+    and why (the run is then FAILED where it would have FINISHED), or None."""
+    out_dir, monitor = ctx.out_dir, ctx.run_monitor
+    failed: dict[str, list[str]] = {}  # why -> the files that could not be written
+
+    def write(output: OutputFile) -> None:
+        try:
+            output.write(output.path)
+        except Exception as error:  # costs this file alone; reported in the returned line
+            failed.setdefault(cause(error), []).append(output.path.name)
+            return
+        if output.artifact:
+            tracker.log_artifact(output.path)
+
+    def problems() -> list[str]:
+        lines = [
+            f"could not write {', '.join(names)} in {out_dir}: {why}"
+            for why, names in failed.items()
+        ]
+        if tracker.failure is not None:
+            lines.append(
+                f"{tracker.failure}, so the run is not fully recorded there; "
+                f"its outputs are in {out_dir}"
+            )
+        return lines
+
+    def final_status() -> str:
+        return "FAILED" if status == "FINISHED" and problems() else status
+
+    final = status
     try:
-        artifacts += [save() for save in ctx.checkpointers.values()]
-        if monitor.history:
-            artifacts.append(_write_metrics(monitor, out_dir, status))
-            artifacts.append(_plot_curve(monitor, out_dir))
-        for path in artifacts:
-            tracker.log_artifact(path)
+        tracker.log_artifact(out_dir / "config.yaml")
+        for files in ctx.checkpointers.values():
+            for output in files:
+                write(output)
+        if _curves(monitor):
+            write(OutputFile(out_dir / "learning_curve.png", partial(_plot_curve, monitor)))
+        # Written last: its status and errors cover the files above.
+        metrics = partial(_write_metrics, monitor, status=final_status(), errors=problems())
+        write(OutputFile(out_dir / "metrics.json", metrics))
+        final = final_status()
     finally:
-        tracker.end(status)
+        tracker.end(final)
+    lines = problems()  # ending the tracked run may have failed too
+    return "rlspeed: " + "; ".join(lines) if lines else None
 
 
-def _write_metrics(monitor: RunMonitor, out_dir: Path, status: str) -> Path:
-    final = monitor.history[-1]
+def _write_text(path: Path, text: str) -> Path:
+    return atomic_write(path, lambda file: file.write(text.encode()))
+
+
+def _write_metrics(monitor: RunMonitor, path: Path, status: str, errors: list[str]) -> Path:
     summary = {
         "status": status,
+        # Why the run is not fully recorded (a full disk, a dead tracking server); [] if it is.
+        "errors": errors,
         "num_seeds": monitor.num_seeds,
         # Means over seeds where num_seeds > 1; per-seed values under "seeds".
         "score": monitor.score,
@@ -189,7 +299,8 @@ def _write_metrics(monitor: RunMonitor, out_dir: Path, status: str) -> Path:
         "wall_time_s": monitor.wall_time,
         "env_steps_per_s": monitor.steps / monitor.wall_time,
         "updates_per_s": monitor.updates / monitor.wall_time,
-        "final": final,
+        # The last logged row (None if the run stopped before its first log).
+        "final": monitor.history[-1] if monitor.history else None,
     }
     if monitor.num_seeds > 1:
         summary["seeds"] = [
@@ -198,20 +309,29 @@ def _write_metrics(monitor: RunMonitor, out_dir: Path, status: str) -> Path:
                 "rolling_step_reward": stream.rolling_step_reward,
                 "recent_return": stream.recent_return,
                 "env_steps": stream.steps,
+                "final": rows[-1] if rows else None,
             }
-            for stream in monitor.streams
+            for stream, rows in zip(monitor.streams, monitor.seed_history, strict=True)
         ]
-    path = out_dir / "metrics.json"
-    path.write_text(json.dumps(summary, indent=2, allow_nan=True))
-    return path
+    return _write_text(path, json.dumps(summary, indent=2, allow_nan=True))
 
 
-def _plot_curve(monitor: RunMonitor, out_dir: Path) -> Path:
+def _curves(monitor: RunMonitor) -> list[tuple[str, list[dict[str, float]]]]:
+    """(label suffix, rows) of each curve to plot: the rows of every seed together (means
+    where num_seeds > 1); else, for a multi-seed run stopped before every seed logged a step,
+    each seed's own rows."""
+    if monitor.history:
+        return [("", monitor.history)]
+    return [(f", seed {i}", rows) for i, rows in enumerate(monitor.seed_history) if rows]
+
+
+def _plot_curve(monitor: RunMonitor, path: Path) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    mean = monitor.num_seeds > 1 and bool(monitor.history)
     # Returns and per-step ratios live on different scales: one panel each.
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     panels = (
@@ -220,26 +340,31 @@ def _plot_curve(monitor: RunMonitor, out_dir: Path) -> Path:
         (right, "eval/score", "score (greedy evaluation)"),
     )
     for ax, name, label in panels:
-        rows = [row for row in monitor.history if name in row]
-        if rows:
-            steps = np.array([row["step"] for row in rows])
-            values = np.array([row[name] for row in rows])
-            marker = "o" if name == "eval/score" else None
-            ax.plot(steps, values, marker=marker, label=label)
-            if monitor.num_seeds > 1:
-                spread = np.array([row[f"{name}_std"] for row in rows])
-                ax.fill_between(steps, values - spread, values + spread, alpha=0.2)
+        for suffix, curve in _curves(monitor):
+            rows = [row for row in curve if name in row]
+            if rows:
+                steps = np.array([row["step"] for row in rows])
+                values = np.array([row[name] for row in rows])
+                marker = "o" if name == "eval/score" else None
+                ax.plot(steps, values, marker=marker, label=label + suffix)
+                if mean:
+                    spread = np.array([row[f"{name}_std"] for row in rows])
+                    ax.fill_between(steps, values - spread, values + spread, alpha=0.2)
     for ax in (left, right):
         ax.set_xlabel("environment steps")
         ax.grid(alpha=0.3)
         ax.legend()
-    seeds = f" (mean ± std over {monitor.num_seeds} seeds)" if monitor.num_seeds > 1 else ""
-    fig.suptitle(f"learning curve{seeds}")
+    if mean:
+        fig.suptitle(f"learning curve (mean ± std over {monitor.num_seeds} seeds)")
+    elif monitor.num_seeds > 1:
+        fig.suptitle(f"learning curve (stopped before all {monitor.num_seeds} seeds logged)")
+    else:
+        fig.suptitle("learning curve")
     fig.tight_layout()
-    path = out_dir / "learning_curve.png"
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    try:
+        return atomic_write(path, lambda file: fig.savefig(file, format="png", dpi=100))
+    finally:
+        plt.close(fig)
 
 
 def _summary(

@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import signal
 import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.conftest import RLSPEED, SMALL, free_port, run_cli
+from tests.conftest import SMALL, free_port, run_cli
 
 
 def _only_run(uri: str):
@@ -72,43 +74,10 @@ def test_diverging_run_is_failed_and_keeps_what_was_recorded(tmp_path):
     assert {"config.yaml", "checkpoint.msgpack", "metrics.json"} <= artifacts
 
 
-@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
-def test_interrupted_run_is_killed_and_checkpointed(tmp_path, stop):
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
-    args = [
-        *SMALL,
-        "total_steps=10000000",
-        "backend=torch",
-        "env=gym-sync",
-        "num_envs=4",
-        f"tracking.uri={uri}",
-    ]
-    process = subprocess.Popen(
-        [RLSPEED, *args],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        # A shell's background job starts with SIGINT ignored, and Python then installs no
-        # KeyboardInterrupt handler: give the CLI the default, as a terminal would.
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
-    deadline = time.monotonic() + 120
-    for line in process.stdout:  # wait until training has logged twice
-        if "step 2,000/" in line or time.monotonic() > deadline:
-            break
-    process.send_signal(stop)
-    process.communicate(timeout=60)
-    assert process.returncode != 0
-    client, run = _only_run(uri)
-    assert run.info.status == "KILLED"
-    assert len(client.get_metric_history(run.info.run_id, "charts/SPS")) >= 2
-    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
-    assert "checkpoint.pt" in artifacts
-
-
-def test_run_logged_to_a_real_mlflow_server(tmp_path):
-    """tracking.uri=http://...: a real `mlflow server` on loopback stores and serves the run."""
+@contextlib.contextmanager
+def mlflow_server(tmp_path: Path) -> Iterator[tuple[subprocess.Popen, str]]:
+    """A real `mlflow server` on loopback with a store of its own; yields (process, URI).
+    It runs in a session of its own: killing that session ends its workers too."""
     port = free_port()
     uri = f"http://127.0.0.1:{port}"
     server = subprocess.Popen(
@@ -127,6 +96,7 @@ def test_run_logged_to_a_real_mlflow_server(tmp_path):
         cwd=tmp_path,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
     try:
         deadline = time.monotonic() + 90
@@ -137,6 +107,16 @@ def test_run_logged_to_a_real_mlflow_server(tmp_path):
             except OSError:
                 assert time.monotonic() < deadline, "mlflow server did not start"
                 time.sleep(0.5)
+        yield server, uri
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=30)
+
+
+def test_run_logged_to_a_real_mlflow_server(tmp_path):
+    """tracking.uri=http://...: a real `mlflow server` on loopback stores and serves the run."""
+    with mlflow_server(tmp_path) as (_, uri):
         result = run_cli([*SMALL, "total_steps=2000", f"tracking.uri={uri}"], cwd=tmp_path)
         assert result.returncode == 0, result.stderr
         client, run = _only_run(uri)
@@ -146,6 +126,3 @@ def test_run_logged_to_a_real_mlflow_server(tmp_path):
         assert {"config.yaml", "checkpoint.msgpack", "metrics.json"} <= artifacts
         with urllib.request.urlopen(f"{uri}/", timeout=10) as page:  # the UI itself answers
             assert page.status == 200
-    finally:
-        server.terminate()
-        server.wait(timeout=30)

@@ -10,6 +10,9 @@ from typing import Any, Protocol
 
 class Tracker(Protocol):
     run_id: str | None
+    # Why the run could not be fully recorded (the store stopped answering), None while it
+    # records. A tracker that fails stops recording and lets training go on.
+    failure: str | None
 
     def start(self, run_name: str, params: dict[str, Any], tags: dict[str, str]) -> None: ...
 
@@ -21,6 +24,20 @@ class Tracker(Protocol):
 
     def end(self, status: str) -> None:
         """status: FINISHED, FAILED or KILLED."""
+
+
+def cause(error: BaseException) -> str:
+    """Why a write or a request failed, in a few words: the OS's reason where one is in the
+    exception's chain (torch.save reports a full disk as a RuntimeError whose context is the
+    OSError; MLflow a dead server as an MlflowException caused by ConnectionRefusedError),
+    else the first line of the innermost exception."""
+    innermost: BaseException | None = error
+    while innermost is not None:
+        if isinstance(innermost, OSError) and innermost.strerror:
+            return innermost.strerror
+        error = innermost
+        innermost = innermost.__cause__ or innermost.__context__
+    return (str(error).splitlines() or [type(error).__name__])[0][:200]
 
 
 @dataclass(frozen=True)

@@ -6,22 +6,36 @@ default local store (``sqlite:///mlflow.db`` in the working directory).
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from rlspeed.config import check_creatable
-from rlspeed.errors import ConfigError
-from rlspeed.tracking import TrackerSpec
+from rlspeed.errors import ConfigError, RLSpeedError
+from rlspeed.tracking import TrackerSpec, cause
+
+log = logging.getLogger("rlspeed")
 
 # MLflow 3's SQLAlchemy stores (mlflow.store.db.db_types.DATABASE_ENGINES).
 _DATABASES = ("sqlite", "postgresql", "mysql", "mssql")
 _STORES = "sqlite:///PATH.db, postgresql://, mysql://, mssql://, http(s)://HOST:PORT or databricks"
 # MLflow caps a param value at 6000 characters; longer values are cut, not dropped.
 _MAX_PARAM_LENGTH = 6000
+# MLflow's own HTTP settings (7 retries with backoff factor 2, 120 s timeout) keep a run whose
+# server died waiting ~4 minutes per request, ~12 minutes before it fails. These give up on a
+# refused connection after ~7 s (3 retries, 0 + 2 + 4 s apart) and on a server that hangs
+# after ~90 s; set only where the user has not set them.
+_HTTP_DEFAULTS = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "3",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "20",
+}
 
 
 def resolve_uri(cfg: Any) -> str | None:
@@ -94,42 +108,85 @@ def _check_file_store(key: str, uri: str) -> None:
 
 
 class MlflowTracker:
+    """Records one run in MLflow. When the store stops answering mid-run it says so once,
+    stops recording and lets the run go on: the run's output folder keeps its results, and
+    ``failure`` tells the run it could not be fully recorded."""
+
     def __init__(self, cfg: Any) -> None:
+        for name, value in _HTTP_DEFAULTS.items():
+            os.environ.setdefault(name, value)
+        # urllib3 logs each retry; a server that stopped answering gets rlspeed's one line.
+        logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
         import mlflow
+        from mlflow.exceptions import MlflowException
 
         self._mlflow = mlflow
+        # What a store that stopped answering raises (requests' errors are OSErrors).
+        self._errors = (MlflowException, OSError)
         uri = resolve_uri(cfg)
         if uri is not None:
             mlflow.set_tracking_uri(uri)
+        self._uri = mlflow.get_tracking_uri()
         self._experiment = cfg.experiment
         self._parent_run_id = cfg.parent_run_id
         self.run_id: str | None = None
+        self.failure: str | None = None
 
     def start(self, run_name: str, params: dict[str, Any], tags: dict[str, str]) -> None:
         mlflow = self._mlflow
-        mlflow.set_experiment(self._experiment)
-        if self._parent_run_id:
-            # Nested under a study's parent run that may live in another process: the tag
-            # alone is what MLflow uses to nest runs.
-            tags = {**tags, "mlflow.parentRunId": self._parent_run_id}
-        run = mlflow.start_run(run_name=run_name, tags=tags, nested=mlflow.active_run() is not None)
-        self.run_id = run.info.run_id
-        mlflow.log_params({k: str(v)[:_MAX_PARAM_LENGTH] for k, v in params.items()})
+        try:
+            mlflow.set_experiment(self._experiment)
+            if self._parent_run_id:
+                # Nested under a study's parent run that may live in another process: the tag
+                # alone is what MLflow uses to nest runs.
+                tags = {**tags, "mlflow.parentRunId": self._parent_run_id}
+            nested = mlflow.active_run() is not None
+            run = mlflow.start_run(run_name=run_name, tags=tags, nested=nested)
+            self.run_id = run.info.run_id
+            mlflow.log_params({k: str(v)[:_MAX_PARAM_LENGTH] for k, v in params.items()})
+        except self._errors as error:
+            if self.run_id is not None:  # else MLflow's exit hook would end it as FINISHED
+                with contextlib.suppress(*self._errors):
+                    mlflow.end_run(status="FAILED")
+            raise RLSpeedError(f"rlspeed: could not start the run: {self._lost(error)}") from None
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        self._mlflow.log_metrics(metrics, step=step, run_id=self.run_id)
+        self._record(lambda: self._mlflow.log_metrics(metrics, step=step, run_id=self.run_id))
 
     def log_artifact(self, path: Path) -> None:
-        self._mlflow.log_artifact(str(path), run_id=self.run_id)
+        self._record(lambda: self._mlflow.log_artifact(str(path), run_id=self.run_id))
 
     def set_tags(self, tags: dict[str, str]) -> None:
         client = self._mlflow.MlflowClient()
         for key, value in tags.items():
-            client.set_tag(self.run_id, key, value)
+            self._record(lambda key=key, value=value: client.set_tag(self.run_id, key, value))
 
     def end(self, status: str) -> None:
+        # Tried even after a failure: a store that answers again still gets the final status.
         if self.run_id is not None:
-            self._mlflow.end_run(status=status)
+            try:
+                self._mlflow.end_run(status=status)
+            except self._errors as error:
+                if self.failure is None:
+                    self.failure = self._lost(error)
+
+    def _record(self, call: Callable[[], object]) -> None:
+        if self.failure is not None:
+            return
+        try:
+            call()
+        except self._errors as error:
+            self.failure = self._lost(error)
+            log.warning(
+                "rlspeed: %s; recording to MLflow stops here, the run goes on and keeps its "
+                "results in its output folder",
+                self.failure,
+            )
+
+    def _lost(self, error: BaseException) -> str:
+        if urllib.parse.urlparse(self._uri).scheme in ("http", "https"):
+            return f"the MLflow server at {self._uri} stopped answering ({cause(error)})"
+        return f"the MLflow store at {self._uri} failed ({cause(error)})"
 
 
 SPEC = TrackerSpec(name="mlflow", make=MlflowTracker, check=check)

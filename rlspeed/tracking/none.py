@@ -10,6 +10,7 @@ from rlspeed.tracking import TrackerSpec
 
 class NoTracker:
     run_id: str | None = None
+    failure: str | None = None
 
     def start(self, run_name: str, params: dict[str, Any], tags: dict[str, str]) -> None:
         return None

@@ -1,0 +1,190 @@
+"""Faults lose nothing (SPEC §9): a full disk when the run saves, an MLflow server killed
+mid-run, Ctrl-C in a multi-seed run, SIGTERM in a sweep. Each test drives the real CLI into
+the real fault and checks the one line, the exit code, the MLflow record and the files."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import resource
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from tests.conftest import RLSPEED, cli_env
+from tests.test_tracking import _only_run, mlflow_server
+
+# A host-driven torch run: starts in seconds, logs every 1000 steps.
+HOST_RUN = [
+    "backend=torch",
+    "env=gym-sync",
+    "num_envs=4",
+    "log_every=1000",
+    "algo.learning_starts=500",
+    "algo.buffer_size=5000",
+    "algo.batch_size=32",
+    "algo.hidden_sizes=[16]",
+    "progress=plain",
+]
+# MLflow's own INFO lines (a new store's tables, a new experiment) go to stderr beside rlspeed's.
+_MLFLOW_INFO = re.compile(r"^\d{4}/\d\d/\d\d \d\d:\d\d:\d\d INFO mlflow")
+
+
+def _one_line(stderr: str, *fragments: str) -> str:
+    """The one line rlspeed wrote to stderr, holding every fragment."""
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    lines = [line for line in lines if not _MLFLOW_INFO.match(line)]
+    assert len(lines) == 1, stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    return lines[0]
+
+
+def _start(args: list[str], cwd: Path, preexec_fn: Callable[[], None] | None = None):
+    return subprocess.Popen(
+        [RLSPEED, *args],
+        cwd=cwd,
+        env=cli_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=preexec_fn,
+    )
+
+
+def _wait_for(process: subprocess.Popen, text: str) -> None:
+    """Read the run's log until a line holds ``text`` (the run is where the test wants it)."""
+    deadline = time.monotonic() + 120
+    for line in process.stdout:
+        if text in line:
+            return
+        assert time.monotonic() < deadline, f"no {text!r} within 120 s"
+    raise AssertionError(f"the run ended before {text!r}: {process.communicate()[1]}")
+
+
+def _as_terminal() -> None:
+    # A shell's background job starts with SIGINT ignored, and Python then installs no
+    # KeyboardInterrupt handler: give the CLI the default, as a terminal would.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _file_size_limit(limit: int) -> Callable[[], None]:
+    def apply() -> None:
+        # Writes past `limit` bytes fail with EFBIG, as writes on a full disk fail with
+        # ENOSPC (ignoring SIGXFSZ, which would otherwise kill the process).
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    return apply
+
+
+def _names(folder: Path) -> set[str]:
+    return {path.name for path in folder.iterdir()}
+
+
+def test_full_disk_at_save_fails_the_run_and_keeps_every_other_file(tmp_path):
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    # Files may grow to 2.5 MB: the MLflow store (~1 MB), config, metrics and plot fit; the
+    # checkpoint of a 512x512 network with its Adam state (~5 MB) does not.
+    args = [
+        *HOST_RUN,
+        "total_steps=400",
+        "log_every=200",
+        "eval_every=400",
+        "algo.learning_starts=200",
+        "algo.hidden_sizes=[512,512]",
+        f"tracking.uri={uri}",
+    ]
+    process = _start(args, tmp_path, preexec_fn=_file_size_limit(2_500_000))
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 1
+    out_dir = next((tmp_path / "outputs").glob("*/*"))
+    line = _one_line(stderr, "could not write checkpoint.pt", f"in {out_dir}: File too large")
+    # No half-written checkpoint and no temporary file left; every other file whole.
+    names = _names(out_dir)
+    assert "checkpoint.pt" not in names and not any(n.endswith(".tmp") for n in names), names
+    assert {"config.yaml", "learning_curve.png", "metrics.json"} <= names
+    assert (out_dir / "learning_curve.png").read_bytes().startswith(b"\x89PNG")
+    assert "total_steps: 400" in (out_dir / "config.yaml").read_text()
+    metrics = json.loads((out_dir / "metrics.json").read_text())
+    assert metrics["status"] == "FAILED" and metrics["env_steps"] == 400
+    assert metrics["errors"] == [line.removeprefix("rlspeed: ")]
+    # MLflow: FAILED, with the metrics logged during training and the files that were written.
+    client, run = _only_run(uri)
+    assert run.info.status == "FAILED"
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "charts/SPS")] == [200, 400]
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert artifacts == {"config.yaml", "learning_curve.png", "metrics.json"}
+
+
+def test_killed_mlflow_server_costs_seconds_and_no_results(tmp_path):
+    with mlflow_server(tmp_path) as (server, uri):
+        process = _start(
+            [*HOST_RUN, "total_steps=1500", "log_every=500", f"tracking.uri={uri}"], tmp_path
+        )
+        _wait_for(process, "step 500/")
+        os.killpg(server.pid, signal.SIGKILL)  # the server and its workers
+        killed = time.monotonic()
+        _, stderr = process.communicate(timeout=300)
+        seconds = time.monotonic() - killed
+    print(f"finished {seconds:.1f} s after the server was killed")
+    # MLflow's own HTTP settings wait ~12 minutes, then print a traceback.
+    assert seconds < 60, f"{seconds:.0f} s after the server died"
+    assert process.returncode == 1
+    out_dir = next((tmp_path / "outputs").glob("*/*"))
+    line = _one_line(
+        stderr, f"the MLflow server at {uri} stopped answering (Connection refused)", str(out_dir)
+    )
+    # Training went on to the end and its results are all in the output folder.
+    assert {"config.yaml", "checkpoint.pt", "learning_curve.png", "metrics.json"} <= _names(out_dir)
+    metrics = json.loads((out_dir / "metrics.json").read_text())
+    assert metrics["env_steps"] == 1500 and metrics["final"]["step"] == 1500
+    assert metrics["status"] == "FAILED" and metrics["errors"] == [line.removeprefix("rlspeed: ")]
+
+
+def test_ctrl_c_in_seed_0_of_3_ends_killed_with_what_was_recorded(tmp_path):
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    args = [
+        *HOST_RUN,
+        "total_steps=10000000",
+        "log_every=500",
+        "num_seeds=3",
+        f"tracking.uri={uri}",
+    ]
+    process = _start(args, tmp_path, preexec_fn=_as_terminal)
+    _wait_for(process, "step 1,000/")  # seed 0 has logged twice; seeds 1 and 2 not yet
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130
+    out_dir = next((tmp_path / "outputs").glob("*/*"))
+    _one_line(stderr, "rlspeed: interrupted by SIGINT", "KILLED", str(out_dir))
+    client, run = _only_run(uri)
+    assert run.info.status == "KILLED"
+    assert len(client.get_metric_history(run.info.run_id, "seed0/charts/SPS")) >= 2
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"checkpoint_seed0.pt", "metrics.json", "learning_curve.png"} <= artifacts
+    # No step was logged by every seed: metrics.json holds each seed's own last row.
+    metrics = json.loads((out_dir / "metrics.json").read_text())
+    assert metrics["status"] == "KILLED" and metrics["final"] is None
+    seed0, seed1, seed2 = metrics["seeds"]
+    assert seed0["final"]["step"] >= 1000 and seed0["env_steps"] >= 1000
+    assert seed1["final"] is None and seed2["final"] is None
+    assert (out_dir / "learning_curve.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_sigterm_in_a_sweep_stops_it_with_one_line_and_exit_143(tmp_path):
+    args = ["-m", "seed=1,2", *HOST_RUN, "total_steps=10000000", "tracking=none"]
+    process = _start(args, tmp_path)
+    _wait_for(process, "step 1,000/")
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 143
+    jobs = list((tmp_path / "outputs" / "multirun").glob("*/*/*_torch_*"))
+    assert len(jobs) == 1, jobs  # the sweep stopped: the second job never started
+    _one_line(stderr, "rlspeed: interrupted by SIGTERM", "KILLED", str(jobs[0]))
+    assert {"config.yaml", "checkpoint.pt", "learning_curve.png", "metrics.json"} <= _names(jobs[0])
+    metrics = json.loads((jobs[0] / "metrics.json").read_text())
+    assert metrics["status"] == "KILLED" and metrics["final"]["step"] >= 1000

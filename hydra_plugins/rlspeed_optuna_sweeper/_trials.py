@@ -45,7 +45,6 @@ from typing import Any
 
 import optuna
 from optuna.storages import fail_stale_trials
-from optuna.storages._heartbeat import is_heartbeat_enabled
 from optuna.trial import FrozenTrial, TrialState
 
 log = logging.getLogger(__name__)
@@ -125,6 +124,9 @@ class TrialKeeper:
         self.study = study
         self.storage = storage
         self.owner = process_owner(os.getpid())
+        # A database records Optuna's heartbeats (open_storage turned them on); a journal
+        # file has none: the heartbeat is a trial system attribute there.
+        self.db_heartbeats = isinstance(storage, optuna.storages.RDBStorage)
         self._beating: set[int] = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -160,7 +162,7 @@ class TrialKeeper:
                     log.warning("Heartbeat of trial id %d not recorded: %s", trial_id, error)
 
     def _beat(self, trial_id: int) -> None:
-        if is_heartbeat_enabled(self.storage):
+        if self.db_heartbeats:
             self.storage.record_heartbeat(trial_id)
         else:
             self.storage.set_trial_system_attr(trial_id, HEARTBEAT_ATTR, time.time())
@@ -191,7 +193,7 @@ class TrialKeeper:
         if alive is not None:
             return not alive
         # Another host: its database heartbeats were judged by fail_stale_trials above.
-        return not is_heartbeat_enabled(self.storage) and _age_s(trial) > GRACE_S
+        return not self.db_heartbeats and _age_s(trial) > GRACE_S
 
     def mark_surplus(self, trial: Any, n_trials: int) -> None:
         """Say why a trial that must not run (is_surplus) ends FAIL; the caller tells it."""

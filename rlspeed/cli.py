@@ -1,18 +1,17 @@
-"""The ``rlspeed`` command: a thin Hydra entrypoint with a pre-flight config check."""
+"""The ``rlspeed`` command: a thin Hydra entrypoint with a pre-flight config check.
+
+Importing this module loads nothing heavy: ``main`` turns a Ctrl-C that comes while
+Hydra, the config schema and the backends load into its one line too."""
 
 from __future__ import annotations
 
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import hydra
-from hydra.core.hydra_config import HydraConfig
-from hydra.types import RunMode
-from omegaconf import DictConfig
-
-from rlspeed.config import register_configs
-from rlspeed.errors import RLSpeedError
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 
 def _conf_dir() -> str:
@@ -25,8 +24,12 @@ def _conf_dir() -> str:
 CONF_DIR = _conf_dir()
 
 
-@hydra.main(version_base=None, config_path=CONF_DIR, config_name="config")
 def _task(cfg: DictConfig) -> float:
+    """One Hydra job: the run ``cfg`` describes."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    from rlspeed.errors import RLSpeedError
     from rlspeed.run import run
 
     try:
@@ -49,11 +52,14 @@ def main() -> None:
             signal.signal(signal.SIGINT, interrupt)
         if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
             signal.signal(signal.SIGTERM, interrupt)
-        register_configs()
+        import hydra
+
+        from rlspeed.config import register_configs
         from rlspeed.preflight import preflight
 
+        register_configs()
         preflight(sys.argv[1:], CONF_DIR)
-        _task()
+        hydra.main(version_base=None, config_path=CONF_DIR, config_name="config")(_task)()
     except KeyboardInterrupt as stop:
         # rlspeed.run.Interrupted, or the plain KeyboardInterrupt of a Ctrl-C that came early.
         signum = getattr(stop, "signum", signal.SIGINT)

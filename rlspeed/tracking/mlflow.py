@@ -119,10 +119,12 @@ class MlflowTracker:
         logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
         import mlflow
         from mlflow.exceptions import MlflowException
+        from sqlalchemy.exc import SQLAlchemyError
 
         self._mlflow = mlflow
-        # What a store that stopped answering raises (requests' errors are OSErrors).
-        self._errors = (MlflowException, OSError)
+        # What a store that stopped answering raises: requests' errors are OSErrors, and a
+        # database store can raise SQLAlchemy's own (a file that is not a database).
+        self._errors = (MlflowException, OSError, SQLAlchemyError)
         uri = resolve_uri(cfg)
         if uri is not None:
             mlflow.set_tracking_uri(uri)
@@ -144,10 +146,13 @@ class MlflowTracker:
             run = mlflow.start_run(run_name=run_name, tags=tags, nested=nested)
             self.run_id = run.info.run_id
             mlflow.log_params({k: str(v)[:_MAX_PARAM_LENGTH] for k, v in params.items()})
-        except self._errors as error:
+        except (*self._errors, KeyboardInterrupt) as error:
+            stopped = isinstance(error, KeyboardInterrupt)
             if self.run_id is not None:  # else MLflow's exit hook would end it as FINISHED
                 with contextlib.suppress(*self._errors):
-                    mlflow.end_run(status="FAILED")
+                    mlflow.end_run(status="KILLED" if stopped else "FAILED")
+            if stopped:
+                raise
             raise RLSpeedError(f"rlspeed: could not start the run: {self._lost(error)}") from None
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:

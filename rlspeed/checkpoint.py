@@ -427,8 +427,8 @@ def check_video(value: str, saved: Any) -> None:
         raise ConfigError(
             "video",
             value,
-            f"null: task={saved.task.name} cannot be filmed here (its rgb_array rendering "
-            "needs pygame, which is not installed); doors and gridworld can",
+            f"null: task={saved.task.name} cannot be filmed here (its rgb_array frames need "
+            "pygame, which is not installed); doors and gridworld can",
         )
 
 

@@ -15,6 +15,7 @@ import signal
 import subprocess
 from pathlib import Path
 
+import mlflow
 import pytest
 
 from tests.conftest import RLSPEED, assert_one_line_error, cli_env, run_cli
@@ -105,8 +106,18 @@ def test_sigterm_then_resume_ends_like_an_uninterrupted_run(tmp_path, path):
     )
     assert other.returncode == 2 and not (tmp_path / "other").exists()
 
-    resumed = run_cli([*args, "resume=cut", "hydra.run.dir=resumed"], tmp_path)
+    # Tracking may change on resume: one path records the resumed run in MLflow.
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    tracking = ["tracking=mlflow", f"tracking.uri={uri}"] if path == "torch-gym-sync" else []
+    resumed = run_cli([*args, *tracking, "resume=cut", "hydra.run.dir=resumed"], tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
+    if tracking:
+        client = mlflow.tracking.MlflowClient(uri)
+        (run,) = client.search_runs([client.get_experiment_by_name("rlspeed").experiment_id])
+        assert run.info.status == "FINISHED"
+        assert run.data.tags["rlspeed.resumed_from"] == str((tmp_path / "cut").resolve())
+        steps = [m.step for m in client.get_metric_history(run.info.run_id, "charts/SPS")]
+        assert steps[0] > cut["env_steps"] and steps[-1] == total
     # Progress goes on from the saved step, not from 0.
     first = next(line for line in resumed.stdout.splitlines() if " - step " in line)
     assert int(first.split(" - step ")[1].split("/")[0].replace(",", "")) > cut["env_steps"]

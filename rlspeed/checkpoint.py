@@ -250,7 +250,9 @@ def deferred_interrupts() -> Iterator[Callable[[], None]]:
     Yields ``check()``, which the loop calls there: a signal that arrived meanwhile is
     handed to the handler it would have reached (raising KeyboardInterrupt), so the
     checkpoint written on the way out holds a whole iteration, never half of one. A
-    signal that arrives after the loop is handed over on leaving the block."""
+    signal that arrives after the loop is handed over on leaving the block. A second
+    signal before the iteration ends is handed over at once (a user pressing Ctrl-C
+    again wants out now; that checkpoint may then hold part of an iteration)."""
     if threading.current_thread() is not threading.main_thread():
         yield lambda: None
         return
@@ -263,6 +265,8 @@ def deferred_interrupts() -> Iterator[Callable[[], None]]:
 
     def hold(signum: int, frame: Any) -> None:
         pending.append((signum, frame))
+        if len(pending) > 1:
+            check()
 
     def check() -> None:
         if pending:
@@ -306,10 +310,17 @@ def resume_files(folder: Path) -> dict[int, Path]:
 
 
 def load_resume(value: str) -> dict[int, dict[str, Any]]:
-    return {
-        index: pickle.loads(path.read_bytes())
-        for index, path in resume_files(run_folder(value)).items()
-    }
+    """Seed index -> that agent's saved state; one ConfigError line for a damaged file."""
+    states = {}
+    for index, path in resume_files(run_folder(value)).items():
+        try:
+            states[index] = pickle.loads(path.read_bytes())
+        except Exception as error:  # truncated, not a pickle, classes that are gone
+            reason = f"{type(error).__name__}: {error}"
+            raise ConfigError("resume", value, f"a readable {path.name} ({reason})") from None
+        if states[index].get("format") != FORMAT:
+            raise ConfigError("resume", value, f"a {path.name} of format {FORMAT}")
+    return states
 
 
 def saved_config(folder: Path) -> Any:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import pickle
 import signal
 import subprocess
@@ -18,6 +19,7 @@ from pathlib import Path
 import mlflow
 import pytest
 
+from rlspeed.checkpoint import deferred_interrupts
 from tests.conftest import RLSPEED, assert_one_line_error, cli_env, run_cli
 
 # Tiny DQN runs on GridWorld (one-hot of 25 cells): a few seconds each.
@@ -168,3 +170,29 @@ def test_bad_resume_and_eval_keys_are_one_line(tmp_path, overrides, line):
     assert result.returncode == 2
     assert_one_line_error(result, line)
     assert not (tmp_path / "outputs").exists()
+
+
+def test_a_signal_waits_for_the_end_of_the_iteration():
+    """The loops' guard: SIGTERM is handed to the run's handler at ``check()``, a second
+    one at once, and the handler is back in place after the block."""
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        reached = []
+        with pytest.raises(KeyboardInterrupt, match="SIGTERM"), deferred_interrupts() as check:
+            os.kill(os.getpid(), signal.SIGTERM)
+            reached.append("rest of the iteration")
+            check()
+            reached.append("next iteration")
+        assert reached == ["rest of the iteration"]
+        with pytest.raises(KeyboardInterrupt), deferred_interrupts():
+            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGTERM)
+            reached.append("after a second signal")
+        assert reached == ["rest of the iteration"]
+        assert signal.getsignal(signal.SIGTERM) is handler
+    finally:
+        signal.signal(signal.SIGTERM, previous)

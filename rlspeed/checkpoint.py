@@ -142,11 +142,14 @@ def capture(obj: Any) -> dict[str, Any]:
     and networks it holds: anything with ``state_dict`` (torch modules and optimizers,
     IntervalMetrics), torch generators and tensors, NumPy generators and arrays, pytrees of
     JAX arrays (parameters, optimizer states, keys), Gymnasium SyncVectorEnv's envs and
-    numbers. Configs, functions and compiled programs are rebuilt by the run itself."""
+    numbers. Configs, functions and compiled programs are rebuilt by the run itself. An
+    object with a ``state_dict`` of its own says what its state is."""
+    if _has_state_dict(obj):
+        return obj.state_dict()
     torch = sys.modules.get("torch")
     state: dict[str, Any] = {}
     for name, value in vars(obj).items():
-        if hasattr(value, "state_dict") and hasattr(value, "load_state_dict"):
+        if _has_state_dict(value):
             state[name] = value.state_dict()
         elif torch is not None and isinstance(value, torch.Generator):
             state[name] = value.get_state()
@@ -168,10 +171,13 @@ def capture(obj: Any) -> dict[str, Any]:
 
 def restore(obj: Any, state: dict[str, Any]) -> None:
     """Put a ``capture`` of an object of the same kind back into ``obj``."""
+    if _has_state_dict(obj):
+        obj.load_state_dict(state)
+        return
     torch = sys.modules.get("torch")
     for name, saved in state.items():
         value = getattr(obj, name)
-        if hasattr(value, "state_dict") and hasattr(value, "load_state_dict"):
+        if _has_state_dict(value):
             value.load_state_dict(saved)
         elif torch is not None and isinstance(value, torch.Generator):
             value.set_state(saved)
@@ -190,6 +196,10 @@ def restore(obj: Any, state: dict[str, Any]) -> None:
             setattr(obj, name, tree_from_host(value, saved))
         else:
             setattr(obj, name, saved)
+
+
+def _has_state_dict(value: Any) -> bool:
+    return hasattr(value, "state_dict") and hasattr(value, "load_state_dict")
 
 
 def _is_sync_vector_env(value: Any) -> bool:
@@ -214,10 +224,7 @@ class ResumePoint:
         self.obs = reset()  # also builds the engine state that the saved one replaces
         if saved is not None:
             for name, part in self.parts.items():
-                if hasattr(part, "load_state_dict"):
-                    part.load_state_dict(saved["parts"][name])
-                else:
-                    restore(part, saved["parts"][name])
+                restore(part, saved["parts"][name])
             self.obs, self.step, self.updates = saved["obs"], saved["step"], saved["updates"]
         return self.obs, self.step, self.updates
 
@@ -226,18 +233,12 @@ class ResumePoint:
 
     def freeze(self) -> None:
         """Take the parts' state now (before the engine closes, which drops its state)."""
-        self._frozen = self._parts_state()
+        self._frozen = {name: capture(part) for name, part in self.parts.items()}
 
     def state(self) -> dict[str, Any]:
-        parts = self._frozen or self._parts_state()
+        parts = self._frozen or {name: capture(part) for name, part in self.parts.items()}
         obs = np.asarray(self.obs)
         return {"step": self.step, "updates": self.updates, "obs": obs, "parts": parts}
-
-    def _parts_state(self) -> dict[str, Any]:
-        return {
-            name: part.state_dict() if hasattr(part, "state_dict") else capture(part)
-            for name, part in self.parts.items()
-        }
 
 
 # ---------------------------------------------------------------- interrupts

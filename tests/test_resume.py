@@ -68,7 +68,7 @@ def _cut_after_first_log(args: list[str], cwd: Path) -> str:
                 break
         lines += proc.stdout.readlines()
         proc.wait(timeout=120)
-    assert proc.returncode != 0, "".join(lines)
+    assert proc.returncode == 128 + signal.SIGTERM, "".join(lines)
     return "".join(lines)
 
 
@@ -143,7 +143,6 @@ BAD = [
     (["resume=nowhere"], "invalid resume=nowhere: expected an existing run folder"),
     (["resume=."], "invalid resume=.: expected a run folder (or a file in one) with resume.pkl"),
     (["mode=eval"], "invalid checkpoint=None: expected a run folder or a checkpoint file"),
-    (["mode=eval", "checkpoint=nowhere"], "invalid checkpoint=nowhere"),
     (["mode=eval", "checkpoint=."], "invalid checkpoint=.: expected a run folder"),
     (["mode=test"], "invalid mode=test: expected one of train, eval"),
     (["video=a.gif"], "invalid video=a.gif: expected null unless mode=eval"),

@@ -11,7 +11,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from rlspeed.algos.schedule import multiples_between, steps_run
+from rlspeed.algos.schedule import updates_in_run
 from rlspeed.errors import ConfigError
 from rlspeed.registry import ENGINES, TASKS
 
@@ -63,7 +63,7 @@ def check_replay(algo: Any, cfg: Any, min_updates: int = 1) -> None:
     every, start, n = algo.train_frequency, algo.learning_starts, cfg.num_envs
     # Updates fall on multiples of train_frequency after learning_starts, and a run ends at
     # the first multiple of num_envs at or past total_steps.
-    if multiples_between(0, steps_run(cfg.total_steps, n), every, start) < min_updates:
+    if updates_in_run(cfg.total_steps, n, every, start) < min_updates:
         last_needed = (start // every + min_updates) * every
         least = (math.ceil(last_needed / n) - 1) * n + 1
         what = "a gradient update" if min_updates == 1 else f"{min_updates} gradient updates"

@@ -22,6 +22,12 @@ def steps_run(total_steps: int, num_envs: int) -> int:
     return -(-total_steps // num_envs) * num_envs
 
 
+def updates_in_run(total_steps: int, num_envs: int, every: int, start: int) -> int:
+    """Gradient updates a run does at one every ``every`` env steps after ``start``: its loop
+    takes whole iterations of ``num_envs`` env steps (``steps_run``)."""
+    return int(multiples_between(0, steps_run(total_steps, num_envs), every, start))
+
+
 def polyak_weight(tau: float, crossings: Any) -> Any:
     """Weight of ``crossings`` Polyak steps of ``tau`` toward the same online parameters,
     taken as one step ``target += w * (online - target)``: ``w = 1 - (1 - tau) ** k``

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlspeed.algos import AlgoSpec, check_hidden_sizes, check_ranges, check_replay
-from rlspeed.algos.schedule import epsilon_at, multiples_between, polyak_weight, steps_run
+from rlspeed.algos.schedule import epsilon_at, multiples_between, polyak_weight, updates_in_run
 from rlspeed.errors import ConfigError
 
 
@@ -42,10 +42,9 @@ OPTIMIZERS = ("adam", "sgd")
 
 
 def total_updates(algo: Any, total_steps: int, num_envs: int) -> int:
-    """Gradient updates a run does: its loop takes whole iterations of ``num_envs`` env
-    steps, so it runs past ``total_steps`` when that is not a multiple of ``num_envs``."""
-    steps = steps_run(total_steps, num_envs)
-    return int(multiples_between(0, steps, algo.train_frequency, algo.learning_starts))
+    """Gradient updates a DQN run does (past ``total_steps`` when that is not a multiple of
+    ``num_envs``: the loop takes whole iterations)."""
+    return updates_in_run(total_steps, num_envs, algo.train_frequency, algo.learning_starts)
 
 
 def learning_rate_at(update: Any, algo: Any, total_steps: int, num_envs: int) -> Any:

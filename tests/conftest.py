@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -60,6 +61,28 @@ def run_cli(args: list[str], cwd: Path, env: dict[str, str] | None = None, timeo
     """Run the installed ``rlspeed`` command; returns the CompletedProcess."""
     return subprocess.run(
         [RLSPEED, *args], cwd=cwd, env=cli_env(env), capture_output=True, text=True, timeout=timeout
+    )
+
+
+def start_cli(
+    args: list[str],
+    cwd: Path,
+    preexec_fn: Callable[[], None] | None = None,
+    **popen: object,
+) -> subprocess.Popen:
+    """Start the installed ``rlspeed`` command in the background (stdout piped, as text).
+
+    SIGINT starts at its default, as in a terminal: a shell's background job (the suite run
+    with ``&``) starts with SIGINT ignored, and Python then installs no Ctrl-C handler."""
+
+    def prepare() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        if preexec_fn is not None:
+            preexec_fn()
+
+    popen = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, **popen}
+    return subprocess.Popen(
+        [RLSPEED, *args], cwd=cwd, env=cli_env(), text=True, preexec_fn=prepare, **popen
     )
 
 

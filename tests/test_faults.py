@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.conftest import RLSPEED, cli_env
+from tests.conftest import start_cli
 from tests.test_tracking import _only_run, mlflow_server
 
 # A host-driven torch run: starts in seconds, logs every 1000 steps.
@@ -43,18 +43,6 @@ def _one_line(stderr: str, *fragments: str) -> str:
     return lines[0]
 
 
-def _start(args: list[str], cwd: Path, preexec_fn: Callable[[], None] | None = None):
-    return subprocess.Popen(
-        [RLSPEED, *args],
-        cwd=cwd,
-        env=cli_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=preexec_fn,
-    )
-
-
 def _wait_for(process: subprocess.Popen, text: str) -> None:
     """Read the run's log until a line holds ``text`` (the run is where the test wants it)."""
     deadline = time.monotonic() + 120
@@ -63,12 +51,6 @@ def _wait_for(process: subprocess.Popen, text: str) -> None:
             return
         assert time.monotonic() < deadline, f"no {text!r} within 120 s"
     raise AssertionError(f"the run ended before {text!r}: {process.communicate()[1]}")
-
-
-def _as_terminal() -> None:
-    # A shell's background job starts with SIGINT ignored, and Python then installs no
-    # KeyboardInterrupt handler: give the CLI the default, as a terminal would.
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _file_size_limit(limit: int) -> Callable[[], None]:
@@ -98,7 +80,7 @@ def test_full_disk_at_save_fails_the_run_and_keeps_every_other_file(tmp_path):
         "algo.hidden_sizes=[512,512]",
         f"tracking.uri={uri}",
     ]
-    process = _start(args, tmp_path, preexec_fn=_file_size_limit(2_500_000))
+    process = start_cli(args, tmp_path, preexec_fn=_file_size_limit(2_500_000))
     _, stderr = process.communicate(timeout=300)
     assert process.returncode == 1
     out_dir = next((tmp_path / "outputs").glob("*/*"))
@@ -122,7 +104,7 @@ def test_full_disk_at_save_fails_the_run_and_keeps_every_other_file(tmp_path):
 
 def test_killed_mlflow_server_costs_seconds_and_no_results(tmp_path):
     with mlflow_server(tmp_path) as (server, uri):
-        process = _start(
+        process = start_cli(
             [*HOST_RUN, "total_steps=1500", "log_every=500", f"tracking.uri={uri}"], tmp_path
         )
         _wait_for(process, "step 500/")
@@ -154,7 +136,7 @@ def test_ctrl_c_in_seed_0_of_3_ends_killed_with_what_was_recorded(tmp_path):
         "num_seeds=3",
         f"tracking.uri={uri}",
     ]
-    process = _start(args, tmp_path, preexec_fn=_as_terminal)
+    process = start_cli(args, tmp_path)
     _wait_for(process, "step 1,000/")  # seed 0 has logged twice; seeds 1 and 2 not yet
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=120)
@@ -177,7 +159,7 @@ def test_ctrl_c_in_seed_0_of_3_ends_killed_with_what_was_recorded(tmp_path):
 
 def test_sigterm_in_a_sweep_stops_it_with_one_line_and_exit_143(tmp_path):
     args = ["-m", "seed=1,2", *HOST_RUN, "total_steps=10000000", "tracking=none"]
-    process = _start(args, tmp_path)
+    process = start_cli(args, tmp_path)
     _wait_for(process, "step 1,000/")
     process.send_signal(signal.SIGTERM)
     _, stderr = process.communicate(timeout=120)

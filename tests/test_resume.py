@@ -20,7 +20,7 @@ import mlflow
 import pytest
 
 from rlspeed.checkpoint import deferred_interrupts
-from tests.conftest import RLSPEED, assert_one_line_error, cli_env, run_cli
+from tests.conftest import assert_one_line_error, run_cli, start_cli
 
 # Tiny DQN runs on GridWorld (one-hot of 25 cells): a few seconds each.
 DQN = [
@@ -50,16 +50,7 @@ def _metrics(folder: Path) -> dict:
 
 def _cut_after_first_log(args: list[str], cwd: Path) -> str:
     """Start the CLI, SIGTERM it once its first progress line appears; returns its output."""
-    with subprocess.Popen(
-        [RLSPEED, *args],
-        cwd=cwd,
-        env=cli_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        # Default SIGINT even where the suite runs as a background job (see test_tracking).
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    ) as proc:
+    with start_cli(args, cwd, stderr=subprocess.STDOUT) as proc:
         lines = []
         for line in proc.stdout:
             lines.append(line)

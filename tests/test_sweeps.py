@@ -23,7 +23,7 @@ from optuna.trial import TrialState
 from rlspeed.cli import CONF_DIR
 from rlspeed.config import validate
 from rlspeed.sweep import open_storage
-from tests.conftest import RLSPEED, assert_one_line_error, cli_env, run_cli
+from tests.conftest import assert_one_line_error, run_cli, start_cli
 
 # Tiny trials: torch on 4 synchronous envs, 3000 env steps, a report every 1000 steps.
 TINY = [
@@ -262,15 +262,7 @@ def test_killed_sweep_resumes_and_records_the_interrupted_trial_as_fail(tmp_path
         f"tracking.uri={uri}",
         *TINY,
     ]
-    process = subprocess.Popen(
-        [RLSPEED, *args],
-        cwd=tmp_path,
-        env=cli_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
+    process = start_cli(args, tmp_path, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + 180
     second_trial = False
     for line in process.stdout:  # kill it in the middle of the second trial

@@ -208,7 +208,7 @@ def test_incompatible_choices_fail_with_one_line(args, fragments, tmp_path):
     [
         ("algo.policy_frequency=0", ["algo.policy_frequency=0", ">= 1"]),
         ("algo.batch_size=5000", ["algo.batch_size=5000", "<= algo.buffer_size (1000)"]),
-        ("algo.tau=1.5", ["algo.tau=1.5", "[0, 1]"]),
+        ("algo.tau=1.5", ["algo.tau=1.5", "(0, 1]"]),
         ("algo.noise_clip=-0.1", ["algo.noise_clip=-0.1", ">= 0"]),
         ("algo.hidden_sizes=[]", ["algo.hidden_sizes=[]", "non-empty"]),
     ],

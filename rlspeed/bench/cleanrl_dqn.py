@@ -107,9 +107,9 @@ def main(args: Args) -> dict[str, float]:
     target_network = QNetwork(envs, args.hidden_sizes)
     target_network.load_state_dict(q_network.state_dict())
     optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate)
-    total_updates = multiples_crossed(
-        0, args.total_steps, args.train_frequency, args.learning_starts
-    )
+    # The loop takes whole vector steps: it runs to total_steps rounded up to num_envs.
+    last_step = -(-args.total_steps // args.num_envs) * args.num_envs
+    total_updates = multiples_crossed(0, last_step, args.train_frequency, args.learning_starts)
     n_actions = int(envs.single_action_space.n)
 
     obs_shape = envs.single_observation_space.shape
@@ -173,12 +173,15 @@ def main(args: Args) -> dict[str, float]:
             optimizer.step()
             updates += 1
 
-        if multiples_crossed(prev, step, args.target_network_frequency, args.learning_starts):
+        syncs = multiples_crossed(prev, step, args.target_network_frequency, args.learning_starts)
+        if syncs:
+            # Several sync points crossed in one vector step: that many Polyak steps at once.
+            weight = 1.0 - (1.0 - args.tau) ** syncs
             with torch.no_grad():
                 for target, online in zip(
                     target_network.parameters(), q_network.parameters(), strict=True
                 ):
-                    target.lerp_(online, args.tau)
+                    target.lerp_(online, weight)
 
     envs.close()
     wall_time = time.perf_counter() - start_time

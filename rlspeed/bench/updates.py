@@ -62,7 +62,7 @@ def time_update(algo: str, backend: str, algo_cfg: Any, size: int, budget_s: flo
     """Seconds per update step after warm-up (which includes compilation)."""
     module = importlib.import_module(f"rlspeed.algos.{algo}.{backend}")
     learner_cls = module.TorchLearner if backend == "torch" else module.FlaxLearner
-    extra = {"total_steps": 10**9} if algo == "dqn" else {}
+    extra = {"total_steps": 10**9, "num_envs": 1} if algo == "dqn" else {}
     learner = learner_cls(*CASES[algo][1], algo_cfg, 0, **extra)
     batch = _batch(algo, size, np.random.default_rng(0))
 

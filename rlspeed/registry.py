@@ -20,9 +20,11 @@ SpecT = TypeVar("SpecT")
 class Registry(Generic[SpecT]):
     """Maps option names of one config group to the specs that build them."""
 
-    def __init__(self, group: str, package: str) -> None:
+    def __init__(self, group: str, package: str, subpackages: bool = False) -> None:
         self.group = group
         self.package = package
+        # True when each option is a subpackage (algorithms: one file per backend inside).
+        self.subpackages = subpackages
         self._specs: dict[str, SpecT] | None = None
 
     def _discover(self) -> dict[str, SpecT]:
@@ -30,6 +32,8 @@ class Registry(Generic[SpecT]):
             specs: dict[str, SpecT] = {}
             pkg = importlib.import_module(self.package)
             for info in pkgutil.iter_modules(pkg.__path__):
+                if self.subpackages and not info.ispkg:
+                    continue  # shared code beside the options (importing it costs every start)
                 module = importlib.import_module(f"{self.package}.{info.name}")
                 spec: Any = getattr(module, "SPEC", None)
                 if spec is not None:
@@ -50,7 +54,7 @@ class Registry(Generic[SpecT]):
         return specs[name]
 
 
-ALGOS: Registry[Any] = Registry("algo", "rlspeed.algos")
+ALGOS: Registry[Any] = Registry("algo", "rlspeed.algos", subpackages=True)
 TASKS: Registry[Any] = Registry("task", "rlspeed.tasks")
 ENGINES: Registry[Any] = Registry("env", "rlspeed.engines")
 BACKENDS: Registry[Any] = Registry("backend", "rlspeed.backends")

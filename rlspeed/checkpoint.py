@@ -421,6 +421,7 @@ def check_modes(cfg: Any) -> None:
 def check_video(value: str, saved: Any) -> None:
     import importlib.util
 
+    from rlspeed.config import check_creatable  # config imports this module
     from rlspeed.registry import TASKS
 
     suffixes = [".gif"] + ([".mp4"] if importlib.util.find_spec("imageio_ffmpeg") else [])
@@ -428,9 +429,10 @@ def check_video(value: str, saved: Any) -> None:
     if path.suffix.lower() not in suffixes:
         extra = "" if ".mp4" in suffixes else " (.mp4 needs the imageio-ffmpeg package)"
         raise ConfigError("video", value, f"a file name ending in {', '.join(suffixes)}{extra}")
-    folder = path.parent
-    if not (folder.is_dir() and os.access(folder, os.W_OK | os.X_OK)):
-        raise ConfigError("video", value, "a file in an existing folder rlspeed can write to")
+    allowed = "a file in an existing folder rlspeed can write to"
+    if not path.parent.is_dir():
+        raise ConfigError("video", value, allowed)
+    check_creatable("video", value, path.parent, allowed)  # os.access says yes to root
     task = TASKS.get(saved.task.name)
     env = task.make_env(saved.task)
     mode = render_mode(env)

@@ -174,12 +174,13 @@ def flatten(cfg: DictConfig) -> dict[str, Any]:
     return flat
 
 
-def check_creatable(key: str, value: object, folder: Path, allowed: str) -> None:
-    """Raise ConfigError unless ``folder`` exists and takes new files, or can be created.
+def uncreatable(folder: Path) -> tuple[Path, str] | None:
+    """(where, why) when nothing can be created in ``folder`` or, where it does not exist
+    yet, in its nearest existing ancestor; None when something can.
 
-    Creates nothing that stays: it makes and removes a scratch folder in ``folder`` or its
-    nearest existing ancestor, which also tests what permission bits cannot (``root`` passes
-    every ``os.access`` check, yet cannot create anything in /proc or on a read-only mount).
+    Creates nothing that stays: it makes and removes a scratch folder there, which also tests
+    what permission bits cannot (``root`` passes every ``os.access`` check, yet cannot create
+    anything in /proc or on a read-only mount).
     """
     existing = folder.expanduser().absolute()
     while not os.path.lexists(existing) and existing != existing.parent:
@@ -187,5 +188,13 @@ def check_creatable(key: str, value: object, folder: Path, allowed: str) -> None
     try:
         os.rmdir(tempfile.mkdtemp(prefix=".rlspeed-check-", dir=existing))
     except OSError as error:  # not a folder, read-only, no permission
-        reason = error.strerror or type(error).__name__
-        raise ConfigError(key, value, f"{allowed} ({existing}: {reason})") from None
+        return existing, error.strerror or type(error).__name__
+    return None
+
+
+def check_creatable(key: str, value: object, folder: Path, allowed: str) -> None:
+    """Raise ConfigError unless ``folder`` exists and takes new files, or can be created."""
+    problem = uncreatable(folder)
+    if problem is not None:
+        where, why = problem
+        raise ConfigError(key, value, f"{allowed} ({where}: {why})")

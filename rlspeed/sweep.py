@@ -17,12 +17,12 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 import time
 import warnings
 from pathlib import Path
 from typing import Any
 
+from rlspeed.config import uncreatable
 from rlspeed.errors import ConfigError, RLSpeedError
 
 log = logging.getLogger("rlspeed")
@@ -121,17 +121,10 @@ def _file_problem(path: Path) -> str | None:
         except OSError as error:
             return f"{path} cannot be written ({error.strerror})"
         return None
-    folder = path.parent
-    while not folder.exists():
-        folder = folder.parent
-    if not folder.is_dir():
-        return f"{folder} is not a folder"
-    try:  # os.access says yes to root everywhere: only creating a file tells
-        fd, probe = tempfile.mkstemp(dir=folder, prefix=".rlspeed-probe-")
-    except OSError as error:
-        return f"no file can be created in {folder} ({error.strerror})"
-    os.close(fd)
-    os.unlink(probe)
+    problem = uncreatable(path.parent)
+    if problem is not None:
+        where, why = problem
+        return f"no file can be created in {where} ({why})"
     return None
 
 

@@ -246,7 +246,8 @@ class ResumePoint:
 
 @contextlib.contextmanager
 def deferred_interrupts() -> Iterator[Callable[[], None]]:
-    """Hold Ctrl-C and SIGTERM until the loop reaches the end of an iteration.
+    """Hold Ctrl-C, SIGTERM and (in a SLURM job) SIGUSR2 until the loop reaches the end of an
+    iteration.
 
     Yields ``check()``, which the loop calls there: a signal that arrived meanwhile is
     handed to the handler it would have reached (raising KeyboardInterrupt), so the
@@ -260,7 +261,7 @@ def deferred_interrupts() -> Iterator[Callable[[], None]]:
     pending: list[tuple[int, Any]] = []
     previous = {
         signum: signal.getsignal(signum)
-        for signum in (signal.SIGINT, signal.SIGTERM)
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)
         if callable(signal.getsignal(signum))
     }
 

@@ -6,7 +6,6 @@ import json
 import logging
 import signal
 import sys
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -19,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.table import Table
 
+from rlspeed import slurm
 from rlspeed.checkpoint import RESUME_FILE, atomic_write, load_resume, run_folder, save_resume
 from rlspeed.config import RunConfig, flatten, to_yaml, validate
 from rlspeed.engines import Engine, EngineSpec
@@ -120,8 +120,9 @@ class RunContext:
 
 
 class Interrupted(KeyboardInterrupt):
-    """Ctrl-C (SIGINT) or SIGTERM (a scheduler's preemption, `timeout`): the run ends as
-    KILLED with what it recorded saved, and the command exits 128 + the signal's number."""
+    """Ctrl-C (SIGINT), SIGTERM (a scheduler's preemption, `timeout`) or SLURM's SIGUSR2: the
+    run ends as KILLED with what it recorded saved, and the command exits 128 + the signal's
+    number (a SLURM job warned with SIGUSR2 is requeued first: rlspeed.slurm)."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(f"signal {signal.Signals(signum).name}")
@@ -143,6 +144,11 @@ def _output_dir() -> Path:
 
 def run(cfg: DictConfig) -> float:
     """Train as configured; returns the task's score (greedy evaluation)."""
+    out_dir = _output_dir()
+    # A requeued SLURM job continues the run its earlier attempt saved in this folder.
+    continued = slurm.continued_folder(out_dir) if not cfg.resume else None
+    if continued is not None:
+        cfg.resume = str(continued)
     validate(cfg)
     if cfg.mode == "eval":
         from rlspeed.evaluate import evaluate_checkpoint
@@ -153,7 +159,6 @@ def run(cfg: DictConfig) -> float:
     BACKENDS.get(cfg.backend.name).setup(cfg.backend, cfg.seed)
     train = algo.load(cfg.backend.name)
 
-    out_dir = _output_dir()
     out_dir.mkdir(parents=True, exist_ok=True)
     try:
         _write_text(out_dir / "config.yaml", to_yaml(cfg))
@@ -173,10 +178,14 @@ def run(cfg: DictConfig) -> float:
         run_name += f"-trial{cfg.trial.number}"
         tags.update({"optuna.study": cfg.trial.study_name, "optuna.trial": str(cfg.trial.number)})
     resumed = load_resume(cfg.resume) if cfg.resume else {}
-    if resumed:
+    tracked_run = None
+    if continued is not None:  # the same tracked run as the attempt it continues
+        tags["rlspeed.slurm_restarts"] = str(slurm.restarts())
+        tracked_run = _saved_metrics(out_dir).get("mlflow_run_id")
+    elif resumed:
         tags["rlspeed.resumed_from"] = str(run_folder(cfg.resume).resolve())
     tracker = TRACKERS.get(cfg.tracking.name).make(cfg.tracking)
-    tracker.start(run_name=run_name, params=flatten(cfg), tags=tags)
+    tracker.start(run_name=run_name, params=flatten(cfg), tags=tags, run_id=tracked_run)
     # The training loops read the config on every step: as the schema's dataclasses an
     # attribute costs ~30 ns, through DictConfig ~10 us (18% of a CartPole DQN run).
     plain_cfg = OmegaConf.to_object(cfg)
@@ -197,31 +206,29 @@ def run(cfg: DictConfig) -> float:
     # optuna.TrialPruned for a trial run; () matches nothing, so other runs never import optuna.
     pruned_error = reporter.pruned_error if reporter is not None else ()
     status = "FAILED"
-    # A scheduler's SIGTERM (preemption, `timeout`) ends the run like Ctrl-C: KILLED, checkpointed.
-    in_main_thread = threading.current_thread() is threading.main_thread()
-    previous_handler = signal.signal(signal.SIGTERM, interrupt) if in_main_thread else None
-    try:
-        result = train(ctx)
-        status = "FINISHED"
-    except KeyboardInterrupt as stop:
-        status = "KILLED"
-        log.warning("rlspeed: interrupted; saving a checkpoint and the metrics recorded so far")
-        if isinstance(stop, Interrupted):
-            stop.out_dir = out_dir
-        raise
-    except pruned_error as pruned:
-        # Stopped by the study's pruner: the sweeper records the trial as PRUNED.
-        status = "KILLED"
-        tracker.set_tags({"optuna.pruned": "true"})
-        log.info("rlspeed: trial %d %s", cfg.trial.number, pruned)
-        raise
-    finally:
-        if in_main_thread:
-            signal.signal(signal.SIGTERM, previous_handler)
-        monitor.close()
-        unrecorded = _finish(tracker, ctx, status)
-        if unrecorded and status != "FINISHED":  # beside the error or interrupt on its way out
-            print(unrecorded, file=sys.stderr)
+    # A scheduler's SIGTERM (preemption, `timeout`), or SLURM's SIGUSR2, ends the run like
+    # Ctrl-C: KILLED, checkpointed (and after SIGUSR2 the SLURM job is requeued).
+    with slurm.StopSignals(interrupt):
+        try:
+            result = train(ctx)
+            status = "FINISHED"
+        except KeyboardInterrupt as stop:
+            status = "KILLED"
+            log.warning("rlspeed: interrupted; saving a checkpoint and the metrics recorded so far")
+            if isinstance(stop, Interrupted):
+                stop.out_dir = out_dir
+            raise
+        except pruned_error as pruned:
+            # Stopped by the study's pruner: the sweeper records the trial as PRUNED.
+            status = "KILLED"
+            tracker.set_tags({"optuna.pruned": "true"})
+            log.info("rlspeed: trial %d %s", cfg.trial.number, pruned)
+            raise
+        finally:
+            monitor.close()
+            unrecorded = _finish(tracker, ctx, status)
+            if unrecorded and status != "FINISHED":  # beside the error or interrupt on its way
+                print(unrecorded, file=sys.stderr)
     _summary(choices, monitor, result, tracker.run_id, out_dir)
     if unrecorded:
         raise RLSpeedError(unrecorded)
@@ -270,7 +277,9 @@ def _finish(tracker: Tracker, ctx: RunContext, status: str) -> str | None:
         if _curves(monitor):
             write(OutputFile(out_dir / "learning_curve.png", partial(_plot_curve, monitor)))
         # Written last: its status and errors cover the files above.
-        metrics = partial(_write_metrics, monitor, status=final_status(), errors=problems())
+        metrics = partial(
+            _write_metrics, monitor, status=final_status(), errors=problems(), run_id=tracker.run_id
+        )
         write(OutputFile(out_dir / "metrics.json", metrics))
         final = final_status()
     finally:
@@ -283,11 +292,14 @@ def _write_text(path: Path, text: str) -> Path:
     return atomic_write(path, lambda file: file.write(text.encode()))
 
 
-def _write_metrics(monitor: RunMonitor, path: Path, status: str, errors: list[str]) -> Path:
+def _write_metrics(
+    monitor: RunMonitor, path: Path, status: str, errors: list[str], run_id: str | None
+) -> Path:
     summary = {
         "status": status,
         # Why the run is not fully recorded (a full disk, a dead tracking server); [] if it is.
         "errors": errors,
+        "mlflow_run_id": run_id,
         "num_seeds": monitor.num_seeds,
         # Means over seeds where num_seeds > 1; per-seed values under "seeds".
         "score": monitor.score,
@@ -314,6 +326,14 @@ def _write_metrics(monitor: RunMonitor, path: Path, status: str, errors: list[st
             for stream, rows in zip(monitor.streams, monitor.seed_history, strict=True)
         ]
     return _write_text(path, json.dumps(summary, indent=2, allow_nan=True))
+
+
+def _saved_metrics(out_dir: Path) -> dict[str, Any]:
+    """The ``metrics.json`` an earlier run left in ``out_dir`` ({} if none can be read)."""
+    try:
+        return json.loads((out_dir / "metrics.json").read_text())
+    except (OSError, ValueError):
+        return {}
 
 
 def _curves(monitor: RunMonitor) -> list[tuple[str, list[dict[str, float]]]]:

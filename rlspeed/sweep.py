@@ -13,12 +13,15 @@ whose last write was cut short, repaired here, for the sweeper and its jobs alik
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import logging
 import os
 import shutil
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +36,7 @@ JOURNAL_PREFIX = "journal:"
 STORAGE_KEY = "hydra.sweeper.storage"
 STORAGE_ALLOWED = (
     "a journal file in a writable folder (PATH.journal or journal:PATH) or a database URL "
-    "whose driver is installed (sqlite:///PATH, postgresql://...)"
+    "whose driver is installed (sqlite:///PATH, postgresql://USER@HOST:PORT/DB)"
 )
 # How far from a journal's end a cut-short record is looked for.
 _JOURNAL_TAIL_BYTES = 1 << 20
@@ -63,13 +66,23 @@ def _sqlite_path(spec: str) -> Path | None:
     return Path(database).expanduser().absolute()
 
 
+def _with_driver(spec: str) -> str:
+    """A ``postgresql://`` (or ``postgres://``) URL with the driver rlspeed installs,
+    psycopg 3; SQLAlchemy's default for it is psycopg2. Other strings are returned as given."""
+    scheme, sep, rest = spec.partition("://")
+    if sep and scheme in ("postgresql", "postgres"):
+        return f"postgresql+psycopg://{rest}"
+    return spec
+
+
 def normalize_storage(spec: str) -> str:
     """``spec`` as any process opens it, whatever its working directory: a journal or
     SQLite file by its absolute path (a journal keeps ``journal:`` unless its name ends in
-    ``.journal``, so that it still reads as a journal)."""
+    ``.journal``, so that it still reads as a journal), a PostgreSQL URL with its driver."""
     path = journal_path(spec)
     if path is not None:
         return str(path) if path.suffix == ".journal" else f"{JOURNAL_PREFIX}{path}"
+    spec = _with_driver(spec)
     database = _sqlite_path(spec)
     if database is not None:
         from sqlalchemy.engine import make_url
@@ -93,7 +106,7 @@ def _storage_problem(spec: str) -> str | None:
     from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
     try:
-        url = make_url(spec)
+        url = make_url(_with_driver(spec))
         dialect = url.get_dialect()
     except NoSuchModuleError:  # before its base class ArgumentError
         return f"SQLAlchemy knows no database '{url.drivername}'"
@@ -147,12 +160,53 @@ def open_storage(spec: str, heartbeat: tuple[int, int] | None = None) -> Any:
     database = _sqlite_path(spec)
     if database is not None:
         database.parent.mkdir(parents=True, exist_ok=True)  # SQLite creates the file only
-    if heartbeat is None:
-        return optuna.storages.RDBStorage(spec)
-    interval, grace = heartbeat
-    with warnings.catch_warnings():  # heartbeats are "experimental" since Optuna 2.9
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return optuna.storages.RDBStorage(spec, heartbeat_interval=interval, grace_period=grace)
+    beats = {}
+    if heartbeat is not None:
+        beats = {"heartbeat_interval": heartbeat[0], "grace_period": heartbeat[1]}
+    from sqlalchemy import create_engine
+
+    engine = create_engine(spec)
+    # Workers started together on a new database would all create Optuna's tables at once.
+    try:
+        with database_lock(engine, "optuna-schema"), warnings.catch_warnings():
+            # Heartbeats are "experimental" since Optuna 2.9.
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.storages.RDBStorage(spec, **beats)
+    finally:
+        engine.dispose()
+
+
+def storage_engine(storage: Any) -> Any:
+    """The SQLAlchemy engine of a database storage (None for a journal file)."""
+    return getattr(storage, "engine", None)
+
+
+@contextlib.contextmanager
+def database_lock(engine: Any, name: str) -> Iterator[None]:
+    """Hold rlspeed's lock ``name`` on a database server (PostgreSQL, MySQL): a session
+    advisory lock, on a connection of its own, that other processes wait for. Nothing for
+    SQLite or no engine (a journal file): their writes are serialized anyway."""
+    dialect = engine.dialect.name if engine is not None else None
+    if dialect not in ("postgresql", "mysql"):
+        yield
+        return
+    from sqlalchemy import text
+
+    name = f"rlspeed:{name}"
+    key = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
+    lock, unlock = {
+        "postgresql": ("SELECT pg_advisory_lock(:key)", "SELECT pg_advisory_unlock(:key)"),
+        "mysql": ("SELECT GET_LOCK(:name, -1)", "SELECT RELEASE_LOCK(:name)"),
+    }[dialect]
+    params = {"key": key, "name": name[:64]}  # MySQL's lock names: 64 characters at most
+    with engine.connect() as connection:
+        connection.execute(text(lock), params)
+        connection.commit()  # the lock is the session's: it outlives the transaction
+        try:
+            yield
+        finally:
+            connection.execute(text(unlock), params)
+            connection.commit()
 
 
 def repair_journal(path: Path) -> None:
@@ -270,7 +324,14 @@ class TrialReporter:
         """Record ``score`` at env step ``step``; stop the run if the pruner says so."""
         import optuna
 
-        self.trial.report(score, step)
+        try:
+            self.trial.report(score, step)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            # Its sweep is gone (killed) and another sweep of the study failed the trial.
+            raise RLSpeedError(
+                f"rlspeed: trial {self.trial.number} is no longer running in its study "
+                "(its sweep stopped and another sweep marked it FAIL): this run stops"
+            ) from None
         # The last evaluation is the trial's result: nothing is left to save by stopping.
         if step < self.total_steps and self.trial.should_prune():
             raise optuna.TrialPruned(f"pruned at step {step:,} (score {score:.4f})")

@@ -26,16 +26,22 @@ from omegaconf import DictConfig, OmegaConf
 from optuna.trial import TrialState
 
 from hydra_plugins.rlspeed_optuna_sweeper._space import SweepConfigError, SweepSetup, build, quote
+from hydra_plugins.rlspeed_optuna_sweeper._submitit import is_submitit, launch_each
 from hydra_plugins.rlspeed_optuna_sweeper._trials import (
-    GRACE_S,
-    HEARTBEAT_S,
     SURPLUS_ATTR,
     TrialKeeper,
     counted,
     is_surplus,
 )
 from rlspeed.errors import RLSpeedError
-from rlspeed.sweep import PRUNER_ATTR, check_storage, normalize_storage, open_storage
+from rlspeed.sweep import (
+    PRUNER_ATTR,
+    check_storage,
+    database_lock,
+    normalize_storage,
+    open_storage,
+    storage_engine,
+)
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +104,7 @@ class OptunaSweeperImpl:
         optuna.logging.set_verbosity(optuna.logging.WARNING)  # this sweeper logs what matters
         study_name = node.study_name or default_study_name(config)
         storage_spec = sweep_storage(config)
-        storage = open_storage(storage_spec, heartbeat=(HEARTBEAT_S, GRACE_S))
+        storage = open_storage(storage_spec, heartbeat=(node.heartbeat_s, node.grace_s))
         study = optuna.create_study(
             study_name=study_name,
             storage=storage,
@@ -116,7 +122,7 @@ class OptunaSweeperImpl:
             )
         study_id = storage.get_study_id_from_name(study_name)
         storage.set_study_system_attr(study_id, PRUNER_ATTR, setup.pruner_cfg)
-        keeper = TrialKeeper(study, storage)
+        keeper = TrialKeeper(study, storage, node.heartbeat_s, node.grace_s)
         stale = keeper.fail_stale()
 
         sweep_dir = Path(config.hydra.sweep.dir)
@@ -183,17 +189,24 @@ class OptunaSweeperImpl:
         returns: list[Sequence[JobReturn]] = []
         ran = failed = 0
         next_job_idx = 0
-        while (remaining := node.n_trials - len(counted(study.get_trials(deepcopy=False)))) > 0:
+        while True:
             if _grid_exhausted(setup.sampler, study):
                 log.info("The grid is exhausted: every combination has been tried")
                 break
             pending = []
             try:
-                with warnings.catch_warnings():  # the heartbeats are the sweeper's, not optimize's
+                # Counting and asking under the study's lock: sweeps sharing it on a database
+                # server never both ask for its last trial.
+                lock = database_lock(storage_engine(keeper.storage), f"study:{study.study_name}")
+                with lock, warnings.catch_warnings():
+                    # The heartbeats are the sweeper's, not optimize's.
                     warnings.filterwarnings("ignore", "Heartbeat of storage is supposed")
+                    remaining = node.n_trials - len(counted(study.get_trials(deepcopy=False)))
                     for _ in range(min(node.n_jobs, remaining)):
                         pending.append(study.ask(fixed_distributions=setup.space.distributions))
                         keeper.claim(pending[-1])
+                if not pending:
+                    break
                 trials = study.get_trials(deepcopy=False)
                 launch: list[tuple[Any, list[str]]] = []
                 for trial in list(pending):
@@ -224,9 +237,11 @@ class OptunaSweeperImpl:
                     numbers = [trial.number for trial, _ in launch]
                     consecutive = numbers == list(range(numbers[0], numbers[0] + len(numbers)))
                     job_idx = numbers[0] if consecutive else next_job_idx
-                    results = self.launcher.launch(
-                        [overrides for _, overrides in launch], initial_job_idx=job_idx
-                    )
+                    batch = [overrides for _, overrides in launch]
+                    if is_submitit(self.launcher):  # a lost SLURM job fails its trial alone
+                        results = launch_each(self.launcher, batch, job_idx)
+                    else:
+                        results = self.launcher.launch(batch, initial_job_idx=job_idx)
                     next_job_idx = max(next_job_idx, job_idx + len(launch))
                     returns.append(results)
                     for (trial, _), ret in zip(launch, results, strict=True):
@@ -256,7 +271,7 @@ class OptunaSweeperImpl:
         output_dir = OmegaConf.select(ret.hydra_cfg or {}, "hydra.runtime.output_dir")
         state = trial.storage.get_trial(trial._trial_id).state
         if state != TrialState.RUNNING:
-            # Another sweep judged it stale (this one gave no heartbeat for GRACE_S seconds,
+            # Another sweep judged it stale (this one gave no heartbeat for grace_s seconds,
             # e.g. a suspended machine): Optuna cannot change a finished trial.
             log.warning(
                 "Trial %d was marked %s by another sweep while its job ran: the job's "

@@ -274,7 +274,13 @@ def build(sweeper: DictConfig, cfg: DictConfig, arguments: list[str]) -> SweepSe
                 f"rlspeed: invalid hydra.sweeper.direction={value}: expected maximize or "
                 "minimize, or a list of them for a multi-objective study"
             )
-    for key, low, allowed in (("n_trials", 0, ">= 0"), ("n_jobs", 1, ">= 1")):
+    for key, low, allowed in (
+        ("n_trials", 0, ">= 0"),
+        ("n_jobs", 1, ">= 1"),
+        ("heartbeat_s", 1, ">= 1"),
+        # A grace within one heartbeat would judge live trials stale.
+        ("grace_s", 2 * sweeper.heartbeat_s, f">= 2 * heartbeat_s = {2 * sweeper.heartbeat_s}"),
+    ):
         if sweeper[key] < low:
             raise SweepConfigError(
                 f"rlspeed: invalid hydra.sweeper.{key}={sweeper[key]}: "

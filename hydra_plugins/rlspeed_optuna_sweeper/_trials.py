@@ -8,26 +8,28 @@ process is (the job runs inside it, or in a worker it waits on). So:
 * the sweeper records itself as a trial's owner when it asks for it (``OWNER_ATTR``: host,
   pid and a start token, so that a reused pid does not pass for the owner);
 * while the trial's job runs, a heartbeat thread of the sweeper marks the trial alive every
-  ``HEARTBEAT_S`` seconds: Optuna's heartbeats on a database (RDBStorage), a system
+  ``hydra.sweeper.heartbeat_s`` seconds: Optuna's heartbeats on a database (RDBStorage), a system
   attribute (``HEARTBEAT_ATTR``) in a journal file;
 * a RUNNING trial is stale, and is marked FAIL, when its owner is on this host and gone, or
-  its owner is on another host and its last heartbeat is older than ``GRACE_S``. A trial
-  with no owner (asked for by an older rlspeed or another program) is stale once it has
-  run ``GRACE_S`` (a sweeper records the owner just after asking: the grace covers that).
+  its owner is on another host and its last heartbeat is older than
+  ``hydra.sweeper.grace_s``. A trial with no owner (asked for by an older rlspeed or another
+  program) is stale once it has run that long (a sweeper records the owner just after
+  asking: the grace covers that).
 
 A study should get ``n_trials`` trials in all, whichever sweeps run them. Counted are the
-finished trials and the live RUNNING ones; a sweeper asks only for what is left. Two
-sweeps that count at the same time may still both ask for the last trial, so each checks
-right after asking: trials count in the order of their numbers, and a trial beyond the
-first ``n_trials`` counted is surplus. A surplus trial never runs; Optuna cannot delete a
+finished trials and the live RUNNING ones; a sweeper asks only for what is left, holding the
+study's lock while it counts and asks (rlspeed.sweep.database_lock: an advisory lock on
+PostgreSQL and MySQL; a journal file or SQLite serializes writes by itself). Another program, or two
+sweeps that count at the same time without the lock, may still both ask for the last trial,
+so each checks right after asking: trials count in the order of their numbers, and a trial
+beyond the first ``n_trials`` counted is surplus. A surplus trial never runs; Optuna cannot delete a
 trial, so it is told FAIL with the user attribute ``SURPLUS_ATTR`` saying why (samplers
 ignore failed trials) and is left out of every count. As trials are numbered in the order
 they were asked for, a sweeper that finds its trial within the first ``n_trials`` sees
-every trial that could come before it: no study gets more than ``n_trials`` in a journal
-file or SQLite, whose writes are serialized. On a database server (PostgreSQL, MySQL) two
-trials asked for in the same instant can get the same number, or the one with the lower id
-can be committed later; their order is then (number, id), and such a pair can still
-overshoot ``n_trials`` by one.
+every trial that could come before it. On a database server without the lock two trials
+asked for in the same instant can get the same number, or the one with the lower id can be
+committed later; their order is then (number, id), and such a pair could overshoot
+``n_trials`` by one: the lock is what rules that out there.
 """
 
 from __future__ import annotations
@@ -52,8 +54,6 @@ log = logging.getLogger(__name__)
 OWNER_ATTR = "rlspeed:owner"
 HEARTBEAT_ATTR = "rlspeed:heartbeat"
 SURPLUS_ATTR = "surplus"
-HEARTBEAT_S = 30
-GRACE_S = 300
 COUNTED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL, TrialState.RUNNING)
 
 
@@ -120,9 +120,11 @@ class TrialKeeper:
     """Records this sweeper as the owner of the trials it asks for, keeps them alive while
     their jobs run, and fails the stale RUNNING trials of the study."""
 
-    def __init__(self, study: Any, storage: Any) -> None:
+    def __init__(self, study: Any, storage: Any, heartbeat_s: float, grace_s: float) -> None:
         self.study = study
         self.storage = storage
+        self.heartbeat_s = heartbeat_s
+        self.grace_s = grace_s
         self.owner = process_owner(os.getpid())
         # A database records Optuna's heartbeats (open_storage turned them on); a journal
         # file has none: the heartbeat is a trial system attribute there.
@@ -150,7 +152,7 @@ class TrialKeeper:
         self._thread.join()
 
     def _run(self) -> None:
-        while not self._stop.wait(HEARTBEAT_S):
+        while not self._stop.wait(self.heartbeat_s):
             with self._lock:
                 trial_ids = list(self._beating)
             for trial_id in trial_ids:
@@ -188,12 +190,12 @@ class TrialKeeper:
     def _is_stale(self, trial: FrozenTrial) -> bool:
         owner = trial.system_attrs.get(OWNER_ATTR)
         if owner is None:
-            return _age_s(trial) > GRACE_S
+            return _age_s(trial) > self.grace_s
         alive = _owner_alive(owner)
         if alive is not None:
             return not alive
         # Another host: its database heartbeats were judged by fail_stale_trials above.
-        return not self.db_heartbeats and _age_s(trial) > GRACE_S
+        return not self.db_heartbeats and _age_s(trial) > self.grace_s
 
     def mark_surplus(self, trial: Any, n_trials: int) -> None:
         """Say why a trial that must not run (is_surplus) ends FAIL; the caller tells it."""

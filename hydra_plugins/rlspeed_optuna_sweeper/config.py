@@ -168,6 +168,12 @@ class OptunaSweeperConf:
     custom_search_space: str | None = None
     # Env steps between reports of a trial's score to the pruner (sets eval_every).
     report_every: int | None = None
+    # Seconds between the heartbeats this sweeper records for the trials its jobs run, and
+    # how long a trial of a sweep on another machine may go without one before any sweep of
+    # the study marks it FAIL (its sweep was killed). A database records the heartbeats
+    # (Optuna's RDBStorage heartbeats), a journal file a trial attribute.
+    heartbeat_s: int = 30
+    grace_s: int = 300
 
 
 def register() -> None:

@@ -31,6 +31,8 @@ class OptunaSweeper(Sweeper):
         search_space: Any,
         custom_search_space: str | None,
         report_every: int | None,
+        heartbeat_s: int,
+        grace_s: int,
     ) -> None:
         # The settings are read back from the composed config's hydra.sweeper node, where
         # the pre-flight check reads them too; the arguments are what Hydra passes.

@@ -14,7 +14,10 @@ class Tracker(Protocol):
     # records. A tracker that fails stops recording and lets training go on.
     failure: str | None
 
-    def start(self, run_name: str, params: dict[str, Any], tags: dict[str, str]) -> None: ...
+    def start(
+        self, run_name: str, params: dict[str, Any], tags: dict[str, str], run_id: str | None = None
+    ) -> None:
+        """Start recording a run; ``run_id``: continue that run (a requeued job's) instead."""
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None: ...
 

@@ -134,7 +134,9 @@ class MlflowTracker:
         self.run_id: str | None = None
         self.failure: str | None = None
 
-    def start(self, run_name: str, params: dict[str, Any], tags: dict[str, str]) -> None:
+    def start(
+        self, run_name: str, params: dict[str, Any], tags: dict[str, str], run_id: str | None = None
+    ) -> None:
         mlflow = self._mlflow
         try:
             mlflow.set_experiment(self._experiment)
@@ -143,6 +145,10 @@ class MlflowTracker:
                 # alone is what MLflow uses to nest runs.
                 tags = {**tags, "mlflow.parentRunId": self._parent_run_id}
             nested = mlflow.active_run() is not None
+            if run_id is not None:  # continued: its params are those it was started with
+                mlflow.start_run(run_id=run_id, tags=tags, nested=nested)
+                self.run_id = run_id
+                return
             run = mlflow.start_run(run_name=run_name, tags=tags, nested=nested)
             self.run_id = run.info.run_id
             mlflow.log_params({k: str(v)[:_MAX_PARAM_LENGTH] for k, v in params.items()})

@@ -12,7 +12,9 @@ class NoTracker:
     run_id: str | None = None
     failure: str | None = None
 
-    def start(self, run_name: str, params: dict[str, Any], tags: dict[str, str]) -> None:
+    def start(
+        self, run_name: str, params: dict[str, Any], tags: dict[str, str], run_id: str | None = None
+    ) -> None:
         return None
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:

@@ -178,7 +178,6 @@ class LocalCluster:
         self.optuna_url = f"postgresql+psycopg://rlspeed@127.0.0.1:{pg}/optuna"
         self.mlflow_db_url = f"postgresql+psycopg://rlspeed@127.0.0.1:{pg}/mlflow"
         self.mlflow_uri = f"http://127.0.0.1:{self.ports['mlflow']}"
-        self.pids: dict[str, int] = {}
         self.procs: dict[str, subprocess.Popen] = {}
 
     def __enter__(self) -> LocalCluster:
@@ -236,7 +235,6 @@ class LocalCluster:
                 extra_groups=[] if user else None,
             )
         self.procs[name] = proc
-        self.pids[name] = proc.pid
         return proc
 
     def _wait(self, name: str, log: Path, ready: Callable[[], bool]) -> None:
@@ -451,6 +449,11 @@ StorageLoc=slurm_acct_db
             job: state.split()[0]
             for job, state in (line.split("|") for line in out.stdout.splitlines())
         }
+
+    @property
+    def pids(self) -> dict[str, int]:
+        """The process ids of the daemons running now, by name."""
+        return {name: proc.pid for name, proc in self.procs.items() if proc.poll() is None}
 
     def describe(self) -> dict[str, object]:
         """What `up` writes to cluster.json: the addresses, the folders and the daemons' pids."""

@@ -153,9 +153,10 @@ class LocalCluster:
     * ``optuna_url`` / ``mlflow_db_url``: SQLAlchemy URLs of the two PostgreSQL databases;
     * ``mlflow_uri``: the MLflow tracking server's address.
 
-    Daemons that run as their own users (munged, postgres) keep their files in a short
-    side folder under /tmp (``runtime``), where those users can reach them: pytest's
-    ``tmp_path`` lies under a folder only root may enter, and socket paths must stay short.
+    The sockets (slurmstepd's among them, in slurmd's spool) and the files of the daemons
+    that run as their own users (munged, postgres) live in a side folder, ``runtime``, under
+    /tmp: a socket's path must stay under 108 bytes, which pytest-xdist's ``tmp_path`` exceeds
+    (slurmstepd then dies at launch), and munge and postgres cannot enter ``tmp_path``.
     """
 
     def __init__(self, folder: Path | str, timeout: float = 60, cpus: int | None = None) -> None:
@@ -165,7 +166,7 @@ class LocalCluster:
         # 2-worker sweep and a test's own job can run at once.
         self.cpus = cpus or max(4, os.cpu_count() or 1)
         self.partition = PARTITION
-        self.runtime = Path(tempfile.mkdtemp(prefix="rlspeed-cluster-"))
+        self.runtime = Path(tempfile.mkdtemp(prefix="rlspeed-cluster-", dir="/tmp"))
         self.runtime.chmod(0o755)
         self.ports = {
             name: free_port()
@@ -315,8 +316,7 @@ class LocalCluster:
 
     def _write_slurm_conf(self) -> None:
         slurm = self.folder / "slurm"
-        for sub in ("state", "spool"):
-            (slurm / sub).mkdir(parents=True, exist_ok=True)
+        (slurm / "state").mkdir(parents=True)
         p = self.ports
         # The daemons log to stderr (-D), into the files _spawn gives them.
         auth = f"AuthType=auth/munge\nAuthInfo=socket={self.munge_socket}"
@@ -329,7 +329,7 @@ SlurmUser=root
 SlurmdUser=root
 {auth},cred_expire=5
 StateSaveLocation={slurm / "state"}
-SlurmdSpoolDir={slurm / "spool"}
+SlurmdSpoolDir={self.runtime / "spool"}
 SlurmctldPidFile={slurm / "slurmctld.pid"}
 SlurmdPidFile={slurm / "slurmd.pid"}
 MailProg=/bin/true

@@ -192,6 +192,23 @@ def uncreatable(folder: Path) -> tuple[Path, str] | None:
     return None
 
 
+def unreachable(database_url: str, timeout_s: int = 5) -> str | None:
+    """Why a database server (PostgreSQL, MySQL) cannot be connected to, in one line; None
+    when it answers. Creates nothing."""
+    from sqlalchemy import create_engine
+    from sqlalchemy.exc import SQLAlchemyError
+
+    engine = create_engine(database_url, connect_args={"connect_timeout": timeout_s})
+    try:
+        with engine.connect():
+            return None
+    except SQLAlchemyError as error:
+        reason = str(getattr(error, "orig", None) or error).strip()
+        return (reason.splitlines() or [type(error).__name__])[0][:200]
+    finally:
+        engine.dispose()
+
+
 def check_creatable(key: str, value: object, folder: Path, allowed: str) -> None:
     """Raise ConfigError unless ``folder`` exists and takes new files, or can be created."""
     problem = uncreatable(folder)

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from rlspeed.config import uncreatable
+from rlspeed.config import uncreatable, unreachable
 from rlspeed.errors import ConfigError, RLSpeedError
 
 log = logging.getLogger("rlspeed")
@@ -117,7 +117,8 @@ def _storage_problem(spec: str) -> str | None:
     except ImportError as error:
         return f"its driver '{error.name}' is not installed"
     if url.get_backend_name() != "sqlite":
-        return None  # a database server: whether it answers is for the sweep to find out
+        problem = unreachable(str(url.render_as_string(hide_password=False)))
+        return None if problem is None else f"the database server does not answer ({problem})"
     database = _sqlite_path(spec)
     if database is None:
         return "an in-memory database is lost at exit and unseen by the trials' jobs"

@@ -110,7 +110,9 @@ BAD_URIS = [
     ("sqlite:////proc/rlspeed/mlflow.db", "expected a database file in a folder rlspeed can"),
     ("file:///tmp/mlruns", "MLflow 3 refuses file stores"),
     ("ftp://host/mlruns", "expected a tracking URI MLflow can record to"),
-    ("postgresql://user@localhost/mlflow", "expected a database whose Python driver is installed"),
+    ("mysql://user@localhost/mlflow", "expected a database whose Python driver is installed"),
+    # Nothing listens on port 1.
+    ("postgresql://user@127.0.0.1:1/mlflow", "expected a database server that answers"),
 ]
 
 

@@ -165,6 +165,8 @@ def test_a_journal_cut_short_by_a_full_disk_resumes(tmp_path):
         ("/proc/x.journal", "no file can be created in /proc"),
         ("sqlite:////proc/x.db", "no file can be created in /proc"),
         ("mysql://user@localhost/db", "driver 'MySQLdb' is not installed"),
+        # psycopg 3 is installed; nothing listens on port 1.
+        ("postgresql://user@127.0.0.1:1/db", "the database server does not answer"),
     ],
 )
 def test_storage_that_cannot_record_trials_is_one_line(tmp_path, storage, fragment):

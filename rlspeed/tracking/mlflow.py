@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rlspeed.config import check_creatable
+from rlspeed.config import check_creatable, unreachable
 from rlspeed.errors import ConfigError, RLSpeedError
 from rlspeed.tracking import TrackerSpec, cause
 
@@ -83,13 +83,17 @@ def _check_database(key: str, uri: str) -> None:
         raise ConfigError(
             key, uri, f"a database whose Python driver is installed (no module {error.name!r})"
         ) from None
-    if url.get_backend_name() == "sqlite":
-        if url.database in (None, "", ":memory:"):  # in memory: gone when the run ends
-            raise ConfigError(
-                key, uri, "a database file: sqlite:///RELATIVE.db or sqlite:////ABSOLUTE.db"
-            )
-        folder = Path(url.database).parent
-        check_creatable(key, uri, folder, "a database file in a folder rlspeed can write to")
+    if url.get_backend_name() != "sqlite":  # a server: it must answer before the run starts
+        problem = unreachable(uri)
+        if problem is not None:
+            raise ConfigError(key, uri, f"a database server that answers ({problem})")
+        return
+    if url.database in (None, "", ":memory:"):  # in memory: gone when the run ends
+        raise ConfigError(
+            key, uri, "a database file: sqlite:///RELATIVE.db or sqlite:////ABSOLUTE.db"
+        )
+    folder = Path(url.database).parent
+    check_creatable(key, uri, folder, "a database file in a folder rlspeed can write to")
 
 
 def _check_file_store(key: str, uri: str) -> None:

@@ -34,6 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 PARTITION = "debug"
+URGENT_PARTITION = "urgent"  # preempts the jobs of PARTITION (PreemptMode=REQUEUE)
 # Every daemon's environment carries this variable (the cluster's folder): stopping a cluster
 # kills exactly the processes that carry it, and their descendants (slurmstepd's job tasks).
 MARKER = "RLSPEED_LOCAL_CLUSTER"
@@ -345,11 +346,16 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SchedulerType=sched/backfill
 SchedulerParameters=sched_interval=2
+# A job of the urgent partition preempts debug's jobs that hold the CPUs it needs: SLURM
+# sends them SIGTERM and requeues them.
+PreemptType=preempt/partition_prio
+PreemptMode=REQUEUE
 ReturnToService=2
 MpiDefault=none
 NodeName={self.node} NodeHostname=localhost NodeAddr=127.0.0.1 Port={p["slurmd"]} \
 CPUs={self.cpus} RealMemory={memory_mb} State=UNKNOWN
-PartitionName={PARTITION} Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
+PartitionName={PARTITION} Nodes={self.node} Default=YES MaxTime=INFINITE State=UP PriorityTier=1
+PartitionName={URGENT_PARTITION} Nodes={self.node} MaxTime=INFINITE State=UP PriorityTier=2
 """)
         dbd = slurm / "slurmdbd.conf"
         dbd.touch(mode=0o600)  # slurmdbd refuses a readable one (it could hold a password)

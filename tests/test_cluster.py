@@ -6,8 +6,9 @@ PostgreSQL, all started here by tests/local_cluster.py: ``hydra/launcher=submiti
   in Optuna and in MLflow;
 * a worker killed mid-trial (on "another machine", its own hostname): its trial becomes FAIL
   through the database heartbeats, its orphaned job stops, and the sweep completes;
-* a trial job warned with SIGUSR2 (SLURM's preemption / time-limit signal) saves its run,
-  is requeued, and continues: one Optuna trial, one MLflow run, every env step once.
+* a trial job warned with SIGUSR2 (SLURM's time-limit / preemption notice), or preempted by
+  a job of a higher-priority partition (SIGTERM, requeued by SLURM), saves its run, is
+  requeued, and continues: one Optuna trial, one MLflow run, every env step once.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import RLSPEED, cli_env
-from tests.local_cluster import LocalCluster, unavailable
+from tests.local_cluster import URGENT_PARTITION, LocalCluster, unavailable
 
 REASON = unavailable()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=f"no local SLURM cluster: {REASON}")
@@ -46,14 +47,16 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         yield started
 
 
-def sweep_args(cluster: LocalCluster, study: str, n_trials: int, *extra: str) -> list[str]:
+def sweep_args(
+    cluster: LocalCluster, study: str, n_trials: int, *extra: str, cpus: int = 1
+) -> list[str]:
     """A sweep worker's command line, as docs/cluster/ writes it."""
     return [
         "-m",
         "hparams=dqn_search",
         "hydra/launcher=submitit_slurm",
         f"hydra.launcher.partition={cluster.partition}",
-        "hydra.launcher.cpus_per_task=1",
+        f"hydra.launcher.cpus_per_task={cpus}",
         # submitit counts a signal in the last 10 minutes of a job as its time limit, not a
         # preemption (not requeued unless max_num_timeout allows it).
         "hydra.launcher.timeout_min=60",
@@ -192,15 +195,27 @@ def _safe_trials(cluster: LocalCluster, study: str) -> list:
         return []
 
 
+@pytest.mark.parametrize("preemption", ["usr2", "urgent_job"])
 def test_preempted_trial_job_is_requeued_and_continues(
-    cluster: LocalCluster, tmp_path: Path
+    cluster: LocalCluster, tmp_path: Path, preemption: str
 ) -> None:
-    study = "preempted"
+    """usr2: SLURM's warning signal (``scancel --signal=USR2``, as before a time limit);
+    urgent_job: a job of a higher-priority partition preempts the trial's (SIGTERM, then
+    SLURM requeues it: PreemptMode=REQUEUE)."""
+    study = f"preempted_{preemption}"
     total = 60000
     worker = start_worker(
         cluster,
         tmp_path,
-        sweep_args(cluster, study, 1, f"total_steps={total}", "hydra.sweeper.report_every=20000"),
+        sweep_args(
+            cluster,
+            study,
+            1,
+            f"total_steps={total}",
+            "hydra.sweeper.report_every=20000",
+            # The whole node, so that the urgent job needs the trial job's CPUs.
+            cpus=cluster.cpus,
+        ),
     )
     logs = tmp_path / "outputs" / "multirun"
 
@@ -208,8 +223,10 @@ def test_preempted_trial_job_is_requeued_and_continues(
         return any("step 2,000/" in log.read_text() for log in logs.glob("*/*/*/rlspeed.log"))
 
     wait_for(training, 120, "the trial to train")
-    job = cluster.squeue()[0]["job_id"]
-    cluster.run("scancel", "--signal=USR2", job)
+    if preemption == "usr2":
+        cluster.run("scancel", "--signal=USR2", cluster.squeue()[0]["job_id"])
+    else:
+        cluster.run("sbatch", f"--partition={URGENT_PARTITION}", "--cpus-per-task=1", "--wrap=true")
     output = finish(worker, timeout=300)
 
     from optuna.trial import TrialState
@@ -218,7 +235,8 @@ def test_preempted_trial_job_is_requeued_and_continues(
     assert trial.state == TrialState.COMPLETE
     folder = Path(trial.user_attrs["output_dir"])
     log = (folder / "rlspeed.log").read_text()
-    assert "requeueing the job" in log
+    assert "interrupted; saving a checkpoint" in log
+    assert ("requeueing the job" in log) == (preemption == "usr2")  # else SLURM requeued it
     metrics = json.loads((folder / "metrics.json").read_text())
     assert metrics["status"] == "FINISHED" and metrics["env_steps"] == total
     (run,) = trial_runs(cluster, study)  # one MLflow run: the requeued job continued it

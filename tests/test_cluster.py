@@ -188,6 +188,22 @@ def test_killed_worker_leaves_fail_and_the_sweep_completes(
     assert {runs[1].info.status, runs[2].info.status} == {"FINISHED"}
 
 
+def test_stopped_worker_cancels_its_trial_jobs(cluster: LocalCluster, tmp_path: Path) -> None:
+    study = "stopped_worker"
+    worker = start_worker(cluster, tmp_path, sweep_args(cluster, study, 2, "total_steps=200000"))
+    wait_for(lambda: any(j["state"] == "RUNNING" for j in cluster.squeue()), 120, "a trial job")
+    job = cluster.squeue()[0]["job_id"]
+    worker.send_signal(signal.SIGTERM)  # a stopped sweep (its own job preempted, say)
+    output, _ = worker.communicate(timeout=60)
+    assert worker.returncode == 128 + signal.SIGTERM, output[-3000:]
+    wait_for(lambda: not cluster.squeue(), 60, "the trial job to be cancelled")
+    states = cluster.sacct_states(job)
+    assert states and set(states.values()) <= {"CANCELLED"}, states
+    from optuna.trial import TrialState
+
+    assert [t.state for t in trials(cluster, study)] == [TrialState.FAIL]
+
+
 def _safe_trials(cluster: LocalCluster, study: str) -> list:
     try:
         return trials(cluster, study)

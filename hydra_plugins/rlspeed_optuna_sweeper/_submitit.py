@@ -76,7 +76,12 @@ def launch_each(
         for column, value in zip(columns, job, strict=True):
             column.append(value)
     jobs = executor.map_array(launcher, *columns)
-    return [_wait(job, overrides) for job, overrides in zip(jobs, job_overrides, strict=True)]
+    try:
+        return [_wait(job, overrides) for job, overrides in zip(jobs, job_overrides, strict=True)]
+    except KeyboardInterrupt:  # the sweep is stopped (Ctrl-C, SIGTERM): so are its jobs
+        for job in jobs:
+            job.cancel(check=False)
+        raise
 
 
 def _wait(job: Any, overrides: Sequence[str]) -> JobReturn:

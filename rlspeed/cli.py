@@ -42,7 +42,35 @@ def _task(cfg: DictConfig) -> float:
         sys.exit(1)
 
 
+# Config groups that are rlspeed's own plumbing, not choices for users: the typed schemas
+# (schema/*) and the per-pair defaults chosen for them (algo_task).
+_INTERNAL_GROUPS = ("algo_task", "schema")
+
+
+def _config_groups() -> str:
+    """``rlspeed --help``'s list of config groups (``group: option, ...``), without Hydra's
+    and rlspeed's internal groups: the ``${rlspeed_config_groups:}`` of conf/hydra/help."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    loader = GlobalHydra.instance().config_loader()
+    lines = []
+    for group in sorted(loader.list_groups("")):
+        if group == "hydra" or group.split("/")[0] in _INTERNAL_GROUPS:
+            continue
+        lines.append(f"  {group}: {', '.join(sorted(loader.get_group_options(group)))}")
+    return "\n".join(lines)
+
+
+def _version() -> str:
+    from importlib.metadata import version
+
+    return f"rlspeed {version('rlspeed')}"
+
+
 def main() -> None:
+    if "--version" in sys.argv[1:]:  # before Hydra and the backends load: it stays instant
+        print(_version())
+        sys.exit(0)
     try:
         from rlspeed.run import interrupt
 
@@ -53,11 +81,13 @@ def main() -> None:
         if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
             signal.signal(signal.SIGTERM, interrupt)
         import hydra
+        from omegaconf import OmegaConf
 
         from rlspeed.config import register_configs
         from rlspeed.preflight import preflight
 
         register_configs()
+        OmegaConf.register_new_resolver("rlspeed_config_groups", _config_groups, replace=True)
         preflight(sys.argv[1:], CONF_DIR)
         hydra.main(version_base=None, config_path=CONF_DIR, config_name="config")(_task)()
     except KeyboardInterrupt as stop:

@@ -3,7 +3,8 @@
 Algorithms hand over finished-episode statistics and call ``log`` every ``log_every``
 env steps; this module turns them into the metric names users know from CleanRL,
 sends them to the tracker, keeps the history for the learning curve and draws progress
-(rich on a terminal, plain log lines elsewhere).
+(rich on a terminal, plain log lines elsewhere; the run's log file gets the plain lines
+either way).
 
 With ``num_seeds`` > 1 every seed is a stream of its own, logged as ``seed<i>/<name>``;
 once every seed has logged a step, the mean over seeds goes out under the plain names
@@ -12,6 +13,7 @@ with ``<name>_std`` beside it, and the score is the mean score.
 
 from __future__ import annotations
 
+import datetime
 import logging
 import math
 import sys
@@ -22,7 +24,7 @@ from typing import Any
 
 import numpy as np
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import BarColumn, Progress, TextColumn
 
 from rlspeed.errors import DivergenceError
 from rlspeed.tasks import Policy
@@ -34,6 +36,15 @@ log = logging.getLogger("rlspeed")
 ROLLING_EPISODES = 2000
 # SPEC §6 targets: mean return of the last 20 training episodes.
 RECENT_EPISODES = 20
+
+
+def to_log_file(message: str) -> None:
+    """Write ``message`` to the run's log file (Hydra's ``rlspeed.log``) alone: what a
+    terminal shows through rich (the progress bar, the summary table) is kept there as text."""
+    record = log.makeRecord(log.name, logging.INFO, __file__, 0, message, None, None)
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler) and record.levelno >= handler.level:
+            handler.handle(record)
 
 
 class SeedStream:
@@ -132,6 +143,12 @@ class RunMonitor:
         # step -> {seed: row}, until every seed has logged that step.
         self._pending: dict[int, dict[int, dict[str, float]]] = {}
         self._start = time.perf_counter()
+        # (time, steps) at this process's first log: the ETA's rate is measured from there,
+        # leaving out start-up and compilation (the fused path's first call compiles the
+        # whole program, seconds in which no step is counted).
+        self._rate_start: tuple[float, int] | None = None
+        # When compiling() was called, until the first log ends that phase.
+        self._compile_start: float | None = None
         self.score = math.nan
         mode = progress if progress != "auto" else ("rich" if sys.stdout.isatty() else "plain")
         self._mode = mode
@@ -143,13 +160,32 @@ class RunMonitor:
                 TextColumn("{task.completed:,.0f}/{task.total:,.0f} steps"),
                 TextColumn("{task.fields[sps]:,.0f} steps/s"),
                 TextColumn("score {task.fields[score]}"),
-                TimeRemainingColumn(),
+                TextColumn("eta {task.fields[eta]}"),
                 console=console,
             )
             self._bar = self._progress.add_task(
-                "training", total=total_steps * num_seeds, sps=0.0, score="-"
+                "training", total=total_steps * num_seeds, sps=0.0, score="-", eta="-"
             )
             self._progress.start()
+
+    def compiling(self) -> None:
+        """The run compiles its program now, before its first log (the fused path's first
+        call): shown as a phase of its own until that log."""
+        self._compile_start = time.perf_counter()
+        self._phase("compiling", "rlspeed: compiling the training program")
+
+    def _phase(self, name: str, line: str) -> None:
+        if self._progress is not None:
+            self._progress.update(self._bar, description=name)
+        self._write(line)
+
+    def _write(self, line: str) -> None:
+        """A progress line: the console's and the log file's in plain mode; else (a rich bar,
+        or no progress shown) the log file's alone."""
+        if self._mode == "plain":
+            log.info(line)
+        else:
+            to_log_file(line)
 
     def episodes(self, done: Any, episode_return: Any, episode_length: Any, seed: int = 0) -> None:
         """Record the episodes that ended: arrays of any shape, ``done`` as mask."""
@@ -213,24 +249,39 @@ class RunMonitor:
     def recent_return(self) -> float:
         return float(np.mean([s.recent_return for s in self.streams]))
 
+    def _eta(self) -> str:
+        """Time left at the rate trained since this process's first log ("-" until known)."""
+        now = time.perf_counter()
+        if self._rate_start is None:
+            self._rate_start = (now, self.steps)
+        since, steps = self._rate_start
+        if self.steps <= steps:
+            return "-"
+        remaining = max(self.total_steps * self.num_seeds - self.steps, 0)
+        seconds = remaining * (now - since) / (self.steps - steps)
+        return str(datetime.timedelta(seconds=round(seconds)))
+
     def _show(self, row: dict[str, float]) -> None:
+        if self._compile_start is not None:  # the first log ends the compiling phase
+            seconds = time.perf_counter() - self._compile_start
+            self._compile_start = None
+            line = f"rlspeed: compiled the program and ran its first chunk in {seconds:.1f} s"
+            self._phase("training", line)
         score = f"{self.score:.3f}" if math.isfinite(self.score) else "-"
+        eta = self._eta()
+        parts = [f"step {self.steps:,}/{self.total_steps * self.num_seeds:,}"]
+        parts.append(f"{row['charts/SPS']:,.0f} steps/s")
+        parts.append(f"{row['charts/updates_per_second']:,.0f} updates/s")
+        if "charts/episodic_return" in row:
+            parts.append(f"return {row['charts/episodic_return']:.3f}")
+            parts.append(f"rolling step reward {row['charts/rolling_step_reward']:.3f}")
+        parts.append(f"score {score}")
+        parts.append(f"eta {eta}")
+        self._write(" | ".join(parts))
         if self._progress is not None:
             self._progress.update(
-                self._bar, completed=self.steps, sps=row["charts/SPS"], score=score
+                self._bar, completed=self.steps, sps=row["charts/SPS"], score=score, eta=eta
             )
-        elif self._mode == "plain":
-            parts = [f"step {self.steps:,}/{self.total_steps * self.num_seeds:,}"]
-            parts.append(f"{row['charts/SPS']:,.0f} steps/s")
-            parts.append(f"{row['charts/updates_per_second']:,.0f} updates/s")
-            if "charts/episodic_return" in row:
-                parts.append(f"return {row['charts/episodic_return']:.3f}")
-                parts.append(f"rolling step reward {row['charts/rolling_step_reward']:.3f}")
-            parts.append(f"score {score}")
-            rate = self.steps / max(time.perf_counter() - self._start, 1e-9)
-            remaining = max(self.total_steps * self.num_seeds - self.steps, 0)
-            parts.append(f"eta {remaining / max(rate, 1e-9):.0f}s")
-            log.info(" | ".join(parts))
 
     @property
     def wall_time(self) -> float:

@@ -23,11 +23,12 @@ from rlspeed.checkpoint import RESUME_FILE, atomic_write, load_resume, run_folde
 from rlspeed.config import RunConfig, flatten, to_yaml, validate
 from rlspeed.engines import Engine, EngineSpec
 from rlspeed.errors import RLSpeedError
-from rlspeed.monitor import RECENT_EPISODES, RunMonitor, SeedMonitor
+from rlspeed.monitor import RECENT_EPISODES, RunMonitor, SeedMonitor, to_log_file
 from rlspeed.registry import ALGOS, BACKENDS, ENGINES, TASKS, TRACKERS
 from rlspeed.sweep import TrialReporter
 from rlspeed.tasks import TaskSpec
 from rlspeed.tracking import Tracker, cause
+from rlspeed.tracking.mlflow import MlflowTracker
 
 log = logging.getLogger("rlspeed")
 
@@ -229,7 +230,7 @@ def run(cfg: DictConfig) -> float:
             unrecorded = _finish(tracker, ctx, status)
             if unrecorded and status != "FINISHED":  # beside the error or interrupt on its way
                 print(unrecorded, file=sys.stderr)
-    _summary(choices, monitor, result, tracker.run_id, out_dir)
+    _summary(choices, result, tracker, ctx)
     if unrecorded:
         raise RLSpeedError(unrecorded)
     return monitor.score
@@ -275,7 +276,7 @@ def _finish(tracker: Tracker, ctx: RunContext, status: str) -> str | None:
             for output in files:
                 write(output)
         if _curves(monitor):
-            write(OutputFile(out_dir / "learning_curve.png", partial(_plot_curve, monitor)))
+            write(OutputFile(out_dir / "learning_curve.png", partial(_plot_curve, ctx)))
         # Written last: its status and errors cover the files above.
         metrics = partial(
             _write_metrics, monitor, status=final_status(), errors=problems(), run_id=tracker.run_id
@@ -345,32 +346,35 @@ def _curves(monitor: RunMonitor) -> list[tuple[str, list[dict[str, float]]]]:
     return [(f", seed {i}", rows) for i, rows in enumerate(monitor.seed_history) if rows]
 
 
-def _plot_curve(monitor: RunMonitor, path: Path) -> Path:
+def _plot_curve(ctx: RunContext, path: Path) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    monitor = ctx.run_monitor
     mean = monitor.num_seeds > 1 and bool(monitor.history)
-    # Returns and per-step ratios live on different scales: one panel each.
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    panels = (
-        (left, "charts/episodic_return", "episodic return (training)"),
-        (right, "charts/rolling_step_reward", "rolling step reward (training)"),
-        (right, "eval/score", "score (greedy evaluation)"),
-    )
-    for ax, name, label in panels:
-        for suffix, curve in _curves(monitor):
-            rows = [row for row in curve if name in row]
-            if rows:
-                steps = np.array([row["step"] for row in rows])
-                values = np.array([row[name] for row in rows])
-                marker = "o" if name == "eval/score" else None
-                ax.plot(steps, values, marker=marker, label=label + suffix)
-                if mean:
-                    spread = np.array([row[f"{name}_std"] for row in rows])
-                    ax.fill_between(steps, values - spread, values + spread, alpha=0.2)
-    for ax in (left, right):
+    returns = ("charts/episodic_return", "episodic return (training)")
+    score = ("eval/score", "score (greedy evaluation)")
+    step_reward = ("charts/rolling_step_reward", "rolling step reward (training)")
+    # One panel per scale: Doors' score is a step reward ratio, other tasks' a mean return.
+    panels = [[returns], [step_reward, score]] if ctx.task.step_reward else [[returns, score]]
+    # Only panels with something logged (a run stopped early may have no evaluation yet).
+    logged = {name for _, curve in _curves(monitor) for row in curve for name in row}
+    panels = [panel for panel in panels if logged & {name for name, _ in panel}] or panels[:1]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
+    for ax, panel in zip(axes[0], panels, strict=True):
+        for name, label in panel:
+            for suffix, curve in _curves(monitor):
+                rows = [row for row in curve if name in row]
+                if rows:
+                    steps = np.array([row["step"] for row in rows])
+                    values = np.array([row[name] for row in rows])
+                    marker = "o" if name == "eval/score" else None
+                    ax.plot(steps, values, marker=marker, label=label + suffix)
+                    if mean:
+                        spread = np.array([row[f"{name}_std"] for row in rows])
+                        ax.fill_between(steps, values - spread, values + spread, alpha=0.2)
         ax.set_xlabel("environment steps")
         ax.grid(alpha=0.3)
         ax.legend()
@@ -388,12 +392,11 @@ def _plot_curve(monitor: RunMonitor, path: Path) -> Path:
 
 
 def _summary(
-    choices: dict[str, str],
-    monitor: RunMonitor,
-    result: TrainResult,
-    run_id: str | None,
-    out_dir: Path,
+    choices: dict[str, str], result: TrainResult, tracker: Tracker, ctx: RunContext
 ) -> None:
+    """The run's numbers as a table, then where its outputs are as plain lines (a terminal
+    wraps a long path, rich would cut it to the width); the log file gets both."""
+    monitor = ctx.run_monitor
     table = Table(title="rlspeed run", show_header=False)
     table.add_column("what")
     table.add_column("value")
@@ -411,8 +414,19 @@ def _summary(
         (f"score{seeds}", f"{monitor.score:.4f}"),
         ("rolling step reward", f"{monitor.rolling_step_reward:.4f}"),
         (f"return, last {RECENT_EPISODES} episodes", f"{monitor.recent_return:.2f}"),
-        ("MLflow run id", run_id or "-"),
-        ("outputs", str(out_dir)),
     ):
         table.add_row(key, value)
-    Console().print(table)
+    where = [("outputs", str(ctx.out_dir.resolve()))]
+    for files in ctx.checkpointers.values():
+        # The agent's checkpoint (the MLflow artifact), not the resume state beside it.
+        where += [("checkpoint", str(f.path.resolve())) for f in files if f.artifact]
+    if tracker.run_id is not None:
+        where.append(("MLflow run id", tracker.run_id))
+    if isinstance(tracker, MlflowTracker):
+        where += tracker.links().items()
+    width = max(len(key) for key, _ in where)
+    lines = "\n".join(f"{key:<{width}}  {value}" for key, value in where)
+    console = Console(record=True)
+    console.print(table)
+    print(lines, flush=True)
+    to_log_file("\n" + console.export_text() + lines)

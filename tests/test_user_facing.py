@@ -3,13 +3,21 @@ and its learning curve, through the real ``rlspeed`` command."""
 
 from __future__ import annotations
 
+import datetime
+import json
+import os
+import pty
 import re
+import struct
 import subprocess
 import sys
 from importlib.metadata import version
 from pathlib import Path
 
-from tests.conftest import REPO_ROOT, cli_env, run_cli
+from mlflow import MlflowClient
+
+from tests.conftest import REPO_ROOT, RLSPEED, cli_env, run_cli
+from tests.test_tracking import _only_run, mlflow_server
 
 SPEC_COMMANDS = (
     "rlspeed backend=flax env=jax-vmap num_envs=384",
@@ -56,3 +64,125 @@ def test_version_prints_the_installed_version_without_loading_hydra(tmp_path: Pa
         [sys.executable, "-c", probe], cwd=REPO_ROOT, env=cli_env(), capture_output=True, text=True
     )
     assert loaded.stdout.splitlines()[-1] == "[]", loaded.stdout + loaded.stderr
+
+
+def _on_a_terminal(args: list[str], cwd: Path) -> tuple[int, str]:
+    """Run ``rlspeed`` with a pseudo-terminal as its stdout and stderr: (exit code, output)."""
+    primary, secondary = pty.openpty()
+    process = subprocess.Popen(
+        [RLSPEED, *args],
+        cwd=cwd,
+        env=cli_env(),
+        stdin=secondary,
+        stdout=secondary,
+        stderr=secondary,
+    )
+    os.close(secondary)
+    output = b""
+    while True:
+        try:
+            chunk = os.read(primary, 65536)
+        except OSError:  # EIO: the command closed the terminal
+            break
+        if not chunk:
+            break
+        output += chunk
+    os.close(primary)
+    return process.wait(timeout=300), output.decode(errors="replace")
+
+
+def _png_width(path: Path) -> int:
+    return struct.unpack(">I", path.read_bytes()[16:20])[0]  # IHDR's width
+
+
+def test_terminal_run_logs_progress_summary_compile_phase_and_eta(tmp_path: Path) -> None:
+    """A fused run on a terminal: rich draws the bar (compiling, then training), and
+    rlspeed.log still gets every progress line and the summary; the ETA leaves the compile
+    time out; the summary shows the run's page on the MLflow server; Doors' curve has the
+    rolling step reward panel."""
+    out = tmp_path / "run"
+    with mlflow_server(tmp_path) as (_, uri):
+        code, screen = _on_a_terminal(
+            [
+                "backend=flax",
+                "env=jax-vmap",
+                "task=doors",
+                "total_steps=8192",
+                "log_every=1024",
+                "eval_every=8192",
+                "algo.learning_starts=500",
+                "algo.hidden_sizes=[16]",
+                f"tracking.uri={uri}",
+                f"hydra.run.dir={out}",
+            ],
+            tmp_path,
+        )
+        assert code == 0, screen[-3000:]
+        _, run = _only_run(uri)
+    assert "compiling" in screen and "━" in screen  # the rich bar, in its compile phase
+    log = (out / "rlspeed.log").read_text()
+    assert "rlspeed: compiling the training program" in log
+    assert "rlspeed: compiled the program and ran its first chunk in" in log
+    progress = re.findall(
+        r"^\[(\S+ \S+)\]\[rlspeed\]\[INFO\] - step ([\d,]+)/([\d,]+) \|.*\| eta (\S+)$",
+        log,
+        flags=re.MULTILINE,
+    )
+    assert len(progress) == 8, log
+    # The first log comes after compiling: no rate to go by yet.
+    assert progress[0][3] == "-"
+    start = datetime.datetime.fromisoformat(progress[0][0].replace(",", "."))
+    first_step = int(progress[0][1].replace(",", ""))
+    for stamp, step, total, eta in progress[1:]:
+        step, total = int(step.replace(",", "")), int(total.replace(",", ""))
+        elapsed = (datetime.datetime.fromisoformat(stamp.replace(",", ".")) - start).total_seconds()
+        expected = max(total - step, 0) * elapsed / (step - first_step)
+        hours, minutes, seconds = map(int, eta.split(":"))
+        assert abs(hours * 3600 + minutes * 60 + seconds - expected) <= 1.5, (eta, expected)
+    # The summary, in the log file as on the terminal.
+    page = f"{uri}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}"
+    for text in (screen, log):
+        assert "rlspeed run" in text and "return, last 20 episodes" in text
+        assert f"MLflow run     {page}?workflowType=machine_learning" in text
+        assert f"outputs        {out}" in text
+    # Doors: episodic return, and rolling step reward beside the score (two panels).
+    assert _png_width(out / "learning_curve.png") == 1100
+
+
+def test_summary_shows_full_paths_and_how_to_open_the_run(tmp_path: Path) -> None:
+    """Paths longer than the console are printed whole; a SQLite store gets the `mlflow ui`
+    command and the run's page there; GridWorld's curve has no rolling step reward panel."""
+    out = tmp_path / ("a-folder-name-long-enough-to-pass-any-console-width-" * 2) / "run"
+    db = tmp_path / "mlflow.db"
+    result = run_cli(
+        [
+            "backend=torch",
+            "env=gym-sync",
+            "task=gridworld",
+            "total_steps=2000",
+            "log_every=500",
+            "eval_every=1000",
+            "algo.learning_starts=200",
+            "algo.hidden_sizes=[16]",
+            "progress=plain",
+            "tracking.uri=sqlite:///mlflow.db",
+            f"hydra.run.dir={out}",
+        ],
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    run_id = json.loads((out / "metrics.json").read_text())["mlflow_run_id"]
+    client = MlflowClient(f"sqlite:///{db}")
+    experiment = client.get_run(run_id).info.experiment_id
+    lines = result.stdout.splitlines()
+    page = f"http://127.0.0.1:5000/#/experiments/{experiment}/runs/{run_id}"
+    assert lines[-5:] == [
+        f"outputs        {out}",
+        f"checkpoint     {out / 'checkpoint.pt'}",
+        f"MLflow run id  {run_id}",
+        f"MLflow UI      mlflow ui --backend-store-uri sqlite:///{db}",
+        f"MLflow run     {page}?workflowType=machine_learning (with mlflow ui)",
+    ]
+    assert "…" not in result.stdout
+    # GridWorld's score is a mean return: one panel, returns and score together.
+    assert _png_width(out / "learning_curve.png") == 550

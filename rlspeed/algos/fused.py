@@ -95,6 +95,8 @@ def saved_policies(
 def train_fused(ctx: RunContext, make_train: Callable[[Any, VmapEnv], FusedTrainer]) -> TrainResult:
     """Train ``num_seeds`` agents as one program: vmap over seeds when there are several."""
     cfg, seeds = ctx.cfg, ctx.cfg.num_seeds
+    # Until the first chunk returns, the time goes to compiling the whole program.
+    ctx.run_monitor.compiling()
     trainer = make_train(cfg, make_vmap_env(ctx.task, cfg.task, cfg.num_envs))
     greedy = jax.jit(trainer.greedy)
     policy_params = jax.jit(trainer.policy_params)

@@ -52,3 +52,6 @@ class TaskSpec:
     tabular: TabularSpec | None = None
     # Raises ConfigError for settings the task cannot run with.
     validate: Callable[[Any], None] = check_settings
+    # True where the rolling step reward is the task's training metric and its score a step
+    # reward ratio (Doors); elsewhere the score is a mean return, plotted beside the returns.
+    step_reward: bool = False

@@ -105,4 +105,5 @@ SPEC = TaskSpec(
     observation_bytes=lambda cfg: cfg.grid_size**2,
     tabular=TabularSpec(num_states=num_states, state_index=state_index),
     validate=validate,
+    step_reward=True,
 )

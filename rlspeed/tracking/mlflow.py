@@ -111,6 +111,21 @@ def _check_file_store(key: str, uri: str) -> None:
     check_creatable(key, uri, Path(path), "a folder rlspeed can create and write to")
 
 
+def _portable(uri: str) -> str:
+    """``uri`` as it works from any folder and can be shown: a relative SQLite file or file
+    store made absolute, a database server's password hidden."""
+    scheme = urllib.parse.urlparse(uri).scheme.lower()
+    if scheme.partition("+")[0] not in _DATABASES:  # a file store: a path or file:PATH
+        path = urllib.parse.urlparse(uri).path if scheme == "file" else uri
+        return str(Path(path).resolve())
+    from sqlalchemy.engine import make_url
+
+    url = make_url(uri)
+    if url.get_backend_name() == "sqlite":
+        url = url.set(database=str(Path(url.database).resolve()))
+    return url.render_as_string(hide_password=True)
+
+
 class MlflowTracker:
     """Records one run in MLflow. When the store stops answering mid-run it says so once,
     stops recording and lets the run go on: the run's output folder keeps its results, and
@@ -134,6 +149,7 @@ class MlflowTracker:
             mlflow.set_tracking_uri(uri)
         self._uri = mlflow.get_tracking_uri()
         self._experiment = cfg.experiment
+        self._experiment_id: str | None = None
         self._parent_run_id = cfg.parent_run_id
         self.run_id: str | None = None
         self.failure: str | None = None
@@ -143,7 +159,7 @@ class MlflowTracker:
     ) -> None:
         mlflow = self._mlflow
         try:
-            mlflow.set_experiment(self._experiment)
+            self._experiment_id = mlflow.set_experiment(self._experiment).experiment_id
             if self._parent_run_id:
                 # Nested under a study's parent run that may live in another process: the tag
                 # alone is what MLflow uses to nest runs.
@@ -164,6 +180,22 @@ class MlflowTracker:
             if stopped:
                 raise
             raise RLSpeedError(f"rlspeed: could not start the run: {self._lost(error)}") from None
+
+    def links(self) -> dict[str, str]:
+        """Where to see the run: its page on the MLflow server; for a local or database
+        store, the ``mlflow ui`` command that serves it and the run's page there."""
+        if self.run_id is None:
+            return {}
+        # MLflow 3 opens a run's page on its GenAI view unless the URL asks for the classic one.
+        page = f"#/experiments/{self._experiment_id}/runs/{self.run_id}"
+        page += "?workflowType=machine_learning"
+        scheme = urllib.parse.urlparse(self._uri).scheme.lower()
+        if scheme in ("http", "https"):
+            return {"MLflow run": f"{self._uri.rstrip('/')}/{page}"}
+        if scheme == "databricks":
+            return {}
+        ui = f"mlflow ui --backend-store-uri {_portable(self._uri)}"
+        return {"MLflow UI": ui, "MLflow run": f"http://127.0.0.1:5000/{page} (with mlflow ui)"}
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         self._record(lambda: self._mlflow.log_metrics(metrics, step=step, run_id=self.run_id))

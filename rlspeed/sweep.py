@@ -40,6 +40,14 @@ STORAGE_ALLOWED = (
 )
 # How far from a journal's end a cut-short record is looked for.
 _JOURNAL_TAIL_BYTES = 1 << 20
+# Significant digits of the values a study records: equal scores that float noise made
+# differ (0.30000000000000004 and 0.3) tie, for the sampler, the pruner and best trials.
+SIGNIFICANT_DIGITS = 6
+
+
+def study_value(value: float) -> float:
+    """``value`` rounded to SIGNIFICANT_DIGITS, as the study records it."""
+    return float(f"{value:.{SIGNIFICANT_DIGITS}g}")
 
 
 def journal_path(spec: str) -> Path | None:
@@ -326,7 +334,7 @@ class TrialReporter:
         import optuna
 
         try:
-            self.trial.report(score, step)
+            self.trial.report(study_value(score), step)
         except optuna.exceptions.UpdateFinishedTrialError:
             # Its sweep is gone (killed) and another sweep of the study failed the trial.
             raise RLSpeedError(

@@ -11,6 +11,7 @@ so do the live trials of sweeps of the study running at the same time (see ``_tr
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import math
 import warnings
@@ -41,6 +42,7 @@ from rlspeed.sweep import (
     normalize_storage,
     open_storage,
     storage_engine,
+    study_value,
 )
 
 log = logging.getLogger(__name__)
@@ -120,6 +122,9 @@ class OptunaSweeperImpl:
                 f"'{study_name}' in {storage_spec} was created with {directions}; "
                 "use another hydra.sweeper.study_name or storage"
             )
+        _name_objectives(study, setup.objectives, storage_spec)
+        if setup.pruner_off:
+            log.info("No pruning: %s", setup.pruner_off)
         study_id = storage.get_study_id_from_name(study_name)
         storage.set_study_system_attr(study_id, PRUNER_ATTR, setup.pruner_cfg)
         keeper = TrialKeeper(study, storage, node.heartbeat_s, node.grace_s)
@@ -246,7 +251,7 @@ class OptunaSweeperImpl:
                     returns.append(results)
                     for (trial, _), ret in zip(launch, results, strict=True):
                         keeper.release(trial)
-                        failed += self._record(study, trial, ret, len(setup.directions))
+                        failed += self._record(study, trial, ret, setup)
                         pending.remove(trial)
                         ran += 1
             finally:
@@ -266,7 +271,7 @@ class OptunaSweeperImpl:
                 )
         return returns
 
-    def _record(self, study: Any, trial: Any, ret: JobReturn, n_objectives: int) -> int:
+    def _record(self, study: Any, trial: Any, ret: JobReturn, setup: SweepSetup) -> int:
         """Record how a job ended; returns 1 if the trial failed, else 0."""
         output_dir = OmegaConf.select(ret.hydra_cfg or {}, "hydra.runtime.output_dir")
         state = trial.storage.get_trial(trial._trial_id).state
@@ -284,12 +289,14 @@ class OptunaSweeperImpl:
         if output_dir:
             trial.set_user_attr("output_dir", str(output_dir))
         if ret.status == JobStatus.COMPLETED:
-            values = _objective_values(ret.return_value, n_objectives)
-            if values is not None:
-                _tell(study, trial, values=values if n_objectives > 1 else values[0])
-                log.info("Trial %d: COMPLETE, value %s", trial.number, _fmt_values(values))
+            values = _objective_values(
+                ret.return_value, setup.objectives, output_dir, len(setup.directions)
+            )
+            if not isinstance(values, str):
+                _tell(study, trial, values=values)
+                log.info("Trial %d: COMPLETE, %s", trial.number, _fmt_values(study, values))
                 return 0
-            reason = f"the job returned {ret.return_value!r}, not {n_objectives} finite number(s)"
+            reason = values
         else:
             error = ret._return_value  # the exception the job raised
             if isinstance(error, optuna.TrialPruned):
@@ -316,30 +323,74 @@ def _grid_exhausted(sampler: Any, study: Any) -> bool:
     return isinstance(sampler, optuna.samplers.GridSampler) and sampler.is_exhausted(study)
 
 
-def _objective_values(value: Any, n_objectives: int) -> list[float] | None:
-    values = list(value) if isinstance(value, (list, tuple)) else [value]
+def _name_objectives(study: Any, objectives: list[str] | None, storage_spec: str) -> None:
+    """Record the objectives' metric names in the study (its plots and table use them);
+    a study resumed with other objectives would mix their values."""
+    if study.metric_names is not None and study.metric_names != objectives:
+        raise SweepConfigError(
+            f"rlspeed: invalid hydra.sweeper.objectives={_list_text(objectives)}: study "
+            f"'{study.study_name}' in {storage_spec} optimizes "
+            f"{_list_text(study.metric_names)}; use another hydra.sweeper.study_name or storage"
+        )
+    if objectives is not None and study.metric_names is None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.set_metric_names(objectives)
+
+
+def _list_text(names: list[str] | None) -> str:
+    return "null" if names is None else f"[{','.join(names)}]"
+
+
+def _objective_values(
+    value: Any, objectives: list[str] | None, output_dir: str | None, n_objectives: int
+) -> list[float] | str:
+    """A finished job's objective values, rounded as studies record them (study_value):
+    the numbers ``objectives`` names in its metrics.json, else its return value.
+    Returns why there are none instead when they cannot be had."""
+    if objectives is not None:
+        try:
+            metrics = json.loads((Path(output_dir or ".") / "metrics.json").read_text())
+        except (OSError, ValueError) as error:
+            return f"no metrics.json in its folder {output_dir} ({error})"
+        values = [metrics.get(name) for name in objectives]
+        what = f"metrics.json's {_list_text(objectives)} are {values}"
+    else:
+        values = list(value) if isinstance(value, (list, tuple)) else [value]
+        what = f"the job returned {value!r}"
     try:
-        values = [float(v) for v in values]
+        numbers = [float(v) for v in values]
     except (TypeError, ValueError):
-        return None
-    if len(values) != n_objectives or not all(math.isfinite(v) for v in values):
-        return None
-    return values
+        numbers = []
+    if len(numbers) != n_objectives or not all(math.isfinite(v) for v in numbers):
+        return f"{what}, not {n_objectives} finite number(s)"
+    return [study_value(v) for v in numbers]
 
 
-def _fmt_values(values: Sequence[float] | None) -> str:
-    if values is None:
-        return "-"
-    return ", ".join(f"{v:.4f}" for v in values)
+def _objective_names(study: Any) -> list[str]:
+    """The objectives' metric names; ``value`` (or ``objective <i>``) without them."""
+    if study.metric_names is not None:
+        return list(study.metric_names)
+    if len(study.directions) == 1:
+        return ["value"]
+    return [f"objective {i}" for i in range(len(study.directions))]
+
+
+def _fmt_values(study: Any, values: Sequence[float]) -> str:
+    """``name value`` per objective, e.g. ``score 0.742, wall_time_s 12.31``."""
+    names = _objective_names(study)
+    return ", ".join(f"{name} {value:.6g}" for name, value in zip(names, values, strict=True))
 
 
 # --- results -------------------------------------------------------------------------
 
 
 def _best_trials(study: Any) -> list[Any]:
-    """Up to TOP_TRIALS complete trials, best first (the Pareto front if multi-objective)."""
+    """Up to TOP_TRIALS complete trials, best first; the Pareto front if multi-objective
+    (all of it, in the order of its first objective, best first)."""
     if len(study.directions) > 1:
-        return sorted(study.best_trials, key=lambda t: t.number)[:TOP_TRIALS]
+        first = study.directions[0] == optuna.study.StudyDirection.MAXIMIZE
+        return sorted(study.best_trials, key=lambda t: (t.values[0], t.number), reverse=first)
     complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     maximize = study.direction == optuna.study.StudyDirection.MAXIMIZE
     return sorted(complete, key=lambda t: t.value, reverse=maximize)[:TOP_TRIALS]
@@ -362,6 +413,7 @@ def write_results(study: Any, storage_spec: str, sweep_dir: Path) -> list[Path]:
         "study_name": study.study_name,
         "storage": storage_spec,
         "directions": [d.name.lower() for d in study.directions],
+        "objectives": study.metric_names,
         "trials": _counts(study),
     }
     best = _best_trials(study)
@@ -370,8 +422,14 @@ def write_results(study: Any, storage_spec: str, sweep_dir: Path) -> list[Path]:
         results["best_value"] = best[0].value if best else None
         results["best_params"] = dict(best[0].params) if best else None
     else:
-        results["solutions"] = [
-            {"number": t.number, "values": list(t.values), "params": dict(t.params)} for t in best
+        names = _objective_names(study)
+        results["pareto_front"] = [
+            {
+                "number": t.number,
+                "values": dict(zip(names, t.values, strict=True)),
+                "params": dict(t.params),
+            }
+            for t in best
         ]
     path = sweep_dir / "optimization_results.yaml"
     OmegaConf.save(OmegaConf.create(results), path)
@@ -387,9 +445,16 @@ def write_results(study: Any, storage_spec: str, sweep_dir: Path) -> list[Path]:
     return files
 
 
+# Parameters of the contour plot: its grid has one panel per pair, unreadable beyond 4.
+CONTOUR_PARAMS = 4
+CONTOUR_PANEL_PX = 280
+
+
 def write_plots(study: Any, out_dir: Path) -> list[Path]:
-    """Parameter importance, contour and optimization history: HTML (plotly, interactive)
-    and PNG (matplotlib; plotly's static export needs a browser)."""
+    """Parameter importance, contour (of the CONTOUR_PARAMS most important parameters),
+    optimization history and, for several objectives, the Pareto front: HTML (plotly,
+    interactive, sharing one ``plotly.min.js``) and PNG (matplotlib; plotly's static export
+    needs a browser). Plots of one objective show the first."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -399,30 +464,59 @@ def write_plots(study: Any, out_dir: Path) -> list[Path]:
     import optuna.visualization.matplotlib as vis_mpl
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    target: dict[str, Any] = {}
-    if len(study.directions) > 1:  # plots show the first objective
-        target = {"target": lambda t: t.values[0], "target_name": "objective 0"}
+    multi = len(study.directions) > 1
+    names = _objective_names(study)
+    target: dict[str, Any] = {"target_name": names[0]}
+    if multi:
+        target["target"] = lambda t: t.values[0]
     files = []
     verbosity = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # e.g. "unique value length < 2"
-    for name in ("param_importances", "contour", "optimization_history"):
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                fig = getattr(vis, f"plot_{name}")(study, **target)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        top = _top_params(study, target.get("target"))
+        plots = {
+            "param_importances": target,
+            "contour": {**target, "params": top},
+            "optimization_history": target,
+        }
+        if multi:
+            plots["pareto_front"] = {"target_names": names}
+        for name, args in plots.items():
+            try:
+                fig = getattr(vis, f"plot_{name}")(study, **args)
+                if name == "contour" and len(top) > 2:
+                    size = CONTOUR_PANEL_PX * len(top)
+                    fig.update_layout(width=size + 200, height=size)
                 html = out_dir / f"{name}.html"
-                fig.write_html(html)
+                # plotly.js (3.6 MB) once, as plotly.min.js beside the pages.
+                fig.write_html(html, include_plotlyjs="directory")
                 files.append(html)
-                axes = getattr(vis_mpl, f"plot_{name}")(study, **target)
+                axes = getattr(vis_mpl, f"plot_{name}")(study, **args)
                 figure = np.atleast_1d(axes).flat[0].figure
+                if name == "contour" and len(top) > 2:
+                    figure.set_size_inches(2.5 * len(top) + 1.5, 2.5 * len(top))
                 png = out_dir / f"{name}.png"
                 figure.savefig(png, dpi=100, bbox_inches="tight")
                 plt.close(figure)
                 files.append(png)
-        except Exception as error:  # noqa: BLE001 - e.g. too few trials for importances
-            log.warning("No %s plot: %s", name, " ".join(str(error).split()))
+            except Exception as error:  # noqa: BLE001 - e.g. too few trials for importances
+                log.warning("No %s plot: %s", name, " ".join(str(error).split()))
     optuna.logging.set_verbosity(verbosity)
+    script = out_dir / "plotly.min.js"
+    if script.exists():
+        files.append(script)
     return files
+
+
+def _top_params(study: Any, target: Any) -> list[str] | None:
+    """The CONTOUR_PARAMS most important parameters (all of them if their importances
+    cannot be had yet, e.g. from one complete trial)."""
+    try:
+        importances = optuna.importance.get_param_importances(study, target=target)
+    except Exception:  # noqa: BLE001 - Optuna raises several kinds for too few trials
+        return None
+    return list(importances)[:CONTOUR_PARAMS]
 
 
 def show_best(study: Any) -> None:
@@ -441,7 +535,9 @@ def show_best(study: Any) -> None:
     table.add_column("trial")
     for trial in best:
         table.add_column(f"#{trial.number}", justify="right")
-    table.add_row("values" if multi else "value", *[_fmt_values(t.values) for t in best])
+    for i, name in enumerate(_objective_names(study)):
+        directed = f"{name} ({study.directions[i].name.lower()})" if multi else name
+        table.add_row(directed, *[f"{t.values[i]:.6g}" for t in best])
     for name in sorted({name for trial in best for name in trial.params}):
         table.add_row(name, *[_fmt_param(t.params.get(name)) for t in best])
     Console().print(table)
@@ -546,6 +642,8 @@ class StudyRun:
                     if key not in logged:
                         client.log_param(run_id, key, value)
                     client.set_tag(run_id, key, str(value))
+            elif best:
+                client.set_tag(run_id, "pareto_front", ",".join(str(t.number) for t in best))
             for path in files:
                 client.log_artifact(
                     run_id,

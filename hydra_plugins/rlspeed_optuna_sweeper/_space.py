@@ -42,6 +42,17 @@ from optuna.distributions import (
 from rlspeed.errors import RLSpeedError
 
 SYNTAX = "interval(a, b), tag(log, interval(a, b)), range(a, b, step=s), choice(x, y) or x,y"
+# The numbers of a run's metrics.json (rlspeed.run._write_metrics) a study can optimize.
+METRICS = (
+    "score",
+    "rolling_step_reward",
+    "recent_return",
+    "env_steps",
+    "gradient_updates",
+    "wall_time_s",
+    "env_steps_per_s",
+    "updates_per_s",
+)
 _ABSENT = object()
 
 
@@ -92,11 +103,15 @@ class SweepSetup:
 
     space: SearchSpace
     directions: list[str]
+    # metrics.json names, one per direction; None: the job's return value.
+    objectives: list[str] | None
     sampler: Any
     pruner: Any
     # Pruner config as plain data (with _target_), for the jobs to rebuild it.
     pruner_cfg: dict[str, Any]
     custom_search_space: Any
+    # Why the configured pruner is off (for the sweep's log), or None.
+    pruner_off: str | None = None
 
 
 def value_text(value: Any) -> str:
@@ -313,12 +328,44 @@ def build(sweeper: DictConfig, cfg: DictConfig, arguments: list[str]) -> SweepSe
     if hyperband and pruner_cfg.get("min_resource") is None:  # resources are env steps
         pruner_cfg["min_resource"] = report_every or 1
     pruner = _instantiate("pruner", OmegaConf.create(pruner_cfg), space)
-    if len(directions) > 1 and type(pruner).__name__ != "NopPruner":
+    objectives = _objectives(sweeper, directions, is_rlspeed_run="trial" in cfg)
+    pruner_off = None
+    if type(pruner).__name__ != "NopPruner":
+        if len(directions) > 1:
+            pruner_off = "Optuna cannot prune a multi-objective study"
+        elif objectives not in (None, ["score"]):  # the trials report their score
+            pruner_off = f"a pruner judges the score, the objective is {objectives[0]}"
+    if pruner_off is not None:
+        pruner_off += f": the {type(pruner).__name__} is off"
+        pruner_cfg = {"_target_": "optuna.pruners.NopPruner"}
+        pruner = instantiate(pruner_cfg)
+    return SweepSetup(
+        space, directions, objectives, sampler, pruner, pruner_cfg, custom, pruner_off
+    )
+
+
+def _objectives(
+    sweeper: DictConfig, directions: list[str], is_rlspeed_run: bool
+) -> list[str] | None:
+    """The checked ``objectives`` key: metrics.json names, one per direction."""
+    names = sweeper.get("objectives")
+    if names is None:
+        if len(directions) > 1 and is_rlspeed_run:  # a run returns its score alone
+            raise SweepConfigError(
+                f"rlspeed: invalid hydra.sweeper.objectives=null: expected "
+                f"{len(directions)} metric names for direction=[{','.join(directions)}], one per "
+                f"direction, e.g. [score,wall_time_s]; allowed: {', '.join(METRICS)}"
+            )
+        return None
+    names = [str(n) for n in names] if isinstance(names, (list, ListConfig)) else [str(names)]
+    wrong = [name for name in names if name not in METRICS]
+    if wrong or len(names) != len(directions):
+        why = f"unknown name {wrong[0]}" if wrong else f"direction=[{','.join(directions)}]"
         raise SweepConfigError(
-            "rlspeed: invalid hydra/sweeper/pruner: Optuna cannot prune a multi-objective study; "
-            "expected hydra/sweeper/pruner=none with a list direction"
+            f"rlspeed: invalid hydra.sweeper.objectives=[{','.join(names)}]: expected "
+            f"{len(directions)} of {', '.join(METRICS)}, one per direction ({why})"
         )
-    return SweepSetup(space, directions, sampler, pruner, pruner_cfg, custom)
+    return names
 
 
 def _instantiate(what: str, node: DictConfig, space: SearchSpace) -> Any:

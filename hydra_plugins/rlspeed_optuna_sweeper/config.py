@@ -2,9 +2,10 @@
 
 The keys are those of hydra-optuna-sweeper (``sampler``, ``direction``, ``storage``,
 ``study_name``, ``n_trials``, ``n_jobs``, ``max_failure_rate``, ``params``, ``search_space``,
-``custom_search_space``), so its configs run unchanged; ``pruner`` and ``report_every`` are
-rlspeed's additions. Samplers and pruners are Hydra group options (``hydra/sweeper/sampler``,
-``hydra/sweeper/pruner``) holding the Optuna class and its constructor arguments.
+``custom_search_space``), so its configs run unchanged; ``pruner``, ``report_every``,
+``objectives`` and the heartbeat keys are rlspeed's additions. Samplers and pruners are
+Hydra group options (``hydra/sweeper/sampler``, ``hydra/sweeper/pruner``) holding the Optuna
+class and its constructor arguments.
 
 This module is imported by Hydra's plugin scan on every start: it must stay light (no Optuna),
 and without `from __future__ import annotations` (the scan runs it outside sys.modules,
@@ -145,6 +146,9 @@ class OptunaSweeperConf:
     pruner: Any = MISSING
     # maximize or minimize; a list of them for a multi-objective study.
     direction: Any = "maximize"
+    # Names of the numbers in each trial's metrics.json the study optimizes, one per
+    # direction, e.g. [score, wall_time_s]; null: the job's return value (rlspeed's score).
+    objectives: list[str] | None = None
     # Optuna storage: a journal file (path ending in .journal, or journal:PATH) or a database
     # URL. null: outputs/optuna/<study_name>.journal under the working directory, so running
     # the same command again resumes the study.

@@ -22,6 +22,7 @@ class OptunaSweeper(Sweeper):
         sampler: Any,
         pruner: Any,
         direction: Any,
+        objectives: Any,
         storage: str | None,
         study_name: str | None,
         n_trials: int,

@@ -128,7 +128,8 @@ def test_study_prunes_tracks_in_mlflow_and_resumes(tmp_path):
     assert parent.data.params["best.algo.optimizer"] == best.params["algo.optimizer"]
     artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
     artifacts |= {a.path for a in client.list_artifacts(parent.info.run_id, "plots")}
-    assert {"optimization_results.yaml", "trials.csv", *PLOTS} <= artifacts
+    # The HTML plots' shared plotly.js goes along with them.
+    assert {"optimization_results.yaml", "trials.csv", "plots/plotly.min.js", *PLOTS} <= artifacts
 
     # The sweep folder: results file and the table of the best trials.
     (sweep_dir,) = _sweep_dirs(tmp_path)

@@ -357,7 +357,7 @@ def _objectives(
                 f"direction, e.g. [score,wall_time_s]; allowed: {', '.join(METRICS)}"
             )
         return None
-    names = [str(n) for n in names] if isinstance(names, (list, ListConfig)) else [str(names)]
+    names = [str(name) for name in names]  # the schema makes it a list
     wrong = [name for name in names if name not in METRICS]
     if wrong or len(names) != len(directions):
         why = f"unknown name {wrong[0]}" if wrong else f"direction=[{','.join(directions)}]"

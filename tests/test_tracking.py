@@ -122,6 +122,9 @@ def test_run_logged_to_a_real_mlflow_server(tmp_path):
         client, run = _only_run(uri)
         assert run.info.status == "FINISHED"
         assert "eval/score" in run.data.metrics
+        # The summary links the run's page (MLflow 3 opens on its GenAI view without the query).
+        page = f"{uri}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}"
+        assert f"{page}?workflowType=machine_learning" in result.stdout
         artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
         assert {"config.yaml", "checkpoint.msgpack", "metrics.json"} <= artifacts
         with urllib.request.urlopen(f"{uri}/", timeout=10) as page:  # the UI itself answers

@@ -12,7 +12,8 @@
 set -euo pipefail
 
 # The MLflow database (created empty; the server creates its tables). postgresql:// URLs
-# are opened with psycopg 3, the driver rlspeed's cluster extra installs.
+# are given psycopg 3, the driver rlspeed's cluster extra installs (SQLAlchemy before 2.1
+# would pick psycopg2).
 MLFLOW_DB=${MLFLOW_DB:?set MLFLOW_DB=postgresql://USER@HOST:PORT/DB (the MLflow database)}
 ARTIFACTS=${ARTIFACTS:-$HOME/mlflow-artifacts}
 MLFLOW_HOST=${MLFLOW_HOST:-0.0.0.0}   # the interface to listen on (0.0.0.0: all)

@@ -56,7 +56,8 @@ for i in "${!pids[@]}"; do
     fi
 done
 
-# The study as the database has it (psycopg 3 is the driver rlspeed installs).
+# The study as the database has it; psycopg 3 is the driver rlspeed's cluster extra installs
+# (SQLAlchemy before 2.1 would pick psycopg2 for a plain postgresql:// URL).
 db=$RLSPEED_DB
 case $db in postgresql://* | postgres://*) db=postgresql+psycopg://${db#*://} ;; esac
 python - "$db" "$STUDY" <<'PY'
@@ -68,7 +69,7 @@ study = optuna.load_study(study_name=sys.argv[2], storage=sys.argv[1])
 trials = study.get_trials(deepcopy=False)
 states = collections.Counter(t.state.name for t in trials)
 print(f"study {study.study_name}: {len(trials)} trials:", ", ".join(f"{n} {s}" for s, n in sorted(states.items())))
-if states["COMPLETE"]:
+if states["COMPLETE"] and len(study.directions) == 1:
     print(f"best: trial {study.best_trial.number}, value {study.best_value:.4g}, {study.best_params}")
 PY
 exit "$failed"

@@ -97,7 +97,9 @@ def main() -> None:
         line = f"rlspeed: interrupted by {signal.Signals(signum).name}"
         if out_dir is not None:
             line += f"; the run is marked KILLED, what it recorded is in {out_dir}"
-            if any(out_dir.glob("resume*.pkl")):
+            if getattr(stop, "requeued", False):
+                line += "; its SLURM job is requeued and will continue it"
+            elif any(out_dir.glob("resume*.pkl")):
                 line += f" (continue it with resume={out_dir})"
         print(line, file=sys.stderr)
         sys.exit(128 + signum)

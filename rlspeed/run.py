@@ -150,6 +150,12 @@ def run(cfg: DictConfig) -> float:
     continued = slurm.continued_folder(out_dir) if not cfg.resume else None
     if continued is not None:
         cfg.resume = str(continued)
+        log.info(
+            "rlspeed: SLURM job %s, attempt %d: continuing the run saved in %s",
+            slurm.job_id(),
+            slurm.restarts() + 1,
+            continued,
+        )
     validate(cfg)
     if cfg.mode == "eval":
         from rlspeed.evaluate import evaluate_checkpoint

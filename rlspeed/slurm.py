@@ -77,18 +77,23 @@ class StopSignals:
         for signum, handler in self.previous.items():
             signal.signal(signum, handler)
         if getattr(error, "signum", None) == signal.SIGUSR2 and signal.SIGUSR2 in self.previous:
-            _requeue(self.previous[signal.SIGUSR2], getattr(error, "out_dir", None))
+            requeued = _requeue(self.previous[signal.SIGUSR2], getattr(error, "out_dir", None))
+            error.requeued = requeued  # type: ignore[union-attr]  # for the exit line
 
 
-def _requeue(submitit_handler: Any, out_dir: Path | None) -> None:
-    """Requeue this job; returns only where ``scontrol requeue`` failed."""
+def _requeue(submitit_handler: Any, out_dir: Path | None) -> bool:
+    """Requeue this job; True if it is (submitit's handler exits the process itself)."""
     job = job_id()
     log.warning("rlspeed: SLURM job %s: the run is saved in %s; requeueing the job", job, out_dir)
+    # A requeue ends this attempt with SIGTERM: the run is saved already, so it is ignored.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if callable(submitit_handler):
         # submitit's: it records the job to rerun (the same Hydra job), requeues and exits.
         submitit_handler(signal.SIGUSR2, None)
-        return
+        return False  # not requeued: submitit's handler raised without exiting
     try:
         subprocess.run(["scontrol", "requeue", job], check=True, capture_output=True, timeout=60)
     except (OSError, subprocess.SubprocessError) as error:
         log.warning("rlspeed: could not requeue SLURM job %s (%s)", job, error)
+        return False
+    return True

@@ -76,7 +76,7 @@ def _sqlite_path(spec: str) -> Path | None:
 
 def _with_driver(spec: str) -> str:
     """A ``postgresql://`` (or ``postgres://``) URL with the driver rlspeed installs,
-    psycopg 3; SQLAlchemy's default for it is psycopg2. Other strings are returned as given."""
+    psycopg 3 (SQLAlchemy before 2.1 defaults to psycopg2). Other strings as given."""
     scheme, sep, rest = spec.partition("://")
     if sep and scheme in ("postgresql", "postgres"):
         return f"postgresql+psycopg://{rest}"

@@ -188,6 +188,19 @@ def test_killed_worker_leaves_fail_and_the_sweep_completes(
     assert {runs[1].info.status, runs[2].info.status} == {"FINISHED"}
 
 
+def test_cancelled_trial_job_fails_its_trial_alone(cluster: LocalCluster, tmp_path: Path) -> None:
+    study = "cancelled_job"
+    args = sweep_args(cluster, study, 2, "total_steps=12000", "hydra.sweeper.max_failure_rate=1")
+    worker = start_worker(cluster, tmp_path, args)
+    wait_for(lambda: any(j["state"] == "RUNNING" for j in cluster.squeue()), 120, "a trial job")
+    cluster.run("scancel", cluster.squeue()[0]["job_id"])  # lost: no result comes back
+    output = finish(worker)
+    assert "ended without a result (state CANCELLED" in output
+    from optuna.trial import TrialState
+
+    assert [t.state for t in trials(cluster, study)] == [TrialState.FAIL, TrialState.COMPLETE]
+
+
 def test_stopped_worker_cancels_its_trial_jobs(cluster: LocalCluster, tmp_path: Path) -> None:
     study = "stopped_worker"
     worker = start_worker(cluster, tmp_path, sweep_args(cluster, study, 2, "total_steps=200000"))

@@ -181,6 +181,9 @@ class OptunaSweeperImpl:
         extra: list[str] = []
         if node.report_every is not None and "eval_every" in config:
             extra.append(f"eval_every={node.report_every}")
+            # A run evaluates on its log rows: it logs at least as often as it reports.
+            if config.get("log_every", 0) > node.report_every:
+                extra.append(f"log_every={node.report_every}")
         # rlspeed's jobs attach to their trial (rlspeed.sweep); other apps just get params.
         is_trial_job = OmegaConf.select(config, "trial.number", default="absent") != "absent"
         if is_trial_job:
@@ -273,7 +276,10 @@ class OptunaSweeperImpl:
 
     def _record(self, study: Any, trial: Any, ret: JobReturn, setup: SweepSetup) -> int:
         """Record how a job ended; returns 1 if the trial failed, else 0."""
-        output_dir = OmegaConf.select(ret.hydra_cfg or {}, "hydra.runtime.output_dir")
+        # A SLURM job lost without a result has no Hydra config (_submitit).
+        output_dir = None
+        if ret.hydra_cfg is not None:
+            output_dir = OmegaConf.select(ret.hydra_cfg, "hydra.runtime.output_dir")
         state = trial.storage.get_trial(trial._trial_id).state
         if state != TrialState.RUNNING:
             # Another sweep judged it stale (this one gave no heartbeat for grace_s seconds,

@@ -75,7 +75,13 @@ def launch_each(
         job = (list(overrides), "hydra.sweep.dir", idx, f"job_id_for_{idx}", Singleton.get_state())
         for column, value in zip(columns, job, strict=True):
             column.append(value)
-    jobs = executor.map_array(launcher, *columns)
+    # A worker that is itself a SLURM job must not pass its job's SLURM_* variables on: its
+    # trial jobs would take its array id for theirs. The cluster's config file stays.
+    slurm_conf = os.environ.get("SLURM_CONF")
+    with submitit.helpers.clean_env():
+        if slurm_conf is not None:
+            os.environ["SLURM_CONF"] = slurm_conf
+        jobs = executor.map_array(launcher, *columns)
     try:
         return [_wait(job, overrides) for job, overrides in zip(jobs, job_overrides, strict=True)]
     except KeyboardInterrupt:  # the sweep is stopped (Ctrl-C, SIGTERM): so are its jobs

@@ -31,10 +31,14 @@ _MAX_PARAM_LENGTH = 6000
 # server died waiting ~4 minutes per request, ~12 minutes before it fails. These give up on a
 # refused connection after ~7 s (3 retries, 0 + 2 + 4 s apart) and on a server that hangs
 # after ~90 s; set only where the user has not set them.
-_HTTP_DEFAULTS = {
+_MLFLOW_DEFAULTS = {
     "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "3",
     "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
     "MLFLOW_HTTP_REQUEST_TIMEOUT": "20",
+    # MLflow's usage telemetry (a background thread posting to the internet, which cluster
+    # nodes often cannot reach): off. Its set-up failed 1 of 8 trial runs started together
+    # on the local SLURM cluster (a KeyError on its session id in os.environ).
+    "MLFLOW_DISABLE_TELEMETRY": "true",
 }
 
 
@@ -132,7 +136,7 @@ class MlflowTracker:
     ``failure`` tells the run it could not be fully recorded."""
 
     def __init__(self, cfg: Any) -> None:
-        for name, value in _HTTP_DEFAULTS.items():
+        for name, value in _MLFLOW_DEFAULTS.items():
             os.environ.setdefault(name, value)
         # urllib3 logs each retry; a server that stopped answering gets rlspeed's one line.
         logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)

@@ -66,6 +66,8 @@ class RunContext:
     checkpointers: dict[int, list[OutputFile]] = field(default_factory=dict)
     # resume=PATH: per seed index, the saved state that agent continues from.
     resumed: dict[int, dict[str, Any]] = field(default_factory=dict)
+    # The tracked (MLflow) run, saved with the resume state: a requeued SLURM job continues it.
+    tracked_run_id: str | None = None
 
     @property
     def seed(self) -> int:
@@ -96,7 +98,11 @@ class RunContext:
             )
 
         def save_state(path: Path) -> Path:
-            state = {**resume_state(), "monitor": self.run_monitor.state_dict()}
+            state = {
+                **resume_state(),
+                "monitor": self.run_monitor.state_dict(),
+                "tracked_run_id": self.tracked_run_id,
+            }
             return save_resume(state, path)
 
         # The resume state stays in the run folder: it holds the replay buffer (large).
@@ -188,7 +194,7 @@ def run(cfg: DictConfig) -> float:
     tracked_run = None
     if continued is not None:  # the same tracked run as the attempt it continues
         tags["rlspeed.slurm_restarts"] = str(slurm.restarts())
-        tracked_run = _saved_metrics(out_dir).get("mlflow_run_id")
+        tracked_run = resumed[min(resumed)].get("tracked_run_id")
     elif resumed:
         tags["rlspeed.resumed_from"] = str(run_folder(cfg.resume).resolve())
     tracker = TRACKERS.get(cfg.tracking.name).make(cfg.tracking)
@@ -209,7 +215,9 @@ def run(cfg: DictConfig) -> float:
     )
     if resumed:  # metrics continue from the saved step (every agent file holds them all)
         monitor.load_state_dict(resumed[min(resumed)]["monitor"])
-    ctx = RunContext(plain_cfg, task, engine, monitor, out_dir, resumed=resumed)
+    ctx = RunContext(
+        plain_cfg, task, engine, monitor, out_dir, resumed=resumed, tracked_run_id=tracker.run_id
+    )
     # optuna.TrialPruned for a trial run; () matches nothing, so other runs never import optuna.
     pruned_error = reporter.pruned_error if reporter is not None else ()
     status = "FAILED"
@@ -251,13 +259,16 @@ def _finish(tracker: Tracker, ctx: RunContext, status: str) -> str | None:
     out_dir, monitor = ctx.out_dir, ctx.run_monitor
     failed: dict[str, list[str]] = {}  # why -> the files that could not be written
 
-    def write(output: OutputFile) -> None:
+    def save(output: OutputFile) -> bool:
         try:
             output.write(output.path)
         except Exception as error:  # costs this file alone; reported in the returned line
             failed.setdefault(cause(error), []).append(output.path.name)
-            return
-        if output.artifact:
+            return False
+        return True
+
+    def write(output: OutputFile) -> None:
+        if save(output) and output.artifact:
             tracker.log_artifact(output.path)
 
     def problems() -> list[str]:
@@ -277,10 +288,13 @@ def _finish(tracker: Tracker, ctx: RunContext, status: str) -> str | None:
 
     final = status
     try:
+        # Every agent's files on disk first, uploads after: a preempted job has seconds before
+        # SLURM kills it, and its requeued attempt continues from these files.
+        saved = [output for files in ctx.checkpointers.values() for output in files if save(output)]
         tracker.log_artifact(out_dir / "config.yaml")
-        for files in ctx.checkpointers.values():
-            for output in files:
-                write(output)
+        for output in saved:
+            if output.artifact:
+                tracker.log_artifact(output.path)
         if _curves(monitor):
             write(OutputFile(out_dir / "learning_curve.png", partial(_plot_curve, ctx)))
         # Written last: its status and errors cover the files above.
@@ -333,14 +347,6 @@ def _write_metrics(
             for stream, rows in zip(monitor.streams, monitor.seed_history, strict=True)
         ]
     return _write_text(path, json.dumps(summary, indent=2, allow_nan=True))
-
-
-def _saved_metrics(out_dir: Path) -> dict[str, Any]:
-    """The ``metrics.json`` an earlier run left in ``out_dir`` ({} if none can be read)."""
-    try:
-        return json.loads((out_dir / "metrics.json").read_text())
-    except (OSError, ValueError):
-        return {}
 
 
 def _curves(monitor: RunMonitor) -> list[tuple[str, list[dict[str, float]]]]:

@@ -6,8 +6,10 @@ SLURM warns a job before it ends it: SIGUSR2 ahead of its time limit or a preemp
 training like Ctrl-C: the run saves its checkpoint and resume state in its output folder and
 ends KILLED, in MLflow too. After SIGUSR2 the job is requeued: by submitit, which requeues
 the same Hydra job (so the same output folder), or by ``scontrol requeue`` for a plain
-``sbatch`` of rlspeed. After SIGTERM, SLURM requeues a job it preempted (PreemptMode=REQUEUE);
-a cancelled job stays cancelled.
+``sbatch`` of rlspeed. After SIGTERM, a job SLURM chose for preemption (``PreemptTime`` in
+``scontrol show job``; PreemptMode=REQUEUE) is requeued with ``scontrol requeue``: ended
+within its partition's GraceTime, SLURM would mark it FAILED instead. A cancelled job stays
+cancelled.
 
 A requeued job (``SLURM_RESTART_COUNT`` > 0) whose output folder holds an earlier attempt's
 resume state continues from it: the same folder, the same MLflow run, the same Optuna trial.
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -76,9 +79,30 @@ class StopSignals:
     ) -> None:
         for signum, handler in self.previous.items():
             signal.signal(signum, handler)
-        if getattr(error, "signum", None) == signal.SIGUSR2 and signal.SIGUSR2 in self.previous:
-            requeued = _requeue(self.previous[signal.SIGUSR2], getattr(error, "out_dir", None))
+        signum, out_dir = getattr(error, "signum", None), getattr(error, "out_dir", None)
+        requeued = None
+        if signum == signal.SIGUSR2 and signal.SIGUSR2 in self.previous:
+            requeued = _requeue(self.previous[signal.SIGUSR2], out_dir)
+        elif signum == signal.SIGTERM and job_id() is not None and _preempted():
+            # Preempted with a grace time: a job that ends before it would not be requeued.
+            requeued = _requeue(None, out_dir)
+        if requeued is not None:
             error.requeued = requeued  # type: ignore[union-attr]  # for the exit line
+
+
+def _preempted() -> bool:
+    """Whether SLURM has chosen this job for preemption (its SIGTERM is then no cancel)."""
+    try:
+        shown = subprocess.run(
+            ["scontrol", "show", "job", job_id() or ""],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return re.search(r"\bPreemptTime=(?!None\b)\S", shown) is not None
 
 
 def _requeue(submitit_handler: Any, out_dir: Path | None) -> bool:

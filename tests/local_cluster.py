@@ -347,14 +347,15 @@ SelectTypeParameters=CR_Core
 SchedulerType=sched/backfill
 SchedulerParameters=sched_interval=2
 # A job of the urgent partition preempts debug's jobs that hold the CPUs it needs: SLURM
-# sends them SIGTERM and requeues them.
+# sends them SIGTERM and requeues them, killing them GraceTime (+ KillWait) seconds later.
 PreemptType=preempt/partition_prio
 PreemptMode=REQUEUE
 ReturnToService=2
 MpiDefault=none
 NodeName={self.node} NodeHostname=localhost NodeAddr=127.0.0.1 Port={p["slurmd"]} \
 CPUs={self.cpus} RealMemory={memory_mb} State=UNKNOWN
-PartitionName={PARTITION} Nodes={self.node} Default=YES MaxTime=INFINITE State=UP PriorityTier=1
+PartitionName={PARTITION} Nodes={self.node} Default=YES MaxTime=INFINITE State=UP PriorityTier=1 \
+GraceTime=60
 PartitionName={URGENT_PARTITION} Nodes={self.node} MaxTime=INFINITE State=UP PriorityTier=2
 """)
         dbd = slurm / "slurmdbd.conf"

@@ -265,7 +265,7 @@ def test_preempted_trial_job_is_requeued_and_continues(
     folder = Path(trial.user_attrs["output_dir"])
     log = (folder / "rlspeed.log").read_text()
     assert "interrupted; saving a checkpoint" in log
-    assert ("requeueing the job" in log) == (preemption == "usr2")  # else SLURM requeued it
+    assert "requeueing the job" in log
     metrics = json.loads((folder / "metrics.json").read_text())
     assert metrics["status"] == "FINISHED" and metrics["env_steps"] == total
     (run,) = trial_runs(cluster, study)  # one MLflow run: the requeued job continued it

@@ -92,6 +92,17 @@ def start_worker(
     )
 
 
+def running_jobs(cluster: LocalCluster, cwd: Path) -> list[str]:
+    """The ids of the RUNNING jobs submitted from ``cwd`` (a test's own worker: the cluster is
+    shared by the tests of this file, and an earlier test's jobs may still be ending)."""
+    out = cluster.run("squeue", "--noheader", "--states=RUNNING", "-o", "%i|%Z").stdout
+    return [
+        job
+        for job, folder in (line.split("|") for line in out.splitlines())
+        if Path(folder).is_relative_to(cwd)
+    ]
+
+
 def finish(worker: subprocess.Popen, timeout: float = 240) -> str:
     output, _ = worker.communicate(timeout=timeout)
     assert worker.returncode == 0, output[-4000:]
@@ -165,12 +176,11 @@ def test_killed_worker_leaves_fail_and_the_sweep_completes(
     from optuna.trial import TrialState
 
     def running_job() -> bool:
-        return any(t.state == TrialState.RUNNING for t in _safe_trials(cluster, study)) and any(
-            job["state"] == "RUNNING" for job in cluster.squeue()
-        )
+        running = any(t.state == TrialState.RUNNING for t in _safe_trials(cluster, study))
+        return running and bool(running_jobs(cluster, tmp_path))
 
     wait_for(running_job, 120, "worker A's trial job to run")
-    orphan = cluster.squeue()[0]["job_id"]
+    (orphan,) = running_jobs(cluster, tmp_path)
     os.killpg(worker_a.pid, signal.SIGKILL)  # the worker, not its SLURM job
     worker_a.communicate(timeout=30)
     time.sleep(5)  # longer than grace_s: no heartbeat since the kill
@@ -192,8 +202,8 @@ def test_cancelled_trial_job_fails_its_trial_alone(cluster: LocalCluster, tmp_pa
     study = "cancelled_job"
     args = sweep_args(cluster, study, 2, "total_steps=12000", "hydra.sweeper.max_failure_rate=1")
     worker = start_worker(cluster, tmp_path, args)
-    wait_for(lambda: any(j["state"] == "RUNNING" for j in cluster.squeue()), 120, "a trial job")
-    cluster.run("scancel", cluster.squeue()[0]["job_id"])  # lost: no result comes back
+    wait_for(lambda: running_jobs(cluster, tmp_path), 120, "a trial job")
+    cluster.run("scancel", *running_jobs(cluster, tmp_path))  # lost: no result comes back
     output = finish(worker)
     assert "ended without a result (state CANCELLED" in output
     from optuna.trial import TrialState
@@ -204,12 +214,12 @@ def test_cancelled_trial_job_fails_its_trial_alone(cluster: LocalCluster, tmp_pa
 def test_stopped_worker_cancels_its_trial_jobs(cluster: LocalCluster, tmp_path: Path) -> None:
     study = "stopped_worker"
     worker = start_worker(cluster, tmp_path, sweep_args(cluster, study, 2, "total_steps=200000"))
-    wait_for(lambda: any(j["state"] == "RUNNING" for j in cluster.squeue()), 120, "a trial job")
-    job = cluster.squeue()[0]["job_id"]
+    wait_for(lambda: running_jobs(cluster, tmp_path), 120, "a trial job")
+    (job,) = running_jobs(cluster, tmp_path)
     worker.send_signal(signal.SIGTERM)  # a stopped sweep (its own job preempted, say)
     output, _ = worker.communicate(timeout=60)
     assert worker.returncode == 128 + signal.SIGTERM, output[-3000:]
-    wait_for(lambda: not cluster.squeue(), 60, "the trial job to be cancelled")
+    wait_for(lambda: all(j["job_id"] != job for j in cluster.squeue()), 60, "the job's end")
     states = cluster.sacct_states(job)
     assert states and set(states.values()) <= {"CANCELLED"}, states
     from optuna.trial import TrialState
@@ -253,7 +263,7 @@ def test_preempted_trial_job_is_requeued_and_continues(
 
     wait_for(training, 120, "the trial to train")
     if preemption == "usr2":
-        cluster.run("scancel", "--signal=USR2", cluster.squeue()[0]["job_id"])
+        cluster.run("scancel", "--signal=USR2", *running_jobs(cluster, tmp_path))
     else:
         cluster.run("sbatch", f"--partition={URGENT_PARTITION}", "--cpus-per-task=1", "--wrap=true")
     output = finish(worker, timeout=300)

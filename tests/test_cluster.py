@@ -265,7 +265,8 @@ def test_preempted_trial_job_is_requeued_and_continues(
     if preemption == "usr2":
         cluster.run("scancel", "--signal=USR2", *running_jobs(cluster, tmp_path))
     else:
-        cluster.run("sbatch", f"--partition={URGENT_PARTITION}", "--cpus-per-task=1", "--wrap=true")
+        urgent = [f"--partition={URGENT_PARTITION}", "--cpus-per-task=1", "--output=/dev/null"]
+        cluster.run("sbatch", *urgent, "--wrap=true")
     output = finish(worker, timeout=300)
 
     from optuna.trial import TrialState

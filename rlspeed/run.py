@@ -28,7 +28,6 @@ from rlspeed.registry import ALGOS, BACKENDS, ENGINES, TASKS, TRACKERS
 from rlspeed.sweep import TrialReporter
 from rlspeed.tasks import TaskSpec
 from rlspeed.tracking import Tracker, cause
-from rlspeed.tracking.mlflow import MlflowTracker
 
 log = logging.getLogger("rlspeed")
 
@@ -434,8 +433,7 @@ def _summary(
         where += [("checkpoint", str(f.path.resolve())) for f in files if f.artifact]
     if tracker.run_id is not None:
         where.append(("MLflow run id", tracker.run_id))
-    if isinstance(tracker, MlflowTracker):
-        where += tracker.links().items()
+    where += tracker.links().items()
     width = max(len(key) for key, _ in where)
     lines = "\n".join(f"{key:<{width}}  {value}" for key, value in where)
     console = Console(record=True)

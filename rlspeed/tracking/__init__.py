@@ -25,6 +25,9 @@ class Tracker(Protocol):
 
     def set_tags(self, tags: dict[str, str]) -> None: ...
 
+    def links(self) -> dict[str, str]:
+        """Where to see the run (label -> URL or command); {} where there is nowhere."""
+
     def end(self, status: str) -> None:
         """status: FINISHED, FAILED or KILLED."""
 

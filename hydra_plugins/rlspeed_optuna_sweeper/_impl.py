@@ -481,6 +481,8 @@ def write_plots(study: Any, out_dir: Path) -> list[Path]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         top = _top_params(study, target.get("target"))
+        # The contour's grid grows with its parameters (None: all of them, few enough).
+        big_contour = top is not None and len(top) > 2
         plots = {
             "param_importances": target,
             "contour": {**target, "params": top},
@@ -491,7 +493,7 @@ def write_plots(study: Any, out_dir: Path) -> list[Path]:
         for name, args in plots.items():
             try:
                 fig = getattr(vis, f"plot_{name}")(study, **args)
-                if name == "contour" and len(top) > 2:
+                if name == "contour" and big_contour:
                     size = CONTOUR_PANEL_PX * len(top)
                     fig.update_layout(width=size + 200, height=size)
                 html = out_dir / f"{name}.html"
@@ -500,7 +502,7 @@ def write_plots(study: Any, out_dir: Path) -> list[Path]:
                 files.append(html)
                 axes = getattr(vis_mpl, f"plot_{name}")(study, **args)
                 figure = np.atleast_1d(axes).flat[0].figure
-                if name == "contour" and len(top) > 2:
+                if name == "contour" and big_contour:
                     figure.set_size_inches(2.5 * len(top) + 1.5, 2.5 * len(top))
                 png = out_dir / f"{name}.png"
                 figure.savefig(png, dpi=100, bbox_inches="tight")

@@ -8,7 +8,6 @@ backend built the agent; each algorithm's backend module reads its checkpoint ba
 
 from __future__ import annotations
 
-import importlib
 import logging
 from pathlib import Path
 from typing import Any
@@ -61,8 +60,7 @@ def evaluate_checkpoint(cfg: DictConfig) -> float:
 
 
 def _load_policies(saved: Any, path: Path, obs_space: Any, action_space: Any) -> list[Policy]:
-    spec = ALGOS.get(saved.algo.name)
-    module = importlib.import_module(spec.implementations[saved.backend.name].partition(":")[0])
+    module = ALGOS.get(saved.algo.name).backend_module(saved.backend.name)
     return module.load_policies(saved, path, obs_space, action_space)
 
 

@@ -19,12 +19,13 @@ from rich.console import Console
 from rich.table import Table
 
 from rlspeed import slurm
+from rlspeed.algos.loops import train
 from rlspeed.checkpoint import RESUME_FILE, atomic_write, load_resume, run_folder, save_resume
 from rlspeed.config import RunConfig, flatten, to_yaml, validate
 from rlspeed.engines import Engine, EngineSpec
 from rlspeed.errors import RLSpeedError
 from rlspeed.monitor import RECENT_EPISODES, RunMonitor, SeedMonitor, to_log_file
-from rlspeed.registry import ALGOS, BACKENDS, ENGINES, TASKS, TRACKERS
+from rlspeed.registry import BACKENDS, ENGINES, TASKS, TRACKERS
 from rlspeed.sweep import TrialReporter
 from rlspeed.tasks import TaskSpec
 from rlspeed.tracking import Tracker, cause
@@ -49,8 +50,8 @@ class OutputFile:
 
 @dataclass
 class RunContext:
-    """What an algorithm's ``train(ctx)`` gets: the config, the task, the engine, the
-    monitor, and which of the run's ``num_seeds`` agents it trains."""
+    """What a training loop (``rlspeed.algos.loops``) gets: the config, the task, the
+    engine, the monitor, and which of the run's ``num_seeds`` agents it trains."""
 
     cfg: RunConfig  # plain dataclasses, not DictConfig (see ``run``)
     task: TaskSpec
@@ -166,10 +167,8 @@ def run(cfg: DictConfig) -> float:
         from rlspeed.evaluate import evaluate_checkpoint
 
         return evaluate_checkpoint(cfg)
-    algo, task = ALGOS.get(cfg.algo.name), TASKS.get(cfg.task.name)
-    engine = ENGINES.get(cfg.env.name)
+    task, engine = TASKS.get(cfg.task.name), ENGINES.get(cfg.env.name)
     BACKENDS.get(cfg.backend.name).setup(cfg.backend, cfg.seed)
-    train = algo.load(cfg.backend.name)
 
     out_dir.mkdir(parents=True, exist_ok=True)
     try:

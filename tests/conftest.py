@@ -12,10 +12,11 @@ import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hydra import compose, initialize_config_dir
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from rlspeed.cli import CONF_DIR
 from rlspeed.config import register_configs
@@ -112,3 +113,9 @@ def make_cfg() -> Callable[[list[str]], DictConfig]:
             return compose(config_name="config", overrides=overrides)
 
     return _compose
+
+
+def learner_cfg(algo: Any, **run: Any) -> DictConfig:
+    """What a learner reads of a run's config: ``algo`` (a schema dataclass or a config of
+    one) and run-level settings such as ``total_steps`` and ``num_envs``."""
+    return OmegaConf.create({"algo": OmegaConf.structured(algo), **run})

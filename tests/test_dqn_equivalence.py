@@ -13,6 +13,7 @@ from rlspeed.algos.dqn.flax import FlaxLearner
 from rlspeed.algos.dqn.torch import TorchLearner
 from rlspeed.algos.replay import Batch
 from rlspeed.envs.doors import DoorsEnv
+from tests.conftest import learner_cfg
 
 
 def _copy_flax_to_torch(flax_params, network: torch.nn.Module) -> None:
@@ -47,12 +48,9 @@ def test_same_weights_same_update(optimizer):
         DQNConfig(hidden_sizes=[32, 32], optimizer=optimizer, learning_rate=1e-2)
     )
     env = DoorsEnv()
-    flax_learner = FlaxLearner(
-        env.observation_space, env.action_space, algo, seed=0, total_steps=1000, num_envs=1
-    )
-    torch_learner = TorchLearner(
-        env.observation_space, env.action_space, algo, seed=0, total_steps=1000, num_envs=1
-    )
+    cfg = learner_cfg(algo, total_steps=1000, num_envs=1)
+    flax_learner = FlaxLearner(env.observation_space, env.action_space, cfg, seed=0)
+    torch_learner = TorchLearner(env.observation_space, env.action_space, cfg, seed=0)
     _copy_flax_to_torch(flax_learner.agent.params, torch_learner.q_network)
     _copy_flax_to_torch(flax_learner.agent.target_params, torch_learner.target_network)
 
@@ -83,14 +81,10 @@ def test_same_weights_same_update(optimizer):
 
 def test_initialisation_follows_the_same_distribution():
     """Both backends start from truncated LeCun-normal weights and zero biases."""
-    algo = OmegaConf.structured(DQNConfig(hidden_sizes=[256]))
+    cfg = learner_cfg(DQNConfig(hidden_sizes=[256]), total_steps=1000, num_envs=1)
     env = DoorsEnv()
-    flax_w = _flax_layers(
-        FlaxLearner(env.observation_space, env.action_space, algo, 0, 1000, 1).agent.params
-    )
-    torch_w = _torch_layers(
-        TorchLearner(env.observation_space, env.action_space, algo, 0, 1000, 1).q_network
-    )
+    flax_w = _flax_layers(FlaxLearner(env.observation_space, env.action_space, cfg, 0).agent.params)
+    torch_w = _torch_layers(TorchLearner(env.observation_space, env.action_space, cfg, 0).q_network)
     for a, b in zip(flax_w, torch_w, strict=True):
         assert a.shape == b.shape
         if a.ndim == 2:

@@ -18,7 +18,7 @@ from rlspeed.algos.qlearn.torch import TorchQTable
 from rlspeed.registry import TASKS
 from rlspeed.run import run
 from rlspeed.tasks.gridworld import greedy_path, shortest_path_length
-from tests.conftest import assert_one_line_error, run_cli
+from tests.conftest import assert_one_line_error, learner_cfg, run_cli
 
 LEARNERS = {"torch": TorchQTable, "flax": FlaxQTable}
 COMBINATIONS = [(b, e) for b in ("torch", "flax") for e in ("gym-sync", "gym-async", "jax-vmap")]
@@ -46,7 +46,7 @@ def _actions(learner, states: np.ndarray, epsilon: float) -> np.ndarray:
 
 @pytest.mark.parametrize("backend", LEARNERS)
 def test_ties_are_broken_uniformly_at_random(backend):
-    learner = LEARNERS[backend](2, 4, QLearnConfig(), seed=0)
+    learner = LEARNERS[backend](2, 4, learner_cfg(QLearnConfig()), seed=0)
     samples = 20_000
     # A fresh all-zero table: every action is maximal, so greedy picks uniformly.
     counts = np.bincount(_actions(learner, np.zeros(samples), 0.0), minlength=4)
@@ -78,7 +78,7 @@ def test_batched_update_averages_duplicates_alike_on_both_backends():
     expected[2, 1] += 0.5 * 1.0
     tables = {}
     for backend, make in LEARNERS.items():
-        learner = make(3, 2, algo, seed=0)
+        learner = make(3, 2, learner_cfg(algo), seed=0)
         learner.q = torch.from_numpy(q0.copy()) if backend == "torch" else jnp.asarray(q0)
         acts = torch.from_numpy(actions) if backend == "torch" else jnp.asarray(actions)
         metrics = learner.update(states, acts, rewards, next_states, terminated)

@@ -28,6 +28,7 @@ from rlspeed.envs.gridworld import GridWorldEnv
 from rlspeed.registry import TASKS
 from rlspeed.run import run
 from rlspeed.seeding import jax_keys
+from tests.conftest import learner_cfg
 
 
 def _loop_updates(total_steps: int, num_envs: int, every: int, start: int) -> int:
@@ -172,7 +173,7 @@ def test_host_learner_syncs_every_crossed_target_point(backend, tau):
     )  # fmt: skip
     env = GridWorldEnv()
     learner = {"torch": TorchLearner, "flax": FlaxLearner}[backend](
-        env.observation_space, env.action_space, algo, seed=0, total_steps=100, num_envs=7
+        env.observation_space, env.action_space, learner_cfg(algo, total_steps=100, num_envs=7), 0
     )
     learner.update(_gridworld_batch())
     if backend == "torch":

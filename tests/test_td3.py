@@ -11,7 +11,6 @@ import jax
 import numpy as np
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from rlspeed.algos.replay import Batch
 from rlspeed.algos.td3 import TD3Config
@@ -21,7 +20,7 @@ from rlspeed.config import validate
 from rlspeed.errors import ConfigError
 from rlspeed.registry import TASKS
 from rlspeed.run import run
-from tests.conftest import assert_one_line_error, run_cli
+from tests.conftest import assert_one_line_error, learner_cfg, run_cli
 
 # A deliberately lopsided action box: the tanh scaling must map onto [low, high] exactly.
 BOX_OBS = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
@@ -29,7 +28,7 @@ BOX_ACTIONS = gym.spaces.Box(np.float32([0.0, -1.0]), np.float32([1.0, 3.0]))
 
 
 def _learners(algo: TD3Config) -> tuple[FlaxLearner, TorchLearner]:
-    cfg = OmegaConf.structured(algo)
+    cfg = learner_cfg(algo)
     return (
         FlaxLearner(BOX_OBS, BOX_ACTIONS, cfg, seed=0),
         TorchLearner(BOX_OBS, BOX_ACTIONS, cfg, seed=0),

@@ -17,15 +17,17 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from rlspeed.algos.vpg import VPGConfig, gae
-from rlspeed.algos.vpg.flax import FlaxLearner, gae_scan
-from rlspeed.algos.vpg.rollout import RolloutBatch
+from rlspeed.algos.loops.jax_onpolicy import gae_scan
+from rlspeed.algos.loops.onpolicy import RolloutBatch, gae
+from rlspeed.algos.vpg import VPGConfig
+from rlspeed.algos.vpg.flax import FlaxLearner
 from rlspeed.algos.vpg.torch import TorchLearner
 from rlspeed.config import validate
 from rlspeed.envs.doors import DoorsEnv
 from rlspeed.errors import ConfigError
 from rlspeed.registry import TASKS
 from rlspeed.run import run
+from tests.conftest import learner_cfg
 
 # ---------------------------------------------------------------- torch == flax
 
@@ -89,10 +91,12 @@ def _pendulum_batch(
     return env.observation_space, env.action_space, RolloutBatch(obs, actions, *_targets(rng, size))
 
 
-def _targets(rng: np.random.Generator, size: int) -> tuple[np.ndarray, np.ndarray]:
+def _targets(rng: np.random.Generator, size: int) -> tuple[np.ndarray, ...]:
+    """The batch's log-probabilities, values, advantages and returns (VPG reads the last two)."""
     advantages = rng.normal(0.5, 2.0, size).astype(np.float32)
     returns = rng.normal(-3.0, 5.0, size).astype(np.float32)
-    return advantages, returns
+    log_probs = rng.normal(-1.0, 0.5, size).astype(np.float32)
+    return log_probs, returns - advantages, advantages, returns
 
 
 @pytest.mark.parametrize(
@@ -110,8 +114,8 @@ def test_torch_and_flax_compute_the_same_update(make_batch, overrides):
         VPGConfig(hidden_sizes=[32, 32], value_iterations=3, initial_log_std=-0.5, **overrides)
     )
     obs_space, action_space, batch = make_batch(np.random.default_rng(0), 64)
-    flax_learner = FlaxLearner(obs_space, action_space, algo, seed=0)
-    torch_learner = TorchLearner(obs_space, action_space, algo, seed=0)
+    flax_learner = FlaxLearner(obs_space, action_space, learner_cfg(algo), seed=0)
+    torch_learner = TorchLearner(obs_space, action_space, learner_cfg(algo), seed=0)
     _copy_flax_to_torch(flax_learner, torch_learner)
 
     np.testing.assert_allclose(

@@ -6,7 +6,7 @@ import importlib
 import math
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from omegaconf import OmegaConf
@@ -113,23 +113,43 @@ def _no_extra_checks(algo_cfg: Any, cfg: Any) -> None:
     return None
 
 
+def import_named(name: str) -> Any:
+    """The attribute ``name`` ("package.module:attribute") names, imported on demand."""
+    module, _, attribute = name.partition(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
 @dataclass(frozen=True)
 class AlgoSpec:
+    """What an algorithm declares; ``rlspeed.algos.loops`` trains it.
+
+    Parts are named as "module:attribute" and imported on demand, so a torch run never
+    imports flax and the reverse:
+    - ``learners``: per backend, the learner class the host loop ``loop`` drives, built as
+      ``Learner(observation_space, action_space, cfg, seed)`` (tabular ones get
+      ``(num_states, n_actions, cfg, seed)``); its module also defines ``load_policies``
+      for ``mode=eval``.
+    - ``fused``: the ``make_train(cfg, env)`` of the program ``backend=flax env=jax-vmap``
+      runs, the whole training in one jitted function (``loops/fused.py``).
+    """
+
     name: str
+    # Its hyperparameters and their defaults: the one place they are written.
     schema: type
     # Action-space kinds the algorithm handles: "discrete", "continuous".
     action_kinds: tuple[str, ...]
-    # backend name -> "module:function" of its train(ctx) entrypoint (imported lazily,
-    # so a torch run never imports flax and the reverse).
-    implementations: dict[str, str] = field(default_factory=dict)
+    # The host loop: a key of rlspeed.algos.loops.HOST_LOOPS.
+    loop: str
+    learners: dict[str, str]
+    fused: str
     validate: Callable[[Any, Any], None] = _no_extra_checks
     # Tasks the algorithm is offered on (SPEC §4); None: every task whose action kind fits.
     tasks: tuple[str, ...] | None = None
 
     @property
     def backends(self) -> tuple[str, ...]:
-        return tuple(sorted(self.implementations))
+        return tuple(sorted(self.learners))
 
-    def load(self, backend: str) -> Callable[..., Any]:
-        module, _, function = self.implementations[backend].partition(":")
-        return getattr(importlib.import_module(module), function)
+    def backend_module(self, backend: str) -> Any:
+        """The module of ``backend``'s learner (its ``load_policies`` too)."""
+        return importlib.import_module(self.learners[backend].partition(":")[0])

@@ -13,7 +13,6 @@ that applies the backend's settings before JAX starts, as the CLI does
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import math
 
@@ -25,6 +24,7 @@ def measure(overrides: list[str], budget_s: float) -> float:
     in the CLI's chunks of ``log_every`` env steps, timed after the algorithm's
     ``learning_starts`` so that off-policy updates run. Call it before JAX computes
     anything in this process."""
+    from rlspeed.algos import import_named
     from rlspeed.bench.cli import compose_config
     from rlspeed.config import register_configs
     from rlspeed.registry import ALGOS, BACKENDS, TASKS
@@ -38,8 +38,7 @@ def measure(overrides: list[str], budget_s: float) -> float:
     from rlspeed.engines.jax_vmap import make_vmap_env
     from rlspeed.seeding import jax_keys
 
-    module_name = ALGOS.get(cfg.algo.name).implementations["flax"].partition(":")[0]
-    make_train = importlib.import_module(module_name).make_train
+    make_train = import_named(ALGOS.get(cfg.algo.name).fused)
     trainer = make_train(cfg, make_vmap_env(TASKS.get(cfg.task.name), cfg.task, cfg.num_envs))
     agents = cfg.num_seeds
     init, run = trainer.init, trainer.run

@@ -19,9 +19,10 @@ import gymnasium as gym
 import jax
 import numpy as np
 import torch
+from omegaconf import OmegaConf
 
+from rlspeed.algos.loops.onpolicy import RolloutBatch
 from rlspeed.algos.replay import Batch
-from rlspeed.algos.vpg.rollout import RolloutBatch
 from rlspeed.bench.common import Table, calls_per_second, write_results
 
 HALFCHEETAH = (
@@ -48,7 +49,7 @@ def _batch(algo: str, size: int, rng: np.random.Generator) -> Any:
     actions = rng.uniform(-1, 1, (size, *action_space.shape)).astype(np.float32)
     if algo == "td3":
         return Batch(obs, next_obs, actions, rewards, np.zeros(size, np.float32))
-    return RolloutBatch(obs, actions, rewards, rewards + 1.0)
+    return RolloutBatch(obs, actions, rewards, rewards, rewards, rewards + 1.0)
 
 
 def _sync(result: Any, learner: Any) -> None:
@@ -62,8 +63,8 @@ def time_update(algo: str, backend: str, algo_cfg: Any, size: int, budget_s: flo
     """Seconds per update step after warm-up (which includes compilation)."""
     module = importlib.import_module(f"rlspeed.algos.{algo}.{backend}")
     learner_cls = module.TorchLearner if backend == "torch" else module.FlaxLearner
-    extra = {"total_steps": 10**9, "num_envs": 1} if algo == "dqn" else {}
-    learner = learner_cls(*CASES[algo][1], algo_cfg, 0, **extra)
+    cfg = OmegaConf.create({"algo": algo_cfg, "total_steps": 10**9, "num_envs": 1})
+    learner = learner_cls(*CASES[algo][1], cfg, 0)
     batch = _batch(algo, size, np.random.default_rng(0))
 
     def two_updates() -> None:

@@ -98,9 +98,11 @@ SPEC = AlgoSpec(
     name="dqn",
     schema=DQNConfig,
     action_kinds=("discrete",),
-    implementations={
-        "torch": "rlspeed.algos.dqn.torch:train",
-        "flax": "rlspeed.algos.dqn.flax:train",
+    loop="off_policy",
+    learners={
+        "torch": "rlspeed.algos.dqn.torch:TorchLearner",
+        "flax": "rlspeed.algos.dqn.flax:FlaxLearner",
     },
+    fused="rlspeed.algos.dqn.flax:make_train",
     validate=validate,
 )

@@ -1,9 +1,10 @@
 """DQN in Flax + Optax.
 
-With a Gymnasium engine the Python loop of ``rlspeed/algos/offpolicy.py`` calls jitted
-``act`` and ``update``. With ``env=jax-vmap`` everything is fused: ``make_train`` builds
-pure functions in which acting, stepping, storing and updating run inside one
-``lax.scan`` with the replay buffer in JAX arrays (driven by ``rlspeed/algos/fused.py``).
+``DQNFunctions`` holds the pure functions. With a Gymnasium engine the off-policy loop of
+``rlspeed/algos/loops/offpolicy.py`` drives ``FlaxLearner``, which calls them jitted. With
+``env=jax-vmap`` everything is fused: ``make_train`` builds pure functions in which acting,
+stepping, storing and updating run inside one ``lax.scan`` with the replay buffer in JAX
+arrays (driven by ``rlspeed/algos/loops/fused.py``).
 """
 
 from __future__ import annotations
@@ -21,20 +22,19 @@ import optax
 
 from rlspeed.algos.dqn import DQNSchedule, learning_rate_at
 from rlspeed.algos.encoding import input_size, one_hot_classes
-from rlspeed.algos.fused import FusedTrainer, save_pytree, saved_policies, train_fused
-from rlspeed.algos.networks.flax import MLP
-from rlspeed.algos.offpolicy import train_off_policy
-from rlspeed.algos.replay import (
-    Batch,
-    JaxReplay,
-    jax_replay_add,
-    jax_replay_init,
-    jax_replay_sample,
+from rlspeed.algos.loops.fused import (
+    FusedTrainer,
+    ReplayState,
+    init_replay_state,
+    saved_policies,
+    scan_iterations,
 )
+from rlspeed.algos.loops.jax_learner import JaxLearner
+from rlspeed.algos.networks.flax import MLP
+from rlspeed.algos.replay import Batch, jax_replay_add, jax_replay_sample
 from rlspeed.algos.schedule import epsilon_at, multiples_between, polyak_weight
-from rlspeed.engines.jax_vmap import VmapEnv, VmapState
-from rlspeed.run import RunContext, TrainResult
-from rlspeed.seeding import JaxKeys, Stream, jax_key
+from rlspeed.engines.jax_vmap import VmapEnv
+from rlspeed.seeding import JaxKeys
 from rlspeed.tasks import Policy
 
 
@@ -47,17 +47,15 @@ class Agent(NamedTuple):
 class DQNFunctions:
     """Pure functions of one DQN configuration: init, act, update, target sync."""
 
-    def __init__(
-        self, obs_space: Any, action_space: Any, algo: Any, total_steps: int, num_envs: int
-    ) -> None:
-        self.algo = algo
+    def __init__(self, obs_space: Any, action_space: Any, cfg: Any) -> None:
+        algo = self.algo = cfg.algo
         self.n_actions = int(action_space.n)
         self.network = MLP(
             self.n_actions, tuple(algo.hidden_sizes), one_hot_classes(obs_space), nn.relu
         )
         optimizer = optax.adam if algo.optimizer == "adam" else optax.sgd
         self.optimizer = optimizer(
-            partial(learning_rate_at, algo=algo, total_steps=total_steps, num_envs=num_envs)
+            partial(learning_rate_at, algo=algo, total_steps=cfg.total_steps, num_envs=cfg.num_envs)
             if algo.anneal_lr
             else algo.learning_rate
         )
@@ -106,31 +104,20 @@ class DQNFunctions:
         return agent._replace(target_params=target)
 
 
-class FlaxLearner(DQNSchedule):
+class FlaxLearner(JaxLearner, DQNSchedule):
     """Jitted act/update for the Python-driven loop (Gymnasium engines)."""
 
-    def __init__(
-        self,
-        obs_space: Any,
-        action_space: Any,
-        algo: Any,
-        seed: int,
-        total_steps: int,
-        num_envs: int,
-    ) -> None:
-        self.algo, self.total_steps, self.num_envs = algo, total_steps, num_envs
-        self.fns = DQNFunctions(obs_space, action_space, algo, total_steps, num_envs)
-        self.key = jax_key(seed, Stream.ACT)
-        # Jitted: one compilation instead of one per eager operation (half the time).
-        self.agent = jax.jit(self.fns.init)(jax_key(seed, Stream.INIT))
+    def __init__(self, obs_space: Any, action_space: Any, cfg: Any, seed: int) -> None:
+        self.algo, self.total_steps, self.num_envs = cfg.algo, cfg.total_steps, cfg.num_envs
+        self.fns = DQNFunctions(obs_space, action_space, cfg)
+        super().__init__(self.fns.init, seed)
         self._act = jax.jit(self.fns.act)
         self._greedy = jax.jit(self.fns.greedy)
         self._update = jax.jit(self.fns.learn)
         self._sync = jax.jit(self.fns.sync_target)
 
     def act(self, obs: Any, step: int) -> jax.Array:
-        self.key, key = jax.random.split(self.key)
-        return self._act(self.agent.params, obs, key, self.epsilon(step))
+        return self._act(self.agent.params, obs, self.next_key(), self.epsilon(step))
 
     def greedy(self, obs: np.ndarray) -> np.ndarray:
         return np.asarray(self._greedy(self.agent.params, obs))
@@ -142,9 +129,6 @@ class FlaxLearner(DQNSchedule):
     def sync_target(self, weight: float) -> None:
         self.agent = self._sync(self.agent, weight)
 
-    def save(self, path: Path) -> Path:
-        return save_pytree(self.agent._asdict(), path)
-
 
 # ---------------------------------------------------------------- fused jax-vmap path
 
@@ -154,15 +138,6 @@ class FlaxLearner(DQNSchedule):
 # inputs) runs 7% faster than one batch at a time, while Doors' 32 x 128 x 900 one-hot
 # inputs at once ran 7% slower than one batch at a time (4.7 k vs 5.0 k env steps/s).
 PRESAMPLE_INPUTS = 1 << 16
-
-
-class TrainState(NamedTuple):
-    agent: Agent
-    replay: JaxReplay
-    env: VmapState
-    key: jax.Array
-    step: jax.Array
-    updates: jax.Array
 
 
 class ChunkStats(NamedTuple):
@@ -179,24 +154,17 @@ class ChunkStats(NamedTuple):
 
 def make_train(cfg: Any, env: VmapEnv) -> FusedTrainer:
     algo, n = cfg.algo, env.num_envs
-    fns = DQNFunctions(
-        env.single_observation_space, env.single_action_space, algo, cfg.total_steps, n
-    )
+    fns = DQNFunctions(env.single_observation_space, env.single_action_space, cfg)
     total_iterations = math.ceil(cfg.total_steps / n)
     # Updates per group sharing one replay draw: all of an iteration's (at most
     # ceil(n / train_frequency)), up to PRESAMPLE_INPUTS network inputs.
     batch_inputs = algo.batch_size * input_size(env.single_observation_space)
     group_size = max(1, min(-(-n // algo.train_frequency), PRESAMPLE_INPUTS // batch_inputs))
 
-    def init(keys: JaxKeys) -> TrainState:
-        replay = jax_replay_init(
-            algo.buffer_size, env.single_observation_space, env.single_action_space
-        )
-        return TrainState(
-            fns.init(keys.init), replay, env.init(keys.env), keys.act, jnp.int32(0), jnp.int32(0)
-        )
+    def init(keys: JaxKeys) -> ReplayState:
+        return init_replay_state(fns.init(keys.init), keys, env, algo.buffer_size)
 
-    def iteration(state: TrainState, _: None) -> tuple[TrainState, ChunkStats]:
+    def iteration(state: ReplayState, _: None) -> tuple[ReplayState, ChunkStats]:
         key, act_key, update_key = jax.random.split(state.key, 3)
         epsilon = epsilon_at(state.step, algo, cfg.total_steps, xp=jnp)
         actions = fns.act(state.agent.params, state.env.obs, act_key, epsilon)
@@ -260,10 +228,7 @@ def make_train(cfg: Any, env: VmapEnv) -> FusedTrainer:
             n_updates,
             epsilon,
         )
-        return TrainState(agent, replay, env_state, key, step, state.updates + n_updates), stats
-
-    def run(state: TrainState, iterations: int) -> tuple[TrainState, ChunkStats]:
-        return jax.lax.scan(iteration, state, None, length=iterations)
+        return ReplayState(agent, replay, env_state, key, step, state.updates + n_updates), stats
 
     def summarize(stats: ChunkStats) -> dict[str, float]:
         metrics = {"charts/epsilon": float(stats.epsilon[-1])}
@@ -275,36 +240,17 @@ def make_train(cfg: Any, env: VmapEnv) -> FusedTrainer:
 
     return FusedTrainer(
         init=init,
-        run=run,
+        run=scan_iterations(iteration),
         total_iterations=total_iterations,
         steps_per_iteration=n,
         policy_params=lambda state: state.agent.params,
         greedy=fns.greedy,
-        checkpoint=lambda state: state.agent._asdict(),
         summarize=summarize,
-    )
-
-
-def train(ctx: RunContext) -> TrainResult:
-    if ctx.engine.needs_functional_env:
-        return train_fused(ctx, make_train)
-    return ctx.each_seed(
-        lambda seed_ctx: train_off_policy(
-            seed_ctx,
-            partial(
-                FlaxLearner,
-                algo=ctx.cfg.algo,
-                seed=seed_ctx.seed,
-                total_steps=ctx.cfg.total_steps,
-                num_envs=ctx.cfg.num_envs,
-            ),
-            "checkpoint.msgpack",
-        )
     )
 
 
 def load_policies(cfg: Any, path: Path, obs_space: Any, action_space: Any) -> list[Policy]:
     """The greedy policies of a saved ``checkpoint.msgpack`` (``mode=eval``)."""
-    fns = DQNFunctions(obs_space, action_space, cfg.algo, cfg.total_steps, cfg.num_envs)
+    fns = DQNFunctions(obs_space, action_space, cfg)
     template = fns.init(jax.random.key(0))._asdict()
     return saved_policies(cfg, path, template, lambda agent: agent["params"], fns.greedy)

@@ -13,10 +13,8 @@ from torch import nn
 
 from rlspeed.algos.dqn import DQNSchedule, learning_rate_at
 from rlspeed.algos.networks.torch import MLP, optimizer
-from rlspeed.algos.offpolicy import train_off_policy
 from rlspeed.algos.replay import Batch
 from rlspeed.checkpoint import save_torch
-from rlspeed.run import RunContext, TrainResult
 from rlspeed.seeding import Stream, int_seed
 from rlspeed.tasks import Policy
 
@@ -27,16 +25,9 @@ def greedy_actions(q_network: nn.Module, obs: np.ndarray) -> np.ndarray:
 
 
 class TorchLearner(DQNSchedule):
-    def __init__(
-        self,
-        obs_space: Any,
-        action_space: Any,
-        algo: Any,
-        seed: int,
-        total_steps: int,
-        num_envs: int,
-    ) -> None:
-        self.algo, self.total_steps, self.num_envs = algo, total_steps, num_envs
+    def __init__(self, obs_space: Any, action_space: Any, cfg: Any, seed: int) -> None:
+        algo = cfg.algo
+        self.algo, self.total_steps, self.num_envs = algo, cfg.total_steps, cfg.num_envs
         self.n_actions = int(action_space.n)
         self.q_network = MLP(obs_space, self.n_actions, algo.hidden_sizes, nn.ReLU)
         self.target_network = MLP(obs_space, self.n_actions, algo.hidden_sizes, nn.ReLU)
@@ -95,22 +86,6 @@ class TorchLearner(DQNSchedule):
             },
             path,
         )
-
-
-def train_one(ctx: RunContext) -> TrainResult:
-    cfg = ctx.cfg
-    learner = partial(
-        TorchLearner,
-        algo=cfg.algo,
-        seed=ctx.seed,
-        total_steps=cfg.total_steps,
-        num_envs=cfg.num_envs,
-    )
-    return train_off_policy(ctx, learner, "checkpoint.pt")
-
-
-def train(ctx: RunContext) -> TrainResult:
-    return ctx.each_seed(train_one)
 
 
 def load_policies(cfg: Any, path: Path, obs_space: Any, action_space: Any) -> list[Policy]:

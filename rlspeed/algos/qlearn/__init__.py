@@ -46,9 +46,11 @@ SPEC = AlgoSpec(
     name="qlearn",
     schema=QLearnConfig,
     action_kinds=("discrete",),
-    implementations={
-        "torch": "rlspeed.algos.qlearn.torch:train",
-        "flax": "rlspeed.algos.qlearn.flax:train",
+    loop="tabular",
+    learners={
+        "torch": "rlspeed.algos.qlearn.torch:TorchQTable",
+        "flax": "rlspeed.algos.qlearn.flax:FlaxQTable",
     },
+    fused="rlspeed.algos.qlearn.flax:make_train",
     validate=validate,
 )

@@ -1,15 +1,16 @@
 """Tabular Q-learning in JAX (``backend=flax``: the table is a JAX array, no network).
 
-With a Gymnasium engine the Python loop of ``rlspeed/algos/qlearn/loop.py`` calls jitted
-``act`` and ``update``. With ``env=jax-vmap`` everything is fused: ``make_train`` builds a
-pure ``iteration`` (state index, act, env step, table update) that ``lax.scan`` repeats,
-driven by ``rlspeed/algos/fused.py``, which vmaps it over seeds for ``num_seeds`` > 1.
+With a Gymnasium engine the tabular loop of ``rlspeed/algos/loops/tabular.py`` drives
+``FlaxQTable``, which calls jitted ``act`` and ``update``. With ``env=jax-vmap`` everything is
+fused: ``make_train`` builds a pure ``iteration`` (state index, act, env step, table update)
+that ``lax.scan`` repeats, driven by ``rlspeed/algos/loops/fused.py``, which vmaps it over
+seeds for ``num_seeds`` > 1.
 """
 
 from __future__ import annotations
 
 import math
-from functools import partial, reduce
+from functools import reduce
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -17,18 +18,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rlspeed.algos.fused import (
-    FusedTrainer,
-    save_pytree,
-    saved_policies,
-    scan_unroll,
-    train_fused,
-)
-from rlspeed.algos.qlearn.loop import train_tabular
+from rlspeed.algos.loops.fused import FusedTrainer, save_pytree, saved_policies, scan_unroll
+from rlspeed.algos.loops.tabular import table_shape
 from rlspeed.algos.schedule import epsilon_at
 from rlspeed.engines.jax_vmap import VmapEnv, VmapState
 from rlspeed.registry import TASKS
-from rlspeed.run import RunContext, TrainResult
 from rlspeed.seeding import JaxKeys, Stream, jax_key
 from rlspeed.tasks import Policy
 
@@ -92,7 +86,8 @@ def td_update(
 class FlaxQTable:
     """Jitted act/update for the Python-driven loop (Gymnasium engines)."""
 
-    def __init__(self, num_states: int, n_actions: int, algo: Any, seed: int) -> None:
+    def __init__(self, num_states: int, n_actions: int, cfg: Any, seed: int) -> None:
+        algo = cfg.algo
         self.q = jnp.zeros((num_states, n_actions))
         self.key = jax_key(seed, Stream.ACT)
 
@@ -155,14 +150,13 @@ class ChunkStats(NamedTuple):
 def make_train(cfg: Any, env: VmapEnv) -> FusedTrainer:
     algo, task_cfg, n = cfg.algo, cfg.task, env.num_envs
     tabular = TASKS.get(task_cfg.name).tabular
-    num_states, n_actions = tabular.num_states(task_cfg), int(env.single_action_space.n)
     unroll = scan_unroll(n * cfg.num_seeds)
 
     def states_of(obs: jax.Array) -> jax.Array:
         return tabular.state_index(task_cfg, obs, jnp)
 
     def init(keys: JaxKeys) -> TrainState:
-        q = jnp.zeros((num_states, n_actions))
+        q = jnp.zeros(table_shape(cfg, env.single_action_space))
         return TrainState(q, env.init(keys.env), keys.act, jnp.int32(0), jnp.int32(0))
 
     def iteration(
@@ -224,22 +218,10 @@ def make_train(cfg: Any, env: VmapEnv) -> FusedTrainer:
     )
 
 
-def train(ctx: RunContext) -> TrainResult:
-    if ctx.engine.needs_functional_env:
-        return train_fused(ctx, make_train)
-    return ctx.each_seed(
-        lambda seed_ctx: train_tabular(
-            seed_ctx,
-            partial(FlaxQTable, algo=ctx.cfg.algo, seed=seed_ctx.seed),
-            "checkpoint.msgpack",
-        )
-    )
-
-
 def load_policies(cfg: Any, path: Path, obs_space: Any, action_space: Any) -> list[Policy]:
     """The greedy policies of a saved ``checkpoint.msgpack`` (``mode=eval``)."""
     tabular = TASKS.get(cfg.task.name).tabular
-    template = {"q_table": jnp.zeros((tabular.num_states(cfg.task), int(action_space.n)))}
+    template = {"q_table": jnp.zeros(table_shape(cfg, action_space))}
     return saved_policies(
         cfg,
         path,

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from rlspeed.algos.qlearn.loop import train_tabular
 from rlspeed.checkpoint import save_torch
 from rlspeed.registry import TASKS
-from rlspeed.run import RunContext, TrainResult
 from rlspeed.seeding import Stream, int_seed
 from rlspeed.tasks import Policy
 
@@ -58,8 +55,8 @@ def td_update_(
 
 
 class TorchQTable:
-    def __init__(self, num_states: int, n_actions: int, algo: Any, seed: int) -> None:
-        self.alpha, self.gamma = algo.alpha, algo.gamma
+    def __init__(self, num_states: int, n_actions: int, cfg: Any, seed: int) -> None:
+        self.alpha, self.gamma = cfg.algo.alpha, cfg.algo.gamma
         self.q = torch.zeros(num_states, n_actions)
         self.generator = torch.Generator().manual_seed(int_seed(seed, Stream.ACT))
 
@@ -95,15 +92,6 @@ class TorchQTable:
 
     def save(self, path: Path) -> Path:
         return save_torch({"q_table": self.q}, path)
-
-
-def train_one(ctx: RunContext) -> TrainResult:
-    learner = partial(TorchQTable, algo=ctx.cfg.algo, seed=ctx.seed)
-    return train_tabular(ctx, learner, "checkpoint.pt")
-
-
-def train(ctx: RunContext) -> TrainResult:
-    return ctx.each_seed(train_one)
 
 
 def load_policies(cfg: Any, path: Path, obs_space: Any, action_space: Any) -> list[Policy]:

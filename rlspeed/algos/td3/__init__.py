@@ -103,9 +103,11 @@ SPEC = AlgoSpec(
     name="td3",
     schema=TD3Config,
     action_kinds=("continuous",),
-    implementations={
-        "torch": "rlspeed.algos.td3.torch:train",
-        "flax": "rlspeed.algos.td3.flax:train",
+    loop="off_policy",
+    learners={
+        "torch": "rlspeed.algos.td3.torch:TorchLearner",
+        "flax": "rlspeed.algos.td3.flax:FlaxLearner",
     },
+    fused="rlspeed.algos.td3.flax:make_train",
     validate=validate,
 )

@@ -1,9 +1,10 @@
 """TD3 in Flax + Optax.
 
-With a Gymnasium engine the Python loop of ``rlspeed/algos/offpolicy.py`` calls jitted
-``act`` and ``update``. With ``env=jax-vmap`` everything is fused: ``make_train`` builds
-pure functions in which acting, stepping, storing and updating run inside one
-``lax.scan`` with the replay buffer in JAX arrays (driven by ``rlspeed/algos/fused.py``).
+``TD3Functions`` holds the pure functions. With a Gymnasium engine the off-policy loop of
+``rlspeed/algos/loops/offpolicy.py`` drives ``FlaxLearner``, which calls them jitted. With
+``env=jax-vmap`` everything is fused: ``make_train`` builds pure functions in which acting,
+stepping, storing and updating run inside one ``lax.scan`` with the replay buffer in JAX
+arrays (driven by ``rlspeed/algos/loops/fused.py``).
 The twin critics are one parameter pytree stacked on a leading axis of 2, evaluated
 with ``jax.vmap``.
 """
@@ -12,7 +13,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -22,15 +22,15 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from rlspeed.algos.fused import FusedTrainer, save_pytree, saved_policies, train_fused
-from rlspeed.algos.offpolicy import train_off_policy
-from rlspeed.algos.replay import (
-    Batch,
-    JaxReplay,
-    jax_replay_add,
-    jax_replay_init,
-    jax_replay_sample,
+from rlspeed.algos.loops.fused import (
+    FusedTrainer,
+    ReplayState,
+    init_replay_state,
+    saved_policies,
+    scan_iterations,
 )
+from rlspeed.algos.loops.jax_learner import JaxLearner
+from rlspeed.algos.replay import Batch, jax_replay_add, jax_replay_sample
 from rlspeed.algos.schedule import multiples_between
 from rlspeed.algos.td3 import (
     action_bounds,
@@ -40,9 +40,8 @@ from rlspeed.algos.td3 import (
     squash,
     uniform_actions,
 )
-from rlspeed.engines.jax_vmap import VmapEnv, VmapState
-from rlspeed.run import RunContext, TrainResult
-from rlspeed.seeding import JaxKeys, Stream, jax_key
+from rlspeed.engines.jax_vmap import VmapEnv
+from rlspeed.seeding import JaxKeys
 from rlspeed.tasks import Policy
 
 
@@ -190,15 +189,13 @@ class TD3Functions:
         return agent, metrics
 
 
-class FlaxLearner:
+class FlaxLearner(JaxLearner):
     """Jitted act/update for the Python-driven loop (Gymnasium engines)."""
 
-    def __init__(self, obs_space: Any, action_space: Any, algo: Any, seed: int) -> None:
-        self.algo = algo
-        self.fns = TD3Functions(obs_space, action_space, algo)
-        self.key = jax_key(seed, Stream.ACT)
-        # Jitted: one compilation instead of one per eager operation (half the time).
-        self.agent = jax.jit(self.fns.init)(jax_key(seed, Stream.INIT))
+    def __init__(self, obs_space: Any, action_space: Any, cfg: Any, seed: int) -> None:
+        self.algo = cfg.algo
+        self.fns = TD3Functions(obs_space, action_space, cfg.algo)
+        super().__init__(self.fns.init, seed)
         self.updates = 0
         self._act = jax.jit(self.fns.act)
         self._greedy = jax.jit(self.fns.actor)
@@ -206,8 +203,7 @@ class FlaxLearner:
         self._normal = jax.jit(jax.random.normal, static_argnums=1)
 
     def act(self, obs: Any, step: int) -> jax.Array:
-        self.key, key = jax.random.split(self.key)
-        return self._act(self.agent.actor_params, obs, key, step)
+        return self._act(self.agent.actor_params, obs, self.next_key(), step)
 
     def greedy(self, obs: np.ndarray) -> np.ndarray:
         return np.asarray(self._greedy(self.agent.actor_params, obs))
@@ -217,8 +213,7 @@ class FlaxLearner:
         ``target_noise``: the standard-normal draws of target policy smoothing (drawn
         here unless given)."""
         if target_noise is None:
-            self.key, key = jax.random.split(self.key)
-            target_noise = self._normal(key, batch.actions.shape)
+            target_noise = self._normal(self.next_key(), batch.actions.shape)
         self.updates += 1
         actor_step = bool(is_actor_step(self.updates, self.algo))
         self.agent, metrics = self._update(self.agent, batch, target_noise, actor_step)
@@ -229,20 +224,8 @@ class FlaxLearner:
     def after_env_steps(self, prev_step: int, step: int) -> dict[str, float]:
         return {}
 
-    def save(self, path: Path) -> Path:
-        return save_pytree(self.agent._asdict(), path)
-
 
 # ---------------------------------------------------------------- fused jax-vmap path
-
-
-class TrainState(NamedTuple):
-    agent: Agent
-    replay: JaxReplay
-    env: VmapState
-    key: jax.Array
-    step: jax.Array
-    updates: jax.Array
 
 
 class ChunkStats(NamedTuple):
@@ -261,15 +244,10 @@ def make_train(cfg: Any, env: VmapEnv) -> FusedTrainer:
     fns = TD3Functions(env.single_observation_space, env.single_action_space, algo)
     total_iterations = math.ceil(cfg.total_steps / n)
 
-    def init(keys: JaxKeys) -> TrainState:
-        replay = jax_replay_init(
-            algo.buffer_size, env.single_observation_space, env.single_action_space
-        )
-        return TrainState(
-            fns.init(keys.init), replay, env.init(keys.env), keys.act, jnp.int32(0), jnp.int32(0)
-        )
+    def init(keys: JaxKeys) -> ReplayState:
+        return init_replay_state(fns.init(keys.init), keys, env, algo.buffer_size)
 
-    def iteration(state: TrainState, _: None) -> tuple[TrainState, ChunkStats]:
+    def iteration(state: ReplayState, _: None) -> tuple[ReplayState, ChunkStats]:
         key, act_key, update_key = jax.random.split(state.key, 3)
         actions = fns.act(state.agent.actor_params, state.env.obs, act_key, state.step)
         env_state, result = env.step(state.env, actions)
@@ -304,10 +282,7 @@ def make_train(cfg: Any, env: VmapEnv) -> FusedTrainer:
             n_updates,
             updates // algo.policy_frequency - state.updates // algo.policy_frequency,
         )
-        return TrainState(agent, replay, env_state, key, step, updates), stats
-
-    def run(state: TrainState, iterations: int) -> tuple[TrainState, ChunkStats]:
-        return jax.lax.scan(iteration, state, None, length=iterations)
+        return ReplayState(agent, replay, env_state, key, step, updates), stats
 
     def summarize(stats: ChunkStats) -> dict[str, float]:
         metrics = {}
@@ -320,25 +295,12 @@ def make_train(cfg: Any, env: VmapEnv) -> FusedTrainer:
 
     return FusedTrainer(
         init=init,
-        run=run,
+        run=scan_iterations(iteration),
         total_iterations=total_iterations,
         steps_per_iteration=n,
         policy_params=lambda state: state.agent.actor_params,
         greedy=fns.actor,
-        checkpoint=lambda state: state.agent._asdict(),
         summarize=summarize,
-    )
-
-
-def train(ctx: RunContext) -> TrainResult:
-    if ctx.engine.needs_functional_env:
-        return train_fused(ctx, make_train)
-    return ctx.each_seed(
-        lambda seed_ctx: train_off_policy(
-            seed_ctx,
-            partial(FlaxLearner, algo=ctx.cfg.algo, seed=seed_ctx.seed),
-            "checkpoint.msgpack",
-        )
     )
 
 

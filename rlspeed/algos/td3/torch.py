@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +13,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from rlspeed.algos.networks.torch import lecun_normal_, optimizer
-from rlspeed.algos.offpolicy import train_off_policy
 from rlspeed.algos.replay import Batch
 from rlspeed.algos.td3 import (
     action_bounds,
@@ -25,7 +23,6 @@ from rlspeed.algos.td3 import (
     uniform_actions,
 )
 from rlspeed.checkpoint import save_torch
-from rlspeed.run import RunContext, TrainResult
 from rlspeed.seeding import Stream, int_seed
 from rlspeed.tasks import Policy
 
@@ -60,8 +57,8 @@ class QNetwork(nn.Module):
 
 
 class TorchLearner:
-    def __init__(self, obs_space: Any, action_space: Any, algo: Any, seed: int) -> None:
-        self.algo = algo
+    def __init__(self, obs_space: Any, action_space: Any, cfg: Any, seed: int) -> None:
+        algo = self.algo = cfg.algo
         self.bounds = action_bounds(action_space, torch.from_numpy)
         self.actor = Actor(obs_space, action_space, algo.hidden_sizes)
         self.qf1 = QNetwork(obs_space, action_space, algo.hidden_sizes)
@@ -148,17 +145,8 @@ class TorchLearner:
         return save_torch(state, path)
 
 
-def train_one(ctx: RunContext) -> TrainResult:
-    learner = partial(TorchLearner, algo=ctx.cfg.algo, seed=ctx.seed)
-    return train_off_policy(ctx, learner, "checkpoint.pt")
-
-
-def train(ctx: RunContext) -> TrainResult:
-    return ctx.each_seed(train_one)
-
-
 def load_policies(cfg: Any, path: Path, obs_space: Any, action_space: Any) -> list[Policy]:
     """The deterministic policy of a saved ``checkpoint.pt`` (``mode=eval``)."""
-    learner = TorchLearner(obs_space, action_space, cfg.algo, cfg.seed)
+    learner = TorchLearner(obs_space, action_space, cfg, cfg.seed)
     learner.actor.load_state_dict(torch.load(path, weights_only=True)["actor"])
     return [learner.greedy]

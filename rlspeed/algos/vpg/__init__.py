@@ -1,10 +1,9 @@
 """VPG (vanilla policy gradient) as SpinningUp teaches it: REINFORCE with a learned value
 baseline and GAE(lambda) advantages.
 
-Each batch is ``num_steps`` steps of every env. The advantages come from GAE, bootstrapped
-with V(final observation) where an episode was truncated by the time limit and with 0 where
-it terminated; the value targets are the rewards-to-go ``advantage + value``. Per batch the
-policy takes ONE gradient step on ``-mean(logp * normalised advantage)`` (minus an optional
+Each batch is ``num_steps`` steps of every env, with GAE advantages and value targets from
+the on-policy loop (``rlspeed/algos/loops/onpolicy.py``). Per batch the policy takes ONE
+gradient step on ``-mean(logp * normalised advantage)`` (minus an optional
 entropy bonus) and the value function ``value_iterations`` full-batch MSE steps, each with
 its own Adam. ``updates`` (``gradient_updates`` in the outputs) counts gradient steps:
 ``1 + value_iterations`` per batch.
@@ -14,8 +13,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
-
-import numpy as np
 
 from rlspeed.algos import AlgoSpec, check_hidden_sizes, check_memory, check_ranges
 
@@ -43,46 +40,6 @@ class VPGConfig:
     hidden_sizes: list[int] = field(default_factory=lambda: [64, 64])
 
 
-def advantage_terms(
-    rewards: Any,
-    values: Any,
-    next_values: Any,
-    terminated: Any,
-    dones: Any,
-    gamma: float,
-    lam: float,
-) -> tuple[Any, Any]:
-    """TD errors and per-step decays of GAE, for NumPy or JAX arrays of shape [T, N].
-
-    ``next_values`` is V(final observation) of every step: the next state's value where the
-    episode goes on, the bootstrap where it was truncated; a termination zeroes it. The
-    decay cuts the sum at every episode end, terminated or truncated.
-    """
-    deltas = rewards + gamma * (1.0 - terminated.astype(rewards.dtype)) * next_values - values
-    decays = gamma * lam * (1.0 - dones.astype(rewards.dtype))
-    return deltas, decays
-
-
-def gae(
-    rewards: np.ndarray,
-    values: np.ndarray,
-    next_values: np.ndarray,
-    terminated: np.ndarray,
-    dones: np.ndarray,
-    gamma: float,
-    lam: float,
-) -> np.ndarray:
-    """GAE(gamma, lambda) advantages [T, N] in NumPy (the host-driven paths of both backends;
-    the fused path runs the same recursion as a ``lax.scan`` in ``flax.py``)."""
-    deltas, decays = advantage_terms(rewards, values, next_values, terminated, dones, gamma, lam)
-    advantages = np.zeros_like(deltas)
-    next_advantage = np.zeros_like(advantages[0])
-    for t in reversed(range(len(deltas))):
-        next_advantage = deltas[t] + decays[t] * next_advantage
-        advantages[t] = next_advantage
-    return advantages
-
-
 def validate(algo: Any, cfg: Any) -> None:
     check_ranges(
         algo,
@@ -101,10 +58,12 @@ SPEC = AlgoSpec(
     name="vpg",
     schema=VPGConfig,
     action_kinds=("discrete", "continuous"),
-    implementations={
-        "torch": "rlspeed.algos.vpg.torch:train",
-        "flax": "rlspeed.algos.vpg.flax:train",
+    loop="on_policy",
+    learners={
+        "torch": "rlspeed.algos.vpg.torch:TorchLearner",
+        "flax": "rlspeed.algos.vpg.flax:FlaxLearner",
     },
+    fused="rlspeed.algos.vpg.flax:make_train",
     validate=validate,
     tasks=("doors", "cartpole", "pendulum", "halfcheetah"),
 )

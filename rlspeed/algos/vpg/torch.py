@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -12,10 +11,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributions import Categorical, Distribution, Independent, Normal
 
+from rlspeed.algos.loops.onpolicy import RolloutBatch
 from rlspeed.algos.networks.torch import MLP, optimizer
-from rlspeed.algos.vpg.rollout import RolloutBatch, train_on_policy
 from rlspeed.checkpoint import save_torch
-from rlspeed.run import RunContext, TrainResult
 from rlspeed.seeding import Stream, int_seed
 from rlspeed.tasks import Policy as GreedyPolicy
 
@@ -42,8 +40,9 @@ class Policy(nn.Module):
 
 
 class TorchLearner:
-    def __init__(self, obs_space: Any, action_space: Any, algo: Any, seed: int) -> None:
-        self.algo = algo
+    def __init__(self, obs_space: Any, action_space: Any, cfg: Any, seed: int) -> None:
+        algo = self.algo = cfg.algo
+        self.updates_per_batch = 1 + algo.value_iterations
         self.policy = Policy(obs_space, action_space, algo)
         self.value = MLP(obs_space, 1, algo.hidden_sizes)
         self.policy_optimizer = optimizer("adam", self.policy.parameters(), algo.policy_lr)
@@ -55,17 +54,17 @@ class TorchLearner:
         self.generator = torch.Generator().manual_seed(int_seed(seed, Stream.ACT))
 
     @torch.no_grad()
-    def act(self, obs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    def act(self, obs: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         # DLPack: NumPy arrays and JAX arrays become tensors without a copy.
         dist = self.policy(torch.from_dlpack(obs))
         if self.policy.continuous:
             noise = torch.randn(dist.mean.shape, generator=self.generator)
             actions = dist.mean + dist.stddev * noise
-            return actions, actions.clamp(self.low, self.high)
+            return actions, actions.clamp(self.low, self.high), dist.log_prob(actions)
         actions = torch.multinomial(dist.probs, 1, generator=self.generator).squeeze(1)
         # int32 is what the JAX engine takes with x64 disabled.
         actions = actions.to(torch.int32)
-        return actions, actions
+        return actions, actions, dist.log_prob(actions)
 
     @torch.no_grad()
     def values(self, obs: np.ndarray) -> np.ndarray:
@@ -89,7 +88,9 @@ class TorchLearner:
         """One policy gradient step, then ``value_iterations`` full-batch value steps; the
         value loss reported is the mean over those steps."""
         algo = self.algo
-        obs, actions, advantages, returns = (torch.from_numpy(x) for x in batch)
+        obs, actions, advantages, returns = (
+            torch.from_numpy(x) for x in (batch.obs, batch.actions, batch.advantages, batch.returns)
+        )
         if algo.normalize_advantages:
             advantages = (advantages - advantages.mean()) / (advantages.std(correction=0) + 1e-8)
 
@@ -121,19 +122,8 @@ class TorchLearner:
         )
 
 
-def train_one(ctx: RunContext) -> TrainResult:
-    learner = partial(TorchLearner, algo=ctx.cfg.algo, seed=ctx.seed)
-    return train_on_policy(ctx, learner, "checkpoint.pt")
-
-
-def train(ctx: RunContext) -> TrainResult:
-    return ctx.each_seed(train_one)
-
-
-def load_policies(
-    cfg: Any, path: Path, obs_space: Any, action_space: Any
-) -> list[GreedyPolicy]:
+def load_policies(cfg: Any, path: Path, obs_space: Any, action_space: Any) -> list[GreedyPolicy]:
     """The greedy policy of a saved ``checkpoint.pt`` (``mode=eval``)."""
-    learner = TorchLearner(obs_space, action_space, cfg.algo, cfg.seed)
+    learner = TorchLearner(obs_space, action_space, cfg, cfg.seed)
     learner.policy.load_state_dict(torch.load(path, weights_only=True)["policy"])
     return [learner.greedy]

@@ -16,6 +16,7 @@ import numpy as np
 from rlspeed.algos.schedule import epsilon_at
 from rlspeed.checkpoint import ResumePoint, deferred_interrupts
 from rlspeed.monitor import IntervalMetrics
+from rlspeed.registry import TASKS
 from rlspeed.run import RunContext, TrainResult
 
 
@@ -40,17 +41,21 @@ class TabularLearner(Protocol):
     def save(self, path: Path) -> Path: ...
 
 
+def table_shape(cfg: Any, action_space: Any) -> tuple[int, int]:
+    """(states, actions): the shape of the run's Q-table."""
+    return TASKS.get(cfg.task.name).tabular.num_states(cfg.task), int(action_space.n)
+
+
 def train_tabular(
     ctx: RunContext,
     make_learner: Callable[[int, int], TabularLearner],
     checkpoint_name: str,
 ) -> TrainResult:
-    """``make_learner(num_states, n_actions)`` runs after the engine exists, so
-    AsyncVectorEnv forks its workers before the backend starts threads of its own."""
+    """``make_learner(num_states, n_actions)``: see ``rlspeed.algos.loops``."""
     cfg = ctx.cfg
     tabular = ctx.task.tabular
     engine = ctx.make_engine()
-    learner = make_learner(tabular.num_states(cfg.task), int(engine.single_action_space.n))
+    learner = make_learner(*table_shape(cfg, engine.single_action_space))
 
     def states_of(obs: Any) -> np.ndarray:
         return tabular.state_index(cfg.task, np.asarray(obs), np)

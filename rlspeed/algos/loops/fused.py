@@ -1,10 +1,10 @@
 """The fused ``backend=flax env=jax-vmap`` path, shared by every algorithm.
 
-An algorithm's ``make_train(cfg, env)`` returns a ``FusedTrainer``: pure functions in
-which acting, stepping the vmapped environment, storing and updating all happen inside
-one ``lax.scan``. ``FusedTrainer.train(keys)`` is a whole training as one pure function
-of the run's keys (``rlspeed.seeding.jax_keys``), so ``jax.vmap`` over the keys of several
-seeds trains them in one program.
+An algorithm's ``make_train(cfg, env)`` (its ``AlgoSpec.fused``) returns a
+``FusedTrainer``: pure functions in which acting, stepping the vmapped environment,
+storing and updating all happen inside one ``lax.scan``. ``FusedTrainer.train(keys)``
+is a whole training as one pure function of the run's keys (``rlspeed.seeding.jax_keys``),
+so ``jax.vmap`` over the keys of several seeds trains them in one program.
 ``train_fused`` runs it in chunks of about ``log_every`` env steps (one compiled call
 each), returning to Python only to log, evaluate and draw progress.
 """
@@ -18,8 +18,11 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
+from rlspeed.algos.loops import is_fused
+from rlspeed.algos.replay import JaxReplay, jax_replay_init
 from rlspeed.checkpoint import (
     deferred_interrupts,
     load_pytree,
@@ -27,7 +30,7 @@ from rlspeed.checkpoint import (
     tree_from_host,
     tree_to_host,
 )
-from rlspeed.engines.jax_vmap import VmapEnv, make_vmap_env
+from rlspeed.engines.jax_vmap import VmapEnv, VmapState, make_vmap_env
 from rlspeed.run import RunContext, TrainResult
 from rlspeed.seeding import JaxKeys, jax_keys
 from rlspeed.tasks import Policy
@@ -46,14 +49,42 @@ class FusedTrainer(NamedTuple):
     policy_params: Callable[[Any], Any]
     # (policy params, observations [B, ...]) -> greedy actions [B, ...].
     greedy: Callable[[Any, jax.Array], jax.Array]
-    # state -> the pytree saved as the checkpoint.
-    checkpoint: Callable[[Any], Any]
     # One seed's chunk stats, as NumPy -> the algorithm's metrics (losses/..., charts/...).
     summarize: Callable[[Any], dict[str, float]]
+    # state -> the pytree saved as the checkpoint.
+    checkpoint: Callable[[Any], Any] = lambda state: state.agent._asdict()
 
     def train(self, keys: JaxKeys) -> tuple[Any, Any]:
         """The whole training as one pure function of the keys (jit/vmap it freely)."""
         return self.run(self.init(keys), self.total_iterations)
+
+
+def scan_iterations(
+    iteration: Callable[[Any, None], tuple[Any, Any]],
+) -> Callable[[Any, int], tuple[Any, Any]]:
+    """A ``FusedTrainer.run`` that repeats ``iteration(state, None) -> (state, stats)``."""
+
+    def run(state: Any, iterations: int) -> tuple[Any, Any]:
+        return jax.lax.scan(iteration, state, None, length=iterations)
+
+    return run
+
+
+class ReplayState(NamedTuple):
+    """The train state of a fused replay-buffer algorithm (DQN, TD3)."""
+
+    agent: Any
+    replay: JaxReplay
+    env: VmapState
+    key: jax.Array
+    step: jax.Array
+    updates: jax.Array
+
+
+def init_replay_state(agent: Any, keys: JaxKeys, env: VmapEnv, buffer_size: int) -> ReplayState:
+    """A fresh agent with an empty replay buffer, at env step 0."""
+    replay = jax_replay_init(buffer_size, env.single_observation_space, env.single_action_space)
+    return ReplayState(agent, replay, env.init(keys.env), keys.act, jnp.int32(0), jnp.int32(0))
 
 
 # XLA options for a program that runs once (the init): its machine code need not be fast,
@@ -79,8 +110,7 @@ def saved_policies(
 ) -> list[Policy]:
     """The greedy policies of a flax checkpoint (``mode=eval``): one per agent it holds
     (every seed of a fused run, stacked). ``template``: a checkpoint tree of one agent."""
-    fused = cfg.env.name == "jax-vmap"
-    agents = cfg.num_seeds if fused else 1
+    agents = cfg.num_seeds if is_fused(cfg) else 1
     params = params_of(load_pytree(template, path, agents))
     greedy = jax.jit(greedy)
 

@@ -1,9 +1,17 @@
-"""The on-policy training loop driven from Python, shared by the torch and flax VPG learners
-on every engine it drives (the fused ``flax`` + ``jax-vmap`` path has its own, in JAX).
+"""The on-policy training loop driven from Python (VPG, PPO), for the torch learners on every
+engine and the flax learners on the Gymnasium engines (``flax`` + ``jax-vmap`` runs the same
+steps fused: ``fused_onpolicy.py``).
 
-Collect ``num_steps`` steps of every env into NumPy arrays, compute GAE advantages and
-rewards-to-go on the host, hand the flattened batch to the learner for one update, log
-every ``log_every`` env steps. Training runs whole batches until ``total_steps`` is reached.
+An on-policy algorithm's config has ``num_steps``, ``gamma`` and ``gae_lambda``. Each
+iteration collects ``num_steps`` steps of every env into NumPy arrays, computes GAE
+advantages and their value targets on the host, and hands the flattened batch to the
+learner, whose ``update`` does however many gradient steps the algorithm takes per batch
+(``updates_per_batch``). It logs every ``log_every`` env steps and runs whole batches until
+``total_steps`` is reached.
+
+The advantages come from GAE, bootstrapped with V(final observation) where an episode was
+truncated by the time limit and with 0 where it terminated; the value targets are
+``advantage + value``.
 """
 
 from __future__ import annotations
@@ -14,7 +22,6 @@ from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
-from rlspeed.algos.vpg import gae
 from rlspeed.checkpoint import ResumePoint, deferred_interrupts
 from rlspeed.monitor import IntervalMetrics
 from rlspeed.run import RunContext, TrainResult
@@ -25,13 +32,59 @@ class RolloutBatch(NamedTuple):
 
     obs: Any
     actions: Any  # as sampled (continuous ones unclipped, so their log-prob is exact)
+    log_probs: Any  # of the actions, under the policy that sampled them
+    values: Any  # V(obs) under the value function of the rollout
     advantages: Any  # GAE, not yet normalised
     returns: Any  # value targets: advantages + values
 
 
+def advantage_terms(
+    rewards: Any,
+    values: Any,
+    next_values: Any,
+    terminated: Any,
+    dones: Any,
+    gamma: float,
+    lam: float,
+) -> tuple[Any, Any]:
+    """TD errors and per-step decays of GAE, for NumPy or JAX arrays of shape [T, N].
+
+    ``next_values`` is V(final observation) of every step: the next state's value where the
+    episode goes on, the bootstrap where it was truncated; a termination zeroes it. The
+    decay cuts the sum at every episode end, terminated or truncated.
+    """
+    deltas = rewards + gamma * (1.0 - terminated.astype(rewards.dtype)) * next_values - values
+    decays = gamma * lam * (1.0 - dones.astype(rewards.dtype))
+    return deltas, decays
+
+
+def gae(
+    rewards: np.ndarray,
+    values: np.ndarray,
+    next_values: np.ndarray,
+    terminated: np.ndarray,
+    dones: np.ndarray,
+    gamma: float,
+    lam: float,
+) -> np.ndarray:
+    """GAE(gamma, lambda) advantages [T, N] in NumPy (the fused path runs the same recursion
+    as a reverse ``lax.scan``: ``fused_onpolicy.gae_scan``)."""
+    deltas, decays = advantage_terms(rewards, values, next_values, terminated, dones, gamma, lam)
+    advantages = np.zeros_like(deltas)
+    next_advantage = np.zeros_like(advantages[0])
+    for t in reversed(range(len(deltas))):
+        next_advantage = deltas[t] + decays[t] * next_advantage
+        advantages[t] = next_advantage
+    return advantages
+
+
 class OnPolicyLearner(Protocol):
-    def act(self, obs: Any) -> tuple[Any, Any]:
-        """Sampled actions for a batch of observations: (as sampled, as sent to the env)."""
+    # Gradient steps one ``update`` takes (``gradient_updates`` counts them).
+    updates_per_batch: int
+
+    def act(self, obs: Any) -> tuple[Any, Any, Any]:
+        """Sampled actions for a batch of observations: (as sampled, as sent to the env,
+        their log-probabilities)."""
 
     def values(self, obs: np.ndarray) -> np.ndarray:
         """V(obs) as NumPy."""
@@ -40,7 +93,7 @@ class OnPolicyLearner(Protocol):
         """Deterministic actions as NumPy, for evaluation."""
 
     def update(self, batch: RolloutBatch) -> dict[str, Any]:
-        """One policy step and ``value_iterations`` value steps; metrics as backend scalars.
+        """The algorithm's gradient steps on one batch; metrics as backend scalars.
         The batch's arrays are overwritten by the next rollout: done with them by the time
         the next ``act`` returns (a jitted update is: ``act`` waits for its parameters)."""
 
@@ -52,8 +105,7 @@ def train_on_policy(
     make_learner: Callable[[Any, Any], OnPolicyLearner],
     checkpoint_name: str,
 ) -> TrainResult:
-    """``make_learner(observation_space, action_space)`` runs after the engine exists, so
-    AsyncVectorEnv forks its workers before the backend starts threads of its own."""
+    """``make_learner(observation_space, action_space)``: see ``rlspeed.algos.loops``."""
     cfg, algo = ctx.cfg, ctx.cfg.algo
     engine = ctx.make_engine()
     learner = make_learner(engine.single_observation_space, engine.single_action_space)
@@ -63,7 +115,9 @@ def train_on_policy(
     final_obs_buf = np.zeros_like(obs_buf)
     action_dtype = np.float32 if action_space.shape else np.int64
     actions_buf = np.zeros((horizon, n, *action_space.shape), dtype=action_dtype)
-    rewards, terminated, dones = (np.zeros((horizon, n), dtype=np.float32) for _ in range(3))
+    log_probs, rewards, terminated, dones = (
+        np.zeros((horizon, n), dtype=np.float32) for _ in range(4)
+    )
 
     interval = IntervalMetrics(ctx.monitor, cfg.log_every, cfg.total_steps)
     # The rollout arrays are refilled every iteration: nothing in them carries over.
@@ -74,10 +128,11 @@ def train_on_policy(
             obs, step, updates = point.start(ctx.resume_state(), engine.reset)
             while step < cfg.total_steps:
                 for t in range(horizon):
-                    actions, env_actions = learner.act(obs)
+                    actions, env_actions, log_prob = learner.act(obs)
                     result = engine.step(env_actions)
                     obs_buf[t] = np.asarray(obs)
                     actions_buf[t] = np.asarray(actions)
+                    log_probs[t] = np.asarray(log_prob)
                     rewards[t] = np.asarray(result.reward)
                     terminated[t] = np.asarray(result.terminated)
                     dones[t] = np.asarray(result.terminated) | np.asarray(result.truncated)
@@ -96,11 +151,13 @@ def train_on_policy(
                 batch = RolloutBatch(
                     flat_obs,
                     actions_buf.reshape(horizon * n, *action_space.shape),
+                    log_probs.reshape(-1),
+                    values.reshape(-1),
                     advantages.reshape(-1),
                     (advantages + values).reshape(-1),
                 )
                 interval.add(learner.update(batch))
-                updates += 1 + algo.value_iterations
+                updates += learner.updates_per_batch
                 interval.log_if_due(step, updates, learner.greedy)
                 point.reached(step, updates, obs)
                 check_interrupt()

@@ -46,8 +46,7 @@ def train_off_policy(
     make_learner: Callable[[Any, Any], OffPolicyLearner],
     checkpoint_name: str,
 ) -> TrainResult:
-    """``make_learner(observation_space, action_space)`` runs after the engine exists, so
-    AsyncVectorEnv forks its workers before the backend starts threads of its own."""
+    """``make_learner(observation_space, action_space)``: see ``rlspeed.algos.loops``."""
     cfg, algo = ctx.cfg, ctx.cfg.algo
     engine = ctx.make_engine()
     learner = make_learner(engine.single_observation_space, engine.single_action_space)

@@ -1,0 +1,54 @@
+"""The training loops, and the one place that picks which one trains a run.
+
+``backend=flax env=jax-vmap`` runs the algorithm's fused program (``fused.py``): acting,
+stepping, storing and learning inside one jitted function, vmapped over seeds. Every other
+pairing drives the algorithm's learner from Python, one seed after another, in the host
+loop of its kind (``AlgoSpec.loop``): ``off_policy`` (replay buffer: DQN, TD3),
+``on_policy`` (rollouts with GAE: VPG, PPO) or ``tabular`` (Q-learning). A learner is built
+after the engine exists, so AsyncVectorEnv forks its workers before the backend starts
+threads of its own.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from rlspeed.algos import import_named
+from rlspeed.registry import ALGOS
+
+if TYPE_CHECKING:
+    from rlspeed.run import RunContext, TrainResult
+
+# Loop kind -> its ``train(ctx, make_learner, checkpoint_name)``.
+HOST_LOOPS = {
+    "off_policy": "rlspeed.algos.loops.offpolicy:train_off_policy",
+    "on_policy": "rlspeed.algos.loops.onpolicy:train_on_policy",
+    "tabular": "rlspeed.algos.loops.tabular:train_tabular",
+}
+# The agent's file in the run folder, by backend (``mode=eval`` loads it).
+CHECKPOINT_FILES = {"torch": "checkpoint.pt", "flax": "checkpoint.msgpack"}
+
+
+def is_fused(cfg: Any) -> bool:
+    """Whether the run is one fused program (flax on the functional jax-vmap engine)."""
+    return cfg.backend.name == "flax" and cfg.env.name == "jax-vmap"
+
+
+def train(ctx: RunContext) -> TrainResult:
+    """Train the run's ``num_seeds`` agents with the loop its algorithm, backend and engine
+    call for."""
+    cfg = ctx.cfg
+    spec = ALGOS.get(cfg.algo.name)
+    if is_fused(cfg):
+        from rlspeed.algos.loops.fused import train_fused
+
+        return train_fused(ctx, import_named(spec.fused))
+    learner = import_named(spec.learners[cfg.backend.name])
+    host_loop = import_named(HOST_LOOPS[spec.loop])
+    checkpoint = CHECKPOINT_FILES[cfg.backend.name]
+    return ctx.each_seed(
+        lambda seed_ctx: host_loop(
+            seed_ctx, partial(learner, cfg=cfg, seed=seed_ctx.seed), checkpoint
+        )
+    )

@@ -1,0 +1,188 @@
+"""The on-policy loop's flax side (VPG, PPO): an algorithm writes its pure functions
+(``OnPolicyFunctions``) and gets from here both the learner the host loop of ``onpolicy.py``
+drives (Gymnasium engines) and the fused program of ``backend=flax env=jax-vmap``, in which
+one ``lax.scan`` iteration is a ``num_steps`` rollout (an inner ``lax.scan``), GAE (a reverse
+``lax.scan``) and the algorithm's update.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple, Protocol
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rlspeed.algos.loops.fused import FusedTrainer, scan_iterations
+from rlspeed.algos.loops.jax_learner import JaxLearner
+from rlspeed.algos.loops.onpolicy import RolloutBatch, advantage_terms
+from rlspeed.engines import StepResult
+from rlspeed.engines.jax_vmap import VmapEnv, VmapState
+from rlspeed.seeding import JaxKeys, Stream, jax_key
+
+
+class OnPolicyFunctions(Protocol):
+    """Pure functions of one on-policy configuration. The agent they make is a NamedTuple
+    with fields ``policy_params`` and ``value_params`` (and whatever else it needs)."""
+
+    # Gradient steps one ``update`` takes.
+    updates_per_batch: int
+
+    def init(self, key: jax.Array) -> Any: ...
+
+    def act(self, policy_params: Any, obs: jax.Array, key: jax.Array) -> tuple[Any, Any, Any]:
+        """Sampled actions: (as sampled, as sent to the env, their log-probabilities)."""
+
+    def values(self, value_params: Any, obs: jax.Array) -> jax.Array:
+        """V(obs) [B]."""
+
+    def greedy(self, policy_params: Any, obs: jax.Array) -> jax.Array: ...
+
+    def update(
+        self, agent: Any, batch: RolloutBatch, key: jax.Array
+    ) -> tuple[Any, dict[str, jax.Array]]:
+        """The gradient steps on one batch; ``key`` for its random draws (minibatches)."""
+
+
+def gae_scan(
+    rewards: jax.Array,
+    values: jax.Array,
+    next_values: jax.Array,
+    terminated: jax.Array,
+    dones: jax.Array,
+    gamma: float,
+    lam: float,
+) -> jax.Array:
+    """GAE advantages [T, N]: the recursion of ``onpolicy.gae`` as a reverse scan."""
+    deltas, decays = advantage_terms(rewards, values, next_values, terminated, dones, gamma, lam)
+
+    def backward(next_advantage: jax.Array, term: tuple[jax.Array, jax.Array]) -> tuple:
+        delta, decay = term
+        advantage = delta + decay * next_advantage
+        return advantage, advantage
+
+    _, advantages = jax.lax.scan(
+        backward, jnp.zeros_like(deltas[0]), (deltas, decays), reverse=True
+    )
+    return advantages
+
+
+class OnPolicyJaxLearner(JaxLearner):
+    """The functions jitted, for the Python-driven loop (Gymnasium engines)."""
+
+    def __init__(self, fns: OnPolicyFunctions, seed: int) -> None:
+        super().__init__(fns.init, seed)
+        self.updates_per_batch = fns.updates_per_batch
+        # Minibatch draws have a stream of their own, so the actions' stays as it was.
+        self.update_key = jax_key(seed, Stream.REPLAY)
+        self._act = jax.jit(fns.act)
+        self._values = jax.jit(fns.values)
+        self._greedy = jax.jit(fns.greedy)
+        self._update = jax.jit(fns.update)
+
+    def act(self, obs: Any) -> tuple[jax.Array, jax.Array, jax.Array]:
+        return self._act(self.agent.policy_params, obs, self.next_key())
+
+    def values(self, obs: np.ndarray) -> np.ndarray:
+        return np.asarray(self._values(self.agent.value_params, obs))
+
+    def greedy(self, obs: np.ndarray) -> np.ndarray:
+        return np.asarray(self._greedy(self.agent.policy_params, obs))
+
+    def update(self, batch: RolloutBatch) -> dict[str, jax.Array]:
+        self.update_key, key = jax.random.split(self.update_key)
+        self.agent, metrics = self._update(self.agent, batch, key)
+        return metrics
+
+
+class OnPolicyState(NamedTuple):
+    agent: Any
+    env: VmapState
+    key: jax.Array
+    step: jax.Array
+    updates: jax.Array
+
+
+class Transition(NamedTuple):
+    obs: jax.Array
+    actions: jax.Array
+    log_probs: jax.Array
+    result: StepResult
+
+
+class ChunkStats(NamedTuple):
+    """Per iteration of a chunk: finished episodes [iters, num_steps, num_envs] (in time
+    order, as the monitor reads them) and the update's metrics [iters]."""
+
+    done: jax.Array
+    episode_return: jax.Array
+    episode_length: jax.Array
+    metrics: dict[str, jax.Array]
+
+
+def make_on_policy_train(cfg: Any, env: VmapEnv, fns: OnPolicyFunctions) -> FusedTrainer:
+    """The fused program of an on-policy algorithm: the host loop's steps, in JAX."""
+    algo, n, horizon = cfg.algo, env.num_envs, cfg.algo.num_steps
+    batch_size = horizon * n
+
+    def init(keys: JaxKeys) -> OnPolicyState:
+        agent = fns.init(keys.init)
+        return OnPolicyState(agent, env.init(keys.env), keys.act, jnp.int32(0), jnp.int32(0))
+
+    def flat(x: jax.Array) -> jax.Array:
+        return x.reshape(batch_size, *x.shape[2:])
+
+    def iteration(state: OnPolicyState, _: None) -> tuple[OnPolicyState, ChunkStats]:
+        key, rollout_key = jax.random.split(state.key)
+        # Folded in, not split off: a key added to the split would move every action draw.
+        update_key = jax.random.fold_in(rollout_key, horizon)
+        agent = state.agent
+
+        def env_step(env_state: VmapState, step_key: jax.Array) -> tuple[VmapState, Transition]:
+            actions, env_actions, log_probs = fns.act(agent.policy_params, env_state.obs, step_key)
+            next_env_state, result = env.step(env_state, env_actions)
+            return next_env_state, Transition(env_state.obs, actions, log_probs, result)
+
+        env_state, trajectory = jax.lax.scan(
+            env_step, state.env, jax.random.split(rollout_key, horizon)
+        )
+        result = trajectory.result
+        dones = result.terminated | result.truncated
+        values = fns.values(agent.value_params, flat(trajectory.obs)).reshape(horizon, n)
+        next_values = fns.values(agent.value_params, flat(result.final_obs)).reshape(horizon, n)
+        advantages = gae_scan(
+            result.reward,
+            values,
+            next_values,
+            result.terminated,
+            dones,
+            algo.gamma,
+            algo.gae_lambda,
+        )
+        batch = RolloutBatch(
+            flat(trajectory.obs),
+            flat(trajectory.actions),
+            trajectory.log_probs.reshape(-1),
+            values.reshape(-1),
+            advantages.reshape(-1),
+            (advantages + values).reshape(-1),
+        )
+        agent, metrics = fns.update(agent, batch, update_key)
+        stats = ChunkStats(dones, result.episode_return, result.episode_length, metrics)
+        step = state.step + batch_size
+        updates = state.updates + fns.updates_per_batch
+        return OnPolicyState(agent, env_state, key, step, updates), stats
+
+    def summarize(stats: ChunkStats) -> dict[str, float]:
+        return {name: float(np.mean(values)) for name, values in stats.metrics.items()}
+
+    return FusedTrainer(
+        init=init,
+        run=scan_iterations(iteration),
+        total_iterations=math.ceil(cfg.total_steps / batch_size),
+        steps_per_iteration=batch_size,
+        policy_params=lambda state: state.agent.policy_params,
+        greedy=fns.greedy,
+        summarize=summarize,
+    )

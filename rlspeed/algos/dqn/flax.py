@@ -26,12 +26,13 @@ from rlspeed.algos.loops.fused import (
     FusedTrainer,
     ReplayState,
     init_replay_state,
-    saved_policies,
+    replay_step,
+    saved_agent_policies,
     scan_iterations,
 )
 from rlspeed.algos.loops.jax_learner import JaxLearner
 from rlspeed.algos.networks.flax import MLP
-from rlspeed.algos.replay import Batch, jax_replay_add, jax_replay_sample
+from rlspeed.algos.replay import Batch, jax_replay_sample
 from rlspeed.algos.schedule import epsilon_at, multiples_between, polyak_weight
 from rlspeed.engines.jax_vmap import VmapEnv
 from rlspeed.seeding import JaxKeys
@@ -168,14 +169,7 @@ def make_train(cfg: Any, env: VmapEnv) -> FusedTrainer:
         key, act_key, update_key = jax.random.split(state.key, 3)
         epsilon = epsilon_at(state.step, algo, cfg.total_steps, xp=jnp)
         actions = fns.act(state.agent.params, state.env.obs, act_key, epsilon)
-        env_state, result = env.step(state.env, actions)
-        replay = jax_replay_add(
-            state.replay, state.env.obs, result.final_obs, actions, result.reward, result.terminated
-        )
-        step = state.step + n
-        n_updates = multiples_between(
-            state.step, step, algo.train_frequency, algo.learning_starts, jnp
-        )
+        env_state, result, replay, step, n_updates = replay_step(env, state, actions, algo)
 
         def update_group(group: jax.Array, carry: tuple) -> tuple:
             # The target network is fixed until the sync below, so the group's batches are
@@ -252,5 +246,4 @@ def make_train(cfg: Any, env: VmapEnv) -> FusedTrainer:
 def load_policies(cfg: Any, path: Path, obs_space: Any, action_space: Any) -> list[Policy]:
     """The greedy policies of a saved ``checkpoint.msgpack`` (``mode=eval``)."""
     fns = DQNFunctions(obs_space, action_space, cfg)
-    template = fns.init(jax.random.key(0))._asdict()
-    return saved_policies(cfg, path, template, lambda agent: agent["params"], fns.greedy)
+    return saved_agent_policies(cfg, path, fns.init, "params", fns.greedy)

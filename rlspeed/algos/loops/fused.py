@@ -22,7 +22,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from rlspeed.algos.loops import is_fused
-from rlspeed.algos.replay import JaxReplay, jax_replay_init
+from rlspeed.algos.replay import JaxReplay, jax_replay_add, jax_replay_init
+from rlspeed.algos.schedule import multiples_between
 from rlspeed.checkpoint import (
     deferred_interrupts,
     load_pytree,
@@ -30,6 +31,7 @@ from rlspeed.checkpoint import (
     tree_from_host,
     tree_to_host,
 )
+from rlspeed.engines import StepResult
 from rlspeed.engines.jax_vmap import VmapEnv, VmapState, make_vmap_env
 from rlspeed.run import RunContext, TrainResult
 from rlspeed.seeding import JaxKeys, jax_keys
@@ -85,6 +87,33 @@ def init_replay_state(agent: Any, keys: JaxKeys, env: VmapEnv, buffer_size: int)
     """A fresh agent with an empty replay buffer, at env step 0."""
     replay = jax_replay_init(buffer_size, env.single_observation_space, env.single_action_space)
     return ReplayState(agent, replay, env.init(keys.env), keys.act, jnp.int32(0), jnp.int32(0))
+
+
+def replay_step(
+    env: VmapEnv, state: ReplayState, actions: jax.Array, algo: Any
+) -> tuple[VmapState, StepResult, JaxReplay, jax.Array, jax.Array]:
+    """Step every env with ``actions`` and store the transitions, as the off-policy host loop
+    does: (env state, step result, replay buffer, env steps then, gradient updates due)."""
+    env_state, result = env.step(state.env, actions)
+    replay = jax_replay_add(
+        state.replay, state.env.obs, result.final_obs, actions, result.reward, result.terminated
+    )
+    step = state.step + env.num_envs
+    n_updates = multiples_between(state.step, step, algo.train_frequency, algo.learning_starts, jnp)
+    return env_state, result, replay, step, n_updates
+
+
+def saved_agent_policies(
+    cfg: Any,
+    path: Path,
+    init: Callable[[jax.Array], Any],
+    params_field: str,
+    greedy: Callable[[Any, jax.Array], jax.Array],
+) -> list[Policy]:
+    """``saved_policies`` of a checkpoint of the agent NamedTuple ``init`` makes, whose field
+    ``params_field`` holds what ``greedy`` takes."""
+    template = init(jax.random.key(0))._asdict()
+    return saved_policies(cfg, path, template, lambda agent: agent[params_field], greedy)
 
 
 # XLA options for a program that runs once (the init): its machine code need not be fast,

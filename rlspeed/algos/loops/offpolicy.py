@@ -15,10 +15,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from rlspeed.algos.loops.host import host_training
 from rlspeed.algos.replay import Batch, ReplayBuffer
 from rlspeed.algos.schedule import multiples_between
-from rlspeed.checkpoint import ResumePoint, deferred_interrupts
-from rlspeed.monitor import IntervalMetrics
 from rlspeed.run import RunContext, TrainResult
 from rlspeed.seeding import Stream, numpy_rng
 
@@ -56,33 +55,27 @@ def train_off_policy(
         engine.single_action_space,
         numpy_rng(ctx.seed, Stream.REPLAY),
     )
-    interval = IntervalMetrics(ctx.monitor, cfg.log_every, cfg.total_steps)
-    point = ResumePoint(learner=learner, buffer=buffer, interval=interval, engine=engine)
-    ctx.set_checkpoint(checkpoint_name, learner.save, point.state)
-    try:
-        with deferred_interrupts() as check_interrupt:
-            obs, step, updates = point.start(ctx.resume_state(), engine.reset)
-            while step < cfg.total_steps:
-                actions = learner.act(obs, step)
-                result = engine.step(actions)
-                buffer.add(obs, result.final_obs, actions, result.reward, result.terminated)
-                ctx.monitor.episodes(
-                    np.asarray(result.terminated) | np.asarray(result.truncated),
-                    result.episode_return,
-                    result.episode_length,
-                )
-                obs = result.obs
-                prev, step = step, step + engine.num_envs
-                for _ in range(
-                    int(multiples_between(prev, step, algo.train_frequency, algo.learning_starts))
-                ):
-                    interval.add(learner.update(buffer.sample(algo.batch_size)))
-                    updates += 1
-                schedule = learner.after_env_steps(prev, step)
-                interval.log_if_due(step, updates, learner.greedy, schedule)
-                point.reached(step, updates, obs)
-                check_interrupt()
-    finally:
-        point.freeze()
-        engine.close()
+    with host_training(ctx, engine, learner, checkpoint_name, buffer=buffer) as parts:
+        interval, point, check_interrupt = parts
+        obs, step, updates = point.start(ctx.resume_state(), engine.reset)
+        while step < cfg.total_steps:
+            actions = learner.act(obs, step)
+            result = engine.step(actions)
+            buffer.add(obs, result.final_obs, actions, result.reward, result.terminated)
+            ctx.monitor.episodes(
+                np.asarray(result.terminated) | np.asarray(result.truncated),
+                result.episode_return,
+                result.episode_length,
+            )
+            obs = result.obs
+            prev, step = step, step + engine.num_envs
+            for _ in range(
+                int(multiples_between(prev, step, algo.train_frequency, algo.learning_starts))
+            ):
+                interval.add(learner.update(buffer.sample(algo.batch_size)))
+                updates += 1
+            schedule = learner.after_env_steps(prev, step)
+            interval.log_if_due(step, updates, learner.greedy, schedule)
+            point.reached(step, updates, obs)
+            check_interrupt()
     return TrainResult(steps=step, updates=updates)

@@ -22,8 +22,7 @@ from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
-from rlspeed.checkpoint import ResumePoint, deferred_interrupts
-from rlspeed.monitor import IntervalMetrics
+from rlspeed.algos.loops.host import host_training
 from rlspeed.run import RunContext, TrainResult
 
 
@@ -119,49 +118,43 @@ def train_on_policy(
         np.zeros((horizon, n), dtype=np.float32) for _ in range(4)
     )
 
-    interval = IntervalMetrics(ctx.monitor, cfg.log_every, cfg.total_steps)
     # The rollout arrays are refilled every iteration: nothing in them carries over.
-    point = ResumePoint(learner=learner, interval=interval, engine=engine)
-    ctx.set_checkpoint(checkpoint_name, learner.save, point.state)
-    try:
-        with deferred_interrupts() as check_interrupt:
-            obs, step, updates = point.start(ctx.resume_state(), engine.reset)
-            while step < cfg.total_steps:
-                for t in range(horizon):
-                    actions, env_actions, log_prob = learner.act(obs)
-                    result = engine.step(env_actions)
-                    obs_buf[t] = np.asarray(obs)
-                    actions_buf[t] = np.asarray(actions)
-                    log_probs[t] = np.asarray(log_prob)
-                    rewards[t] = np.asarray(result.reward)
-                    terminated[t] = np.asarray(result.terminated)
-                    dones[t] = np.asarray(result.terminated) | np.asarray(result.truncated)
-                    final_obs_buf[t] = np.asarray(result.final_obs)
-                    ctx.monitor.episodes(dones[t] > 0, result.episode_return, result.episode_length)
-                    obs = result.obs
-                step += horizon * n
+    with host_training(ctx, engine, learner, checkpoint_name) as parts:
+        interval, point, check_interrupt = parts
+        obs, step, updates = point.start(ctx.resume_state(), engine.reset)
+        while step < cfg.total_steps:
+            for t in range(horizon):
+                actions, env_actions, log_prob = learner.act(obs)
+                result = engine.step(env_actions)
+                obs_buf[t] = np.asarray(obs)
+                actions_buf[t] = np.asarray(actions)
+                log_probs[t] = np.asarray(log_prob)
+                rewards[t] = np.asarray(result.reward)
+                terminated[t] = np.asarray(result.terminated)
+                dones[t] = np.asarray(result.terminated) | np.asarray(result.truncated)
+                final_obs_buf[t] = np.asarray(result.final_obs)
+                ctx.monitor.episodes(dones[t] > 0, result.episode_return, result.episode_length)
+                obs = result.obs
+            step += horizon * n
 
-                flat_obs = obs_buf.reshape(horizon * n, *obs_space.shape)
-                values = learner.values(flat_obs).reshape(horizon, n)
-                next_values = learner.values(final_obs_buf.reshape(flat_obs.shape))
-                next_values = next_values.reshape(horizon, n)
-                advantages = gae(
-                    rewards, values, next_values, terminated, dones, algo.gamma, algo.gae_lambda
-                )
-                batch = RolloutBatch(
-                    flat_obs,
-                    actions_buf.reshape(horizon * n, *action_space.shape),
-                    log_probs.reshape(-1),
-                    values.reshape(-1),
-                    advantages.reshape(-1),
-                    (advantages + values).reshape(-1),
-                )
-                interval.add(learner.update(batch))
-                updates += learner.updates_per_batch
-                interval.log_if_due(step, updates, learner.greedy)
-                point.reached(step, updates, obs)
-                check_interrupt()
-    finally:
-        point.freeze()
-        engine.close()
+            flat_obs = obs_buf.reshape(horizon * n, *obs_space.shape)
+            values = learner.values(flat_obs).reshape(horizon, n)
+            next_values = learner.values(final_obs_buf.reshape(flat_obs.shape))
+            next_values = next_values.reshape(horizon, n)
+            advantages = gae(
+                rewards, values, next_values, terminated, dones, algo.gamma, algo.gae_lambda
+            )
+            batch = RolloutBatch(
+                flat_obs,
+                actions_buf.reshape(horizon * n, *action_space.shape),
+                log_probs.reshape(-1),
+                values.reshape(-1),
+                advantages.reshape(-1),
+                (advantages + values).reshape(-1),
+            )
+            interval.add(learner.update(batch))
+            updates += learner.updates_per_batch
+            interval.log_if_due(step, updates, learner.greedy)
+            point.reached(step, updates, obs)
+            check_interrupt()
     return TrainResult(steps=step, updates=updates)

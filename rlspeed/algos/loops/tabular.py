@@ -13,9 +13,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from rlspeed.algos.loops.host import host_training
 from rlspeed.algos.schedule import epsilon_at
-from rlspeed.checkpoint import ResumePoint, deferred_interrupts
-from rlspeed.monitor import IntervalMetrics
 from rlspeed.registry import TASKS
 from rlspeed.run import RunContext, TrainResult
 
@@ -63,39 +62,31 @@ def train_tabular(
     def greedy_policy(obs: np.ndarray) -> np.ndarray:
         return learner.greedy(states_of(obs))
 
-    interval = IntervalMetrics(ctx.monitor, cfg.log_every, cfg.total_steps)
-    point = ResumePoint(learner=learner, interval=interval, engine=engine)
-    ctx.set_checkpoint(checkpoint_name, learner.save, point.state)
-    try:
-        with deferred_interrupts() as check_interrupt:
-            states, step, updates = point.start(
-                ctx.resume_state(), lambda: states_of(engine.reset())
+    with host_training(ctx, engine, learner, checkpoint_name) as parts:
+        interval, point, check_interrupt = parts
+        states, step, updates = point.start(ctx.resume_state(), lambda: states_of(engine.reset()))
+        while step < cfg.total_steps:
+            epsilon = float(epsilon_at(step, cfg.algo, cfg.total_steps))
+            actions = learner.act(states, step, epsilon)
+            result = engine.step(actions)
+            # The true next state is the final observation where an episode ended.
+            interval.add(
+                learner.update(
+                    states,
+                    actions,
+                    result.reward,
+                    states_of(result.final_obs),
+                    result.terminated,
+                )
             )
-            while step < cfg.total_steps:
-                epsilon = float(epsilon_at(step, cfg.algo, cfg.total_steps))
-                actions = learner.act(states, step, epsilon)
-                result = engine.step(actions)
-                # The true next state is the final observation where an episode ended.
-                interval.add(
-                    learner.update(
-                        states,
-                        actions,
-                        result.reward,
-                        states_of(result.final_obs),
-                        result.terminated,
-                    )
-                )
-                ctx.monitor.episodes(
-                    np.asarray(result.terminated) | np.asarray(result.truncated),
-                    result.episode_return,
-                    result.episode_length,
-                )
-                states = states_of(result.obs)
-                step, updates = step + engine.num_envs, updates + 1
-                interval.log_if_due(step, updates, greedy_policy, {"charts/epsilon": epsilon})
-                point.reached(step, updates, states)
-                check_interrupt()
-    finally:
-        point.freeze()
-        engine.close()
+            ctx.monitor.episodes(
+                np.asarray(result.terminated) | np.asarray(result.truncated),
+                result.episode_return,
+                result.episode_length,
+            )
+            states = states_of(result.obs)
+            step, updates = step + engine.num_envs, updates + 1
+            interval.log_if_due(step, updates, greedy_policy, {"charts/epsilon": epsilon})
+            point.reached(step, updates, states)
+            check_interrupt()
     return TrainResult(steps=step, updates=updates)

@@ -26,12 +26,12 @@ from rlspeed.algos.loops.fused import (
     FusedTrainer,
     ReplayState,
     init_replay_state,
-    saved_policies,
+    replay_step,
+    saved_agent_policies,
     scan_iterations,
 )
 from rlspeed.algos.loops.jax_learner import JaxLearner
-from rlspeed.algos.replay import Batch, jax_replay_add, jax_replay_sample
-from rlspeed.algos.schedule import multiples_between
+from rlspeed.algos.replay import Batch, jax_replay_sample
 from rlspeed.algos.td3 import (
     action_bounds,
     explore,
@@ -250,14 +250,7 @@ def make_train(cfg: Any, env: VmapEnv) -> FusedTrainer:
     def iteration(state: ReplayState, _: None) -> tuple[ReplayState, ChunkStats]:
         key, act_key, update_key = jax.random.split(state.key, 3)
         actions = fns.act(state.agent.actor_params, state.env.obs, act_key, state.step)
-        env_state, result = env.step(state.env, actions)
-        replay = jax_replay_add(
-            state.replay, state.env.obs, result.final_obs, actions, result.reward, result.terminated
-        )
-        step = state.step + n
-        n_updates = multiples_between(
-            state.step, step, algo.train_frequency, algo.learning_starts, jnp
-        )
+        env_state, result, replay, step, n_updates = replay_step(env, state, actions, algo)
 
         def one_update(i: jax.Array, carry: tuple) -> tuple:
             agent, sums = carry
@@ -307,5 +300,4 @@ def make_train(cfg: Any, env: VmapEnv) -> FusedTrainer:
 def load_policies(cfg: Any, path: Path, obs_space: Any, action_space: Any) -> list[Policy]:
     """The deterministic policies of a saved ``checkpoint.msgpack`` (``mode=eval``)."""
     fns = TD3Functions(obs_space, action_space, cfg.algo)
-    template = fns.init(jax.random.key(0))._asdict()
-    return saved_policies(cfg, path, template, lambda agent: agent["actor_params"], fns.actor)
+    return saved_agent_policies(cfg, path, fns.init, "actor_params", fns.actor)

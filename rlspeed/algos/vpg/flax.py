@@ -17,7 +17,7 @@ import numpy as np
 import optax
 
 from rlspeed.algos.encoding import one_hot_classes
-from rlspeed.algos.loops.fused import FusedTrainer, saved_policies
+from rlspeed.algos.loops.fused import FusedTrainer, saved_agent_policies
 from rlspeed.algos.loops.jax_onpolicy import OnPolicyJaxLearner, make_on_policy_train
 from rlspeed.algos.loops.onpolicy import RolloutBatch
 from rlspeed.algos.networks.flax import MLP
@@ -186,5 +186,4 @@ def make_train(cfg: Any, env: VmapEnv) -> FusedTrainer:
 def load_policies(cfg: Any, path: Path, obs_space: Any, action_space: Any) -> list[GreedyPolicy]:
     """The greedy policies of a saved ``checkpoint.msgpack`` (``mode=eval``)."""
     fns = VPGFunctions(obs_space, action_space, cfg.algo)
-    template = fns.init(jax.random.key(0))._asdict()
-    return saved_policies(cfg, path, template, lambda agent: agent["policy_params"], fns.greedy)
+    return saved_agent_policies(cfg, path, fns.init, "policy_params", fns.greedy)

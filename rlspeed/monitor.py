@@ -126,8 +126,12 @@ class RunMonitor:
         console: Console | None = None,
         on_score: Callable[[float, int], None] | None = None,
         num_seeds: int = 1,
+        step_reward: bool = False,
     ) -> None:
         self.tracker = tracker
+        # Whether the task is scored per step (Doors): the progress line then shows the
+        # rolling step reward; other tasks show the return of the last episodes.
+        self.step_reward = step_reward
         self.total_steps = total_steps
         # (greedy policy, seed index) -> the task's score.
         self._evaluate = evaluate
@@ -274,7 +278,10 @@ class RunMonitor:
         parts.append(f"{row['charts/updates_per_second']:,.0f} updates/s")
         if "charts/episodic_return" in row:
             parts.append(f"return {row['charts/episodic_return']:.3f}")
-            parts.append(f"rolling step reward {row['charts/rolling_step_reward']:.3f}")
+            if self.step_reward:
+                parts.append(f"rolling step reward {row['charts/rolling_step_reward']:.3f}")
+            else:
+                parts.append(f"last-{RECENT_EPISODES} return {row['charts/recent_return']:.2f}")
         parts.append(f"score {score}")
         parts.append(f"eta {eta}")
         self._write(" | ".join(parts))

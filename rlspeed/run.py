@@ -209,6 +209,7 @@ def run(cfg: DictConfig) -> float:
         ),
         progress=cfg.progress,
         on_score=reporter.report if reporter is not None else None,
+        step_reward=task.step_reward,
         num_seeds=cfg.num_seeds,
     )
     if resumed:  # metrics continue from the saved step (every agent file holds them all)
@@ -414,7 +415,7 @@ def _summary(
         table.add_row(key, value)
     wall = monitor.wall_time
     seeds = f" (mean of {monitor.num_seeds} seeds)" if monitor.num_seeds > 1 else ""
-    for key, value in (
+    rows = [
         ("seeds", str(monitor.num_seeds)),
         ("env steps", f"{result.steps:,}"),
         ("gradient updates", f"{result.updates:,}"),
@@ -422,9 +423,11 @@ def _summary(
         ("env steps/s", f"{result.steps / wall:,.0f}"),
         ("updates/s", f"{result.updates / wall:,.0f}"),
         (f"score{seeds}", f"{monitor.score:.4f}"),
-        ("rolling step reward", f"{monitor.rolling_step_reward:.4f}"),
-        (f"return, last {RECENT_EPISODES} episodes", f"{monitor.recent_return:.2f}"),
-    ):
+    ]
+    if ctx.task.step_reward:
+        rows.append(("rolling step reward", f"{monitor.rolling_step_reward:.4f}"))
+    rows.append((f"return, last {RECENT_EPISODES} episodes", f"{monitor.recent_return:.2f}"))
+    for key, value in rows:
         table.add_row(key, value)
     where = [("outputs", str(ctx.out_dir.resolve()))]
     for files in ctx.checkpointers.values():

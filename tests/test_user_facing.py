@@ -141,11 +141,12 @@ def test_terminal_run_logs_progress_summary_compile_phase_and_eta(tmp_path: Path
         assert f"checkpoint  {out / 'checkpoint.msgpack'}" in text
     # Doors: episodic return, and rolling step reward beside the score (two panels).
     assert _png_width(out / "learning_curve.png") == 1100
+    assert "| rolling step reward " in log and "rolling step reward  " in log
 
 
 def test_summary_shows_full_paths_and_how_to_open_the_run(tmp_path: Path) -> None:
     """Paths longer than the console are printed whole; a SQLite store gets the `mlflow ui`
-    command and the run's page there; GridWorld's curve has no rolling step reward panel."""
+    command and the run's page there; GridWorld's curve and lines show no rolling step reward."""
     out = tmp_path / ("a-folder-name-long-enough-to-pass-any-console-width-" * 2) / "run"
     db = tmp_path / "mlflow.db"
     result = run_cli(
@@ -178,5 +179,8 @@ def test_summary_shows_full_paths_and_how_to_open_the_run(tmp_path: Path) -> Non
         f"MLflow run     {page}?workflowType=machine_learning (with mlflow ui)",
     ]
     assert "…" not in result.stdout
-    # GridWorld's score is a mean return: one panel, returns and score together.
+    # GridWorld's score is a mean return: one panel, returns and score together; its
+    # progress lines and summary show the last episodes' return, not a step reward.
     assert _png_width(out / "learning_curve.png") == 550
+    assert "rolling step reward" not in result.stdout
+    assert re.search(r"\| last-20 return -?\d+\.\d\d \| score", result.stdout), result.stdout

@@ -499,6 +499,7 @@ def write_plots(study: Any, out_dir: Path) -> list[Path]:
                 html = out_dir / f"{name}.html"
                 # plotly.js (3.6 MB) once, as plotly.min.js beside the pages.
                 fig.write_html(html, include_plotlyjs="directory")
+                _add_plotly_fallback(html)
                 files.append(html)
                 axes = getattr(vis_mpl, f"plot_{name}")(study, **args)
                 figure = np.atleast_1d(axes).flat[0].figure
@@ -515,6 +516,21 @@ def write_plots(study: Any, out_dir: Path) -> list[Path]:
     if script.exists():
         files.append(script)
     return files
+
+
+LOCAL_PLOTLY = '<script charset="utf-8" src="plotly.min.js"></script>'
+
+
+def _add_plotly_fallback(page: Path) -> None:
+    """Load plotly.js from its CDN where the page cannot reach the plotly.min.js beside it:
+    MLflow shows an HTML artifact alone (in an iframe of its own), so the relative script
+    is not found there and the plot would stay blank."""
+    from plotly.offline import get_plotlyjs_version
+
+    cdn = f"https://cdn.plot.ly/plotly-{get_plotlyjs_version()}.min.js"
+    load = f"document.write('<script src=\"{cdn}\"><\\/script>')"
+    fallback = f"<script>window.Plotly || {load}</script>"
+    page.write_text(page.read_text().replace(LOCAL_PLOTLY, LOCAL_PLOTLY + fallback, 1))
 
 
 def _top_params(study: Any, target: Any) -> list[str] | None:

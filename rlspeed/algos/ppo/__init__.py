@@ -1,0 +1,97 @@
+"""PPO (proximal policy optimization) with the clipped surrogate objective, as CleanRL's
+``ppo.py`` runs it: GAE(lambda) advantages, several epochs of minibatch steps per batch.
+
+Each batch is ``num_steps`` steps of every env, with GAE advantages and value targets from
+the on-policy loop (``rlspeed/algos/loops/onpolicy.py``). Per batch, ``update_epochs``
+passes over a fresh random permutation of it, each in ``num_minibatches`` minibatches; one
+gradient step per minibatch on ``policy loss - ent_coef * entropy + vf_coef * value loss``,
+with one Adam over the separate policy and value networks. ``updates``
+(``gradient_updates`` in the outputs) counts those steps:
+``update_epochs * num_minibatches`` per batch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlspeed.algos import AlgoSpec, check_hidden_sizes, check_memory, check_ranges
+from rlspeed.errors import ConfigError
+
+
+@dataclass
+class PPOConfig:
+    name: str = "ppo"
+    # Steps per env in one batch (batch = num_steps * num_envs).
+    num_steps: int = 128
+    gamma: float = 0.99
+    gae_lambda: float = 0.95
+    # Adam's step size (eps 1e-5, as CleanRL's), shared by the policy and value networks.
+    learning_rate: float = 2.5e-4
+    # Decay the step size linearly from learning_rate to 0 over the run's batches.
+    anneal_lr: bool = True
+    # Passes over each batch; each pass a fresh random order.
+    update_epochs: int = 4
+    # Minibatches per pass, one gradient step each; must divide num_steps * num_envs.
+    num_minibatches: int = 4
+    # The surrogate's clip range: ratios new/old policy outside [1 - c, 1 + c] earn nothing.
+    clip_coef: float = 0.2
+    # Clip the value function's change from the rollout's values by clip_coef too.
+    clip_vloss: bool = True
+    # Entropy bonus coefficient (0: none).
+    ent_coef: float = 0.01
+    # Weight of the value loss (0.5 * mean squared error) in the total loss.
+    vf_coef: float = 0.5
+    # Global gradient-norm clipping over both networks (0: no clipping).
+    max_grad_norm: float = 0.5
+    # Normalise the advantages of each minibatch to mean 0, std 1.
+    normalize_advantages: bool = True
+    # Gaussian policies (continuous actions): the initial state-independent log std.
+    initial_log_std: float = 0.0
+    hidden_sizes: list[int] = field(default_factory=lambda: [64, 64])
+
+
+def batches_in_run(algo: Any, cfg: Any) -> int:
+    """Batches (iterations) the run collects: the annealed step size reaches 0 after them."""
+    return math.ceil(cfg.total_steps / (algo.num_steps * cfg.num_envs))
+
+
+def validate(algo: Any, cfg: Any) -> None:
+    check_ranges(
+        algo,
+        count=("num_steps", "update_epochs", "num_minibatches"),
+        unit=("gamma", "gae_lambda"),
+        positive=("learning_rate", "clip_coef"),
+        off_at_zero=("ent_coef", "max_grad_norm"),
+        non_negative=("vf_coef",),
+        finite=("initial_log_std",),
+    )
+    check_hidden_sizes(algo)
+    batch = algo.num_steps * cfg.num_envs
+    # Equal minibatches: every transition is used once per epoch, and the fused update
+    # has one static minibatch shape.
+    if batch % algo.num_minibatches:
+        raise ConfigError(
+            "algo.num_minibatches",
+            algo.num_minibatches,
+            f"a divisor of the batch, algo.num_steps * num_envs = {algo.num_steps} * "
+            f"{cfg.num_envs} = {batch}",
+        )
+    # A batch holds num_steps transitions of every env.
+    check_memory(cfg, ("algo.num_steps", batch))
+
+
+SPEC = AlgoSpec(
+    name="ppo",
+    schema=PPOConfig,
+    action_kinds=("discrete", "continuous"),
+    loop="on_policy",
+    learners={
+        "torch": "rlspeed.algos.ppo.torch:TorchLearner",
+        "flax": "rlspeed.algos.ppo.flax:FlaxLearner",
+    },
+    fused="rlspeed.algos.ppo.flax:make_train",
+    validate=validate,
+    tasks=("doors", "cartpole", "pendulum", "halfcheetah"),
+)

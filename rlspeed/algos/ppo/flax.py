@@ -1,0 +1,145 @@
+"""PPO in Flax + Optax: ``PPOFunctions``, the pure functions the on-policy loop's flax side
+(``rlspeed/algos/loops/jax_onpolicy.py``) turns into the host learner (Gymnasium engines)
+and the fused program (``env=jax-vmap``). The networks, acting and log-probabilities are
+VPG's (``VPGFunctions``); PPO brings its own update.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from rlspeed.algos.loops.fused import FusedTrainer, saved_agent_policies
+from rlspeed.algos.loops.jax_onpolicy import OnPolicyJaxLearner, make_on_policy_train
+from rlspeed.algos.loops.onpolicy import RolloutBatch
+from rlspeed.algos.ppo import batches_in_run
+from rlspeed.algos.vpg import VPGConfig
+from rlspeed.algos.vpg.flax import VPGFunctions
+from rlspeed.engines.jax_vmap import VmapEnv
+from rlspeed.tasks import Policy as GreedyPolicy
+
+
+class Agent(NamedTuple):
+    policy_params: Any
+    value_params: Any
+    # One Adam over (policy_params, value_params).
+    opt_state: Any
+
+
+class PPOFunctions:
+    """Pure functions of one PPO configuration: init, act, values, greedy, update.
+    ``batches``: the batches of the run, over which ``anneal_lr`` takes the step size to 0."""
+
+    def __init__(self, obs_space: Any, action_space: Any, algo: Any, batches: int) -> None:
+        self.algo = algo
+        # VPG's networks: only their shapes are read from its config, never its optimizers.
+        nets = VPGConfig(hidden_sizes=list(algo.hidden_sizes), initial_log_std=algo.initial_log_std)
+        self.nets = VPGFunctions(obs_space, action_space, nets)
+        self.act = self.nets.act
+        self.values = self.nets.values
+        self.greedy = self.nets.greedy
+        self.updates_per_batch = algo.update_epochs * algo.num_minibatches
+        self.optimizer = optimizer(algo, self.updates_per_batch, batches)
+
+    def init(self, key: jax.Array) -> Agent:
+        nets = self.nets.init(key)
+        params = (nets.policy_params, nets.value_params)
+        return Agent(*params, self.optimizer.init(params))
+
+    def loss(
+        self, params: tuple[Any, Any], minibatch: RolloutBatch
+    ) -> tuple[jax.Array, dict[str, jax.Array]]:
+        """The minibatch's total loss, and its parts as the metrics report them."""
+        algo = self.algo
+        policy_params, value_params = params
+        log_prob, entropy = self.nets.log_prob_entropy(
+            policy_params, minibatch.obs, minibatch.actions
+        )
+        log_ratio = log_prob - minibatch.log_probs
+        ratio = jnp.exp(log_ratio)
+        advantages = minibatch.advantages
+        if algo.normalize_advantages:
+            advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+        clipped_ratio = jnp.clip(ratio, 1 - algo.clip_coef, 1 + algo.clip_coef)
+        policy_loss = jnp.maximum(-advantages * ratio, -advantages * clipped_ratio).mean()
+
+        values = self.values(value_params, minibatch.obs)
+        squared_error = (values - minibatch.returns) ** 2
+        if algo.clip_vloss:
+            change = jnp.clip(values - minibatch.values, -algo.clip_coef, algo.clip_coef)
+            clipped_error = (minibatch.values + change - minibatch.returns) ** 2
+            squared_error = jnp.maximum(squared_error, clipped_error)
+        value_loss = 0.5 * squared_error.mean()
+
+        total = policy_loss - algo.ent_coef * entropy + algo.vf_coef * value_loss
+        return total, {
+            "losses/policy_loss": policy_loss,
+            "losses/value_loss": value_loss,
+            "losses/entropy": entropy,
+            # KL(old || new) by the low-variance estimator (r - 1) - log r.
+            "losses/approx_kl": ((ratio - 1) - log_ratio).mean(),
+            "losses/clipfrac": (jnp.abs(ratio - 1) > algo.clip_coef).mean(),
+        }
+
+    def update(
+        self, agent: Agent, batch: RolloutBatch, key: jax.Array, orders: jax.Array | None = None
+    ) -> tuple[Agent, dict[str, jax.Array]]:
+        """``update_epochs`` passes over the batch in ``num_minibatches`` minibatches, one
+        gradient step each; metrics are the means over the steps. ``orders``
+        [update_epochs, batch]: each pass's order (default: permutations drawn from ``key``)."""
+        algo = self.algo
+        size = batch.obs.shape[0]
+        if orders is None:
+            keys = jax.random.split(key, algo.update_epochs)
+            orders = jax.vmap(lambda k: jax.random.permutation(k, size))(keys)
+        minibatches = orders.reshape(self.updates_per_batch, size // algo.num_minibatches)
+
+        def step(carry: tuple[Any, Any], indices: jax.Array) -> tuple[tuple[Any, Any], dict]:
+            params, opt_state = carry
+            minibatch = jax.tree.map(lambda x: x[indices], batch)
+            grads, metrics = jax.grad(self.loss, has_aux=True)(params, minibatch)
+            updates, opt_state = self.optimizer.update(grads, opt_state, params)
+            return (optax.apply_updates(params, updates), opt_state), metrics
+
+        start = ((agent.policy_params, agent.value_params), agent.opt_state)
+        ((policy_params, value_params), opt_state), metrics = jax.lax.scan(step, start, minibatches)
+        agent = Agent(policy_params, value_params, opt_state)
+        return agent, {name: values.mean() for name, values in metrics.items()}
+
+
+def optimizer(algo: Any, updates_per_batch: int, batches: int) -> optax.GradientTransformation:
+    """Adam (eps 1e-5) after global-norm clipping; annealed, the step size of batch ``i``
+    (from 0) is ``learning_rate * (1 - i / batches)``."""
+
+    def annealed(count: jax.Array) -> jax.Array:
+        return algo.learning_rate * (1.0 - (count // updates_per_batch) / batches)
+
+    adam = optax.adam(annealed if algo.anneal_lr else algo.learning_rate, eps=1e-5)
+    if algo.max_grad_norm > 0:
+        return optax.chain(optax.clip_by_global_norm(algo.max_grad_norm), adam)
+    return adam
+
+
+def functions(cfg: Any, obs_space: Any, action_space: Any) -> PPOFunctions:
+    """The functions of the run ``cfg``."""
+    return PPOFunctions(obs_space, action_space, cfg.algo, batches_in_run(cfg.algo, cfg))
+
+
+class FlaxLearner(OnPolicyJaxLearner):
+    def __init__(self, obs_space: Any, action_space: Any, cfg: Any, seed: int) -> None:
+        super().__init__(functions(cfg, obs_space, action_space), seed)
+
+
+def make_train(cfg: Any, env: VmapEnv) -> FusedTrainer:
+    fns = functions(cfg, env.single_observation_space, env.single_action_space)
+    return make_on_policy_train(cfg, env, fns)
+
+
+def load_policies(cfg: Any, path: Path, obs_space: Any, action_space: Any) -> list[GreedyPolicy]:
+    """The greedy policies of a saved ``checkpoint.msgpack`` (``mode=eval``)."""
+    fns = functions(cfg, obs_space, action_space)
+    return saved_agent_policies(cfg, path, fns.init, "policy_params", fns.greedy)

@@ -1,0 +1,122 @@
+"""PPO in PyTorch, on any engine (Gymnasium or JAX through DLPack). The networks and acting
+are VPG's (its ``TorchLearner``); PPO brings its own optimizer and update."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from omegaconf import OmegaConf
+from torch import nn
+
+from rlspeed.algos.loops.onpolicy import RolloutBatch
+from rlspeed.algos.ppo import batches_in_run
+from rlspeed.algos.vpg import VPGConfig
+from rlspeed.algos.vpg.torch import TorchLearner as VPGLearner
+from rlspeed.checkpoint import save_torch
+from rlspeed.seeding import Stream, int_seed
+from rlspeed.tasks import Policy as GreedyPolicy
+
+METRICS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac")
+
+
+class TorchLearner:
+    def __init__(self, obs_space: Any, action_space: Any, cfg: Any, seed: int) -> None:
+        algo = self.algo = cfg.algo
+        # VPG's networks and acting; only their shapes are read from its config. Its
+        # optimizers go unused (they are neither stepped nor saved).
+        nets = VPGConfig(hidden_sizes=list(algo.hidden_sizes), initial_log_std=algo.initial_log_std)
+        vpg = VPGLearner(obs_space, action_space, OmegaConf.create({"algo": nets}), seed)
+        self.policy, self.value = vpg.policy, vpg.value
+        # Held here too, so a run's resume state has the action stream.
+        self.generator = vpg.generator
+        self.act, self.values, self.greedy = vpg.act, vpg.values, vpg.greedy
+
+        self.updates_per_batch = algo.update_epochs * algo.num_minibatches
+        self.params = [*self.policy.parameters(), *self.value.parameters()]
+        # One Adam over both networks, with CleanRL's eps; the fused step (see
+        # rlspeed.algos.networks.torch.optimizer).
+        self.optimizer = torch.optim.Adam(self.params, lr=algo.learning_rate, eps=1e-5, fused=True)
+        self.batches = batches_in_run(algo, cfg)
+        self.batches_done = 0
+        self.minibatch_generator = torch.Generator().manual_seed(int_seed(seed, Stream.REPLAY))
+
+    def loss(
+        self, minibatch: tuple[torch.Tensor, ...]
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The minibatch's total loss, and its parts as the metrics report them."""
+        algo = self.algo
+        obs, actions, old_log_probs, old_values, advantages, returns = minibatch
+        dist = self.policy(obs)
+        log_ratio = dist.log_prob(actions) - old_log_probs
+        ratio = log_ratio.exp()
+        entropy = dist.entropy().mean()
+        if algo.normalize_advantages:
+            advantages = (advantages - advantages.mean()) / (advantages.std(correction=0) + 1e-8)
+        clipped_ratio = ratio.clamp(1 - algo.clip_coef, 1 + algo.clip_coef)
+        policy_loss = torch.max(-advantages * ratio, -advantages * clipped_ratio).mean()
+
+        values = self.value(obs).squeeze(1)
+        squared_error = (values - returns) ** 2
+        if algo.clip_vloss:
+            change = (values - old_values).clamp(-algo.clip_coef, algo.clip_coef)
+            squared_error = torch.max(squared_error, (old_values + change - returns) ** 2)
+        value_loss = 0.5 * squared_error.mean()
+
+        total = policy_loss - algo.ent_coef * entropy + algo.vf_coef * value_loss
+        with torch.no_grad():
+            approx_kl = ((ratio - 1) - log_ratio).mean()
+            clipfrac = ((ratio - 1).abs() > algo.clip_coef).float().mean()
+        parts = (policy_loss, value_loss, entropy, approx_kl, clipfrac)
+        return total, {f"losses/{name}": x.detach() for name, x in zip(METRICS, parts, strict=True)}
+
+    def update(self, batch: RolloutBatch, orders: Any = None) -> dict[str, torch.Tensor]:
+        """``update_epochs`` passes over the batch in ``num_minibatches`` minibatches, one
+        gradient step each; metrics are the means over the steps. ``orders``
+        [update_epochs, batch]: each pass's order (default: drawn permutations)."""
+        algo = self.algo
+        tensors = [torch.from_numpy(np.asarray(x)) for x in batch]
+        size = len(tensors[0])
+        if algo.anneal_lr:
+            fraction = 1.0 - self.batches_done / self.batches
+            for group in self.optimizer.param_groups:
+                group["lr"] = algo.learning_rate * fraction
+        self.batches_done += 1
+        if orders is None:
+            orders = torch.stack(
+                [
+                    torch.randperm(size, generator=self.minibatch_generator)
+                    for _ in range(algo.update_epochs)
+                ]
+            )
+        minibatches = torch.as_tensor(orders).reshape(self.updates_per_batch, -1)
+        metrics: dict[str, list[torch.Tensor]] = {}
+        for indices in minibatches:
+            loss, step_metrics = self.loss(tuple(x[indices] for x in tensors))
+            self.optimizer.zero_grad()
+            loss.backward()
+            if algo.max_grad_norm > 0:
+                nn.utils.clip_grad_norm_(self.params, algo.max_grad_norm)
+            self.optimizer.step()
+            for name, value in step_metrics.items():
+                metrics.setdefault(name, []).append(value)
+        return {name: torch.stack(values).mean() for name, values in metrics.items()}
+
+    def save(self, path: Path) -> Path:
+        return save_torch(
+            {
+                "policy": self.policy.state_dict(),
+                "value": self.value.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+            },
+            path,
+        )
+
+
+def load_policies(cfg: Any, path: Path, obs_space: Any, action_space: Any) -> list[GreedyPolicy]:
+    """The greedy policy of a saved ``checkpoint.pt`` (``mode=eval``)."""
+    learner = TorchLearner(obs_space, action_space, cfg, cfg.seed)
+    learner.policy.load_state_dict(torch.load(path, weights_only=True)["policy"])
+    return [learner.greedy]

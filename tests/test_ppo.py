@@ -1,0 +1,224 @@
+"""PPO: torch and flax agree update for update, every kind of stack learns CartPole, bad
+hyperparameters are one line, and a saved agent is scored again by ``mode=eval``.
+
+Learning runs use small seeded budgets of seconds; the full target (CartPole: mean return
+of the last 20 episodes >= 475 at the defaults) is measured by training runs.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from omegaconf import OmegaConf
+
+from rlspeed.algos.ppo import PPOConfig
+from rlspeed.algos.ppo.flax import FlaxLearner, functions
+from rlspeed.algos.ppo.torch import TorchLearner
+from rlspeed.config import validate
+from rlspeed.errors import ConfigError
+from rlspeed.run import run
+from tests.conftest import assert_one_line_error, learner_cfg, run_cli
+from tests.test_vpg import (
+    _copy_flax_to_torch,
+    _doors_batch,
+    _flax_weights,
+    _pendulum_batch,
+    _torch_weights,
+)
+
+# ---------------------------------------------------------------- torch == flax
+
+METRICS = {
+    "losses/policy_loss",
+    "losses/value_loss",
+    "losses/entropy",
+    "losses/approx_kl",
+    "losses/clipfrac",
+}
+
+
+@pytest.mark.parametrize(
+    ("make_batch", "overrides"),
+    [
+        # Discrete: Doors' one-hot observations, entropy bonus, clipped value loss.
+        (_doors_batch, {"ent_coef": 0.01, "clip_vloss": True, "max_grad_norm": 0.5}),
+        # Continuous: a diagonal Gaussian on Pendulum, plain value loss, no clipping.
+        (_pendulum_batch, {"ent_coef": 0.0, "clip_vloss": False, "max_grad_norm": 0.0}),
+    ],
+    ids=["discrete", "continuous"],
+)
+def test_torch_and_flax_compute_the_same_update(make_batch, overrides):
+    """Three batches (annealed step sizes, optimizer states carried), each 2 epochs of
+    4 minibatches in the same given order on both backends."""
+    algo = OmegaConf.structured(
+        PPOConfig(
+            hidden_sizes=[32, 32],
+            learning_rate=3e-3,
+            update_epochs=2,
+            num_minibatches=4,
+            initial_log_std=-0.5,
+            **overrides,
+        )
+    )
+    # A run of 4 batches of 64 transitions: the step size anneals by a quarter per batch.
+    cfg = learner_cfg(algo, total_steps=256, num_envs=2)
+    rng = np.random.default_rng(0)
+    obs_space, action_space, batch = make_batch(rng, 64)
+    flax_learner = FlaxLearner(obs_space, action_space, cfg, seed=0)
+    torch_learner = TorchLearner(obs_space, action_space, cfg, seed=0)
+    _copy_flax_to_torch(flax_learner, torch_learner)
+    fns = functions(cfg, obs_space, action_space)
+    # Old log-probabilities near the policy's own, so some ratios are clipped and some not.
+    log_probs, _ = fns.nets.log_prob_entropy(
+        flax_learner.agent.policy_params, batch.obs, batch.actions
+    )
+    noise = rng.normal(0.0, 0.15, len(log_probs)).astype(np.float32)
+    batch = batch._replace(log_probs=np.asarray(log_probs) + noise)
+    update = jax.jit(fns.update)
+
+    np.testing.assert_allclose(
+        flax_learner.values(batch.obs), torch_learner.values(batch.obs), rtol=1e-5, atol=1e-6
+    )
+    clipfracs = []
+    for _ in range(3):
+        orders = np.stack([rng.permutation(64) for _ in range(algo.update_epochs)])
+        flax_learner.agent, flax_metrics = update(
+            flax_learner.agent, batch, jax.random.key(0), jnp.asarray(orders)
+        )
+        torch_metrics = torch_learner.update(batch, orders)
+        assert flax_metrics.keys() == torch_metrics.keys() == METRICS
+        for name, value in flax_metrics.items():
+            np.testing.assert_allclose(
+                float(value), float(torch_metrics[name]), rtol=1e-4, atol=1e-5, err_msg=name
+            )
+        clipfracs.append(float(flax_metrics["losses/clipfrac"]))
+    assert max(clipfracs) > 0, "the clipped branch of the objective went untested"
+    for flax_params, torch_module in (
+        (flax_learner.agent.policy_params, torch_learner.policy),
+        (flax_learner.agent.value_params, torch_learner.value),
+    ):
+        flax_w, torch_w = _flax_weights(flax_params), _torch_weights(torch_module)
+        assert len(flax_w) == len(torch_w)
+        for a, b in zip(flax_w, torch_w, strict=True):
+            np.testing.assert_allclose(a, b, atol=2e-5)
+
+
+def test_update_draws_a_fresh_order_per_epoch_from_its_key():
+    """Without a given order, the minibatches follow the key: another key, other weights."""
+    algo = OmegaConf.structured(PPOConfig(hidden_sizes=[16], update_epochs=2, num_minibatches=4))
+    cfg = learner_cfg(algo, total_steps=256, num_envs=2)
+    obs_space, action_space, batch = _doors_batch(np.random.default_rng(0), 64)
+    fns = functions(cfg, obs_space, action_space)
+    agent = fns.init(jax.random.key(0))
+    update = jax.jit(fns.update)
+    a, _ = update(agent, batch, jax.random.key(1))
+    b, _ = update(agent, batch, jax.random.key(1))
+    c, _ = update(agent, batch, jax.random.key(2))
+    kernels = [np.asarray(x.value_params["params"]["Dense_0"]["kernel"]) for x in (a, b, c)]
+    np.testing.assert_array_equal(kernels[0], kernels[1])
+    assert not np.allclose(kernels[0], kernels[2])
+
+
+# ---------------------------------------------------------------- config
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        # conf/algo_task/ppo_cartpole.yaml: 8 envs x 32 steps.
+        (
+            "algo.num_minibatches=3",
+            "algo.num_minibatches=3: expected a divisor of the batch, "
+            "algo.num_steps * num_envs = 32 * 8 = 256",
+        ),
+        ("algo.clip_coef=0.0", "algo.clip_coef=0.0: expected a finite number > 0"),
+        ("algo.update_epochs=0", "algo.update_epochs=0: expected an integer >= 1"),
+        ("algo.vf_coef=-1.0", "algo.vf_coef=-1.0: expected a finite number >= 0"),
+    ],
+    ids=["num_minibatches", "clip_coef", "update_epochs", "vf_coef"],
+)
+def test_bad_hyperparameter_is_one_clear_line(make_cfg, override, message):
+    cfg = make_cfg(["algo=ppo", "task=cartpole", override])
+    with pytest.raises(ConfigError, match=message.replace("*", r"\*")):
+        validate(cfg)
+
+
+def test_bad_minibatch_count_through_the_cli(tmp_path):
+    result = run_cli(
+        ["algo=ppo", "task=cartpole", "num_envs=6", "algo.num_minibatches=5", "tracking=none"],
+        cwd=tmp_path,
+    )
+    assert_one_line_error(result, "invalid algo.num_minibatches=5", "32 * 6 = 192")
+    assert not (tmp_path / "outputs").exists()
+
+
+# ---------------------------------------------------------------- learning
+
+QUICK = ["tracking=none", "progress=none", "algo=ppo", "task=cartpole"]
+# conf/algo_task/ppo_cartpole.yaml's settings for 120 batches instead of 400.
+SMALL_CARTPOLE = [
+    *QUICK,
+    "task.eval_episodes=3",
+    "total_steps=30720",
+    "log_every=10240",
+    "eval_every=30720",
+]
+# Random CartPole returns about 22.
+LEARNED_RETURN = 100
+
+
+def _run_in(directory: Path, monkeypatch, cfg) -> dict:
+    directory.mkdir()
+    monkeypatch.chdir(directory)
+    run(cfg)
+    return json.loads((directory / "metrics.json").read_text())
+
+
+@pytest.mark.parametrize(("backend", "engine"), [("torch", "gym-sync"), ("flax", "gym-async")])
+def test_host_driven_stack_learns_cartpole(backend, engine, make_cfg, tmp_path, monkeypatch):
+    cfg = make_cfg([f"backend={backend}", f"env={engine}", *SMALL_CARTPOLE])
+    metrics = _run_in(tmp_path / "run", monkeypatch, cfg)
+    # 120 batches of 8 envs x 32 steps, each 20 epochs of one minibatch.
+    assert metrics["env_steps"] == 30720 and metrics["gradient_updates"] == 120 * 20
+    assert metrics["recent_return"] > LEARNED_RETURN, metrics
+    assert metrics["score"] > LEARNED_RETURN, metrics
+
+
+def test_fused_stack_learns_cartpole_with_three_seeds(make_cfg, tmp_path, monkeypatch):
+    """num_seeds=3 on flax + jax-vmap: one vmapped program, three per-seed results."""
+    cfg = make_cfg([*SMALL_CARTPOLE, "backend=flax", "env=jax-vmap", "num_seeds=3"])
+    metrics = _run_in(tmp_path / "run", monkeypatch, cfg)
+    assert metrics["num_seeds"] == 3 and len(metrics["seeds"]) == 3
+    assert metrics["env_steps"] == 3 * 30720 and metrics["gradient_updates"] == 3 * 120 * 20
+    for seed in metrics["seeds"]:
+        assert seed["recent_return"] > LEARNED_RETURN, seed
+        assert seed["score"] > LEARNED_RETURN, seed
+
+
+# ---------------------------------------------------------------- mode=eval
+
+
+@pytest.mark.parametrize(("backend", "engine"), [("torch", "gym-sync"), ("flax", "jax-vmap")])
+def test_eval_scores_the_saved_agent(backend, engine, tmp_path):
+    """``mode=eval checkpoint=<run folder>`` scores the saved agent as training's final
+    evaluation did."""
+    args = [
+        *QUICK,
+        f"backend={backend}",
+        f"env={engine}",
+        "task.eval_episodes=3",
+        "total_steps=5120",
+        "log_every=2560",
+        "algo.hidden_sizes=[16]",
+    ]
+    trained = run_cli([*args, "hydra.run.dir=trained"], tmp_path)
+    assert trained.returncode == 0, trained.stderr[-2000:]
+    metrics = json.loads((tmp_path / "trained" / "metrics.json").read_text())
+    evaluated = run_cli(["mode=eval", "checkpoint=trained", "hydra.run.dir=eval"], tmp_path)
+    assert evaluated.returncode == 0, evaluated.stderr[-2000:]
+    assert f"rlspeed: score {metrics['score']:.4f}" in evaluated.stdout

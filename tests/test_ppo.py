@@ -1,5 +1,5 @@
 """PPO: torch and flax agree update for update, every kind of stack learns CartPole, bad
-hyperparameters are one line, and a saved agent is scored again by ``mode=eval``.
+hyperparameters are one line, a cut run resumes exactly and ``mode=eval`` scores it.
 
 Learning runs use small seeded budgets of seconds; the full target (CartPole: mean return
 of the last 20 episodes >= 475 at the defaults) is measured by training runs.
@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import torch
 from omegaconf import OmegaConf
 
 from rlspeed.algos.ppo import PPOConfig
@@ -23,6 +24,7 @@ from rlspeed.config import validate
 from rlspeed.errors import ConfigError
 from rlspeed.run import run
 from tests.conftest import assert_one_line_error, learner_cfg, run_cli
+from tests.test_resume import _cut_after_first_log
 from tests.test_vpg import (
     _copy_flax_to_torch,
     _doors_batch,
@@ -200,25 +202,45 @@ def test_fused_stack_learns_cartpole_with_three_seeds(make_cfg, tmp_path, monkey
         assert seed["score"] > LEARNED_RETURN, seed
 
 
-# ---------------------------------------------------------------- mode=eval
+# ---------------------------------------------------------------- resume, mode=eval
 
 
 @pytest.mark.parametrize(("backend", "engine"), [("torch", "gym-sync"), ("flax", "jax-vmap")])
-def test_eval_scores_the_saved_agent(backend, engine, tmp_path):
-    """``mode=eval checkpoint=<run folder>`` scores the saved agent as training's final
-    evaluation did."""
+def test_resumed_run_ends_like_the_whole_one_and_eval_scores_it(backend, engine, tmp_path):
+    """A run cut by SIGTERM and resumed ends with the uninterrupted run's numbers and weights
+    (the annealed step size and minibatch orders included); ``mode=eval checkpoint=<run
+    folder>`` then scores the saved agent as training's final evaluation did."""
     args = [
-        *QUICK,
+        *QUICK[1:],
+        "progress=plain",
         f"backend={backend}",
         f"env={engine}",
         "task.eval_episodes=3",
-        "total_steps=5120",
+        "total_steps=10240",
         "log_every=2560",
+        "eval_every=5120",
         "algo.hidden_sizes=[16]",
     ]
-    trained = run_cli([*args, "hydra.run.dir=trained"], tmp_path)
-    assert trained.returncode == 0, trained.stderr[-2000:]
-    metrics = json.loads((tmp_path / "trained" / "metrics.json").read_text())
-    evaluated = run_cli(["mode=eval", "checkpoint=trained", "hydra.run.dir=eval"], tmp_path)
+    whole = run_cli([*args, "hydra.run.dir=whole"], tmp_path)
+    assert whole.returncode == 0, whole.stderr[-2000:]
+    _cut_after_first_log([*args, "hydra.run.dir=cut"], tmp_path)
+    cut = json.loads((tmp_path / "cut" / "metrics.json").read_text())
+    assert cut["status"] == "KILLED" and 0 < cut["env_steps"] < 10240
+    resumed = run_cli([*args, "resume=cut", "hydra.run.dir=resumed"], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    a, b = (json.loads((tmp_path / d / "metrics.json").read_text()) for d in ("whole", "resumed"))
+    same = ("score", "recent_return", "env_steps", "gradient_updates")
+    assert {k: a[k] for k in same} == {k: b[k] for k in same}
+    assert _params(tmp_path / "whole") == _params(tmp_path / "resumed")
+
+    evaluated = run_cli(["mode=eval", "checkpoint=resumed", "hydra.run.dir=eval"], tmp_path)
     assert evaluated.returncode == 0, evaluated.stderr[-2000:]
-    assert f"rlspeed: score {metrics['score']:.4f}" in evaluated.stdout
+    assert f"rlspeed: score {a['score']:.4f}" in evaluated.stdout
+
+
+def _params(folder: Path) -> bytes | list:
+    """The saved agent: flax's msgpack bytes, or torch's tensors as lists."""
+    if (folder / "checkpoint.msgpack").exists():
+        return (folder / "checkpoint.msgpack").read_bytes()
+    state = torch.load(folder / "checkpoint.pt", weights_only=True)
+    return [t.tolist() for net in ("policy", "value") for t in state[net].values()]

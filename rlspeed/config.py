@@ -21,8 +21,9 @@ class BackendConfig:
     name: str = MISSING
     # Deterministic kernels and seeded RNGs, so the same seed gives the same run.
     deterministic: bool = True
-    # CPU threads for the backend's math (0: library default).
-    threads: int = 0
+    # CPU threads for the backend's math: an integer (0: the library's default, one per
+    # core), or auto: picked from the run's sizes before the backend starts (``auto_threads``).
+    threads: int | str = "auto"
     # backend=flax: the folder where compiled XLA programs are kept between runs (JAX's
     # persistent compilation cache); None compiles every program in every run.
     compilation_cache: str | None = None
@@ -111,8 +112,7 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError("seed", cfg.seed, "an integer >= 0")
     if cfg.total_steps < cfg.num_envs:  # one step of every env is the least a run does
         raise ConfigError("total_steps", cfg.total_steps, f">= num_envs ({cfg.num_envs})")
-    if cfg.backend.threads < 0:
-        raise ConfigError("backend.threads", cfg.backend.threads, "an integer >= 0 (0: default)")
+    resolve_threads(cfg)
     if cfg.trial.number is not None and not (cfg.trial.storage and cfg.trial.study_name):
         # Set by the Optuna sweeper for its jobs, never by hand.
         raise ConfigError(
@@ -152,7 +152,56 @@ def validate(cfg: DictConfig) -> None:
     task.validate(cfg.task)
     algo.validate(cfg.algo, cfg)
     TRACKERS.get(cfg.tracking.name).check(cfg.tracking)
+    # After the sizes it reads are checked; before resume= compares the config with the
+    # saved one, which holds the number its run picked.
+    resolve_threads(cfg)
     check_modes(cfg)
+
+
+# backend.threads=auto: below this many multiply-adds in the run's largest matrix product,
+# one thread. Measured on the 2-core CPU (compiled fused DQN, 1 thread against 2): CartPole
+# [64, 64] at batch 64 (0.3 M) 154 k vs 134 k env steps/s; [120, 84] at batch 128 (1.5 M)
+# 56 k vs 51 k; [128, 128] at 128 (2.4 M) 4.3 k vs 4.1 k; [256, 256] at 128 (8.9 M) 1.2 k vs
+# 1.6 k; Doors' [128, 128] after its 225-cell grid at 128 (5.9 M by this count; 16.9 M
+# after one-hot encoding) 3.2 k vs 4.6-5.0 k.
+ONE_THREAD_BELOW_MACS = 4_000_000
+
+
+def auto_threads(cfg: DictConfig) -> int:
+    """The ``backend.threads`` that ``auto`` stands for: 1 for small networks, whose ops cost
+    more to hand between cores than they gain, else 0 (the library's default, one per core).
+
+    The size is the multiply-adds of one forward pass of the largest batch the network sees
+    (an update's batch, or one row per env when acting on more envs than that; times the
+    seeds on the fused path, which vmaps them into the same products), with the observation's
+    bytes standing for the input width. Tabular algorithms have no network and keep the
+    default (30 Q-learning agents: 5.7-5.8 M agent-steps/s with 2 threads, 5.5-5.7 M with 1).
+    """
+    from rlspeed.algos.loops import is_fused
+
+    algo = cfg.algo
+    hidden = algo.get("hidden_sizes")
+    if not hidden:
+        return 0
+    if "batch_size" in algo:
+        rows = algo.batch_size
+    else:  # on-policy: the rollout (num_steps of every env) in num_minibatches parts
+        rows = algo.num_steps * cfg.num_envs // algo.get("num_minibatches", 1)
+    rows = max(rows, cfg.num_envs) * (cfg.num_seeds if is_fused(cfg) else 1)
+    widths = [TASKS.get(cfg.task.name).observation_bytes(cfg.task), *hidden]
+    macs = rows * sum(a * b for a, b in zip(widths, widths[1:], strict=False))
+    return 1 if macs < ONE_THREAD_BELOW_MACS else 0
+
+
+def resolve_threads(cfg: DictConfig) -> None:
+    """Check ``backend.threads`` and replace ``auto`` with the number it stands for, so the
+    backend is set up with it and the run records it."""
+    threads = cfg.backend.threads
+    if threads == "auto":
+        cfg.backend.threads = auto_threads(cfg)
+    elif isinstance(threads, str) or threads < 0:
+        allowed = "auto, or an integer >= 0 (0: the library's default, one thread per core)"
+        raise ConfigError("backend.threads", threads, allowed)
 
 
 def to_yaml(cfg: DictConfig) -> str:

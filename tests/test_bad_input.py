@@ -181,7 +181,8 @@ def test_one_past_the_edge_is_refused(make_cfg, overrides, line):
     [
         (["algo.tau=0"], "invalid algo.tau=0.0: expected a number in (0, 1]"),
         (["algo=qlearn", "algo.alpha=0"], "invalid algo.alpha=0.0: expected a number in (0, 1]"),
-        (["backend.threads=-1"], "invalid backend.threads=-1: expected an integer >= 0"),
+        (["backend.threads=-1"], "invalid backend.threads=-1: expected auto, or an integer >= 0"),
+        (["backend.threads=many"], "invalid backend.threads=many: expected auto, or an integer"),
         (["trial.number=3"], "invalid trial.number=3: expected null outside an Optuna sweep"),
         (["tracking.experiment="], "invalid tracking.experiment=: expected a non-empty"),
     ],

@@ -26,11 +26,12 @@ def measure(overrides: list[str], budget_s: float) -> float:
     anything in this process."""
     from rlspeed.algos import import_named
     from rlspeed.bench.cli import compose_config
-    from rlspeed.config import register_configs
+    from rlspeed.config import register_configs, resolve_threads
     from rlspeed.registry import ALGOS, BACKENDS, TASKS
 
     register_configs()
     cfg = compose_config(["backend=flax", "env=jax-vmap", *overrides])
+    resolve_threads(cfg)  # backend.threads=auto, as the CLI resolves it
     BACKENDS.get(cfg.backend.name).setup(cfg.backend, cfg.seed)
 
     import jax

@@ -1,0 +1,44 @@
+"""backend.threads=auto: resolved to a number from the run's sizes before the backend starts,
+and that number is what the run records; an explicit number is kept."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlspeed.config import flatten, validate
+
+# PureJaxRL's DQN on CartPole: [120, 84] at batch 128 with 10 envs.
+CARTPOLE_DQN = ["task=cartpole", "num_envs=10", "algo.hidden_sizes=[120,84]"]
+
+
+@pytest.mark.parametrize("backend", ["flax", "torch"])
+@pytest.mark.parametrize(
+    ("overrides", "threads"),
+    [
+        (CARTPOLE_DQN, 1),  # a small network: one thread
+        (["task=cartpole"], 1),  # DQN's CartPole defaults: [128, 128] at batch 128
+        ([], 0),  # DQN on Doors: 900 one-hot inputs at batch 128, every core
+        (["task=cartpole", "algo.hidden_sizes=[256,256]"], 0),
+        (["algo=qlearn", "task=gridworld"], 0),  # tabular: no network, the default
+    ],
+)
+def test_auto_picks_one_thread_for_small_networks(make_cfg, backend, overrides, threads):
+    cfg = make_cfg([f"backend={backend}", "env=gym-sync", *overrides, "tracking=none"])
+    assert cfg.backend.threads == "auto"
+    validate(cfg)
+    assert cfg.backend.threads == threads
+    assert flatten(cfg)["backend.threads"] == threads  # the MLflow param
+
+
+def test_vmapped_seeds_count_as_one_larger_product(make_cfg):
+    """On the fused path the seeds share each matrix product, so enough of them make it large."""
+    one, many = (make_cfg(["task=cartpole", f"num_seeds={n}", "tracking=none"]) for n in (1, 8))
+    validate(one), validate(many)
+    assert (one.backend.threads, many.backend.threads) == (1, 0)
+
+
+@pytest.mark.parametrize("threads", [0, 1, 2])
+def test_an_explicit_number_is_kept(make_cfg, threads):
+    cfg = make_cfg([*CARTPOLE_DQN, f"backend.threads={threads}", "tracking=none"])
+    validate(cfg)
+    assert cfg.backend.threads == threads

@@ -96,3 +96,25 @@ def test_unknown_benchmark_is_one_clear_line(tmp_path):
     result = _bench(["tabel2"], cwd=tmp_path)
     assert_one_line_error(result, "NAME=tabel2", "table2", "envs")
     assert not (tmp_path / "bench-results").exists()
+
+
+def test_purejaxrl_without_its_script_says_how_to_get_it_in_one_line(tmp_path):
+    result = _bench(["purejaxrl", "--out", "results"], cwd=tmp_path)
+    assert_one_line_error(result, "purejaxrl/dqn.py", "--script", "gymnax")
+    assert not (tmp_path / "results").exists()
+
+
+def test_purejaxrl_config_maps_to_an_rlspeed_run_of_equal_work(make_cfg):
+    """The rlspeed command line of the purejaxrl benchmark does PureJaxRL's env steps and
+    gradient updates (49,000 over 500,000 steps), on the fused path PureJaxRL's script is."""
+    from rlspeed.algos.dqn import total_updates
+    from rlspeed.algos.schedule import steps_run
+    from rlspeed.bench.purejaxrl import RLSPEED_OVERRIDES, purejaxrl_work
+    from rlspeed.config import validate
+
+    cfg = make_cfg([*RLSPEED_OVERRIDES, "tracking=none"])
+    validate(cfg)
+    steps = steps_run(cfg.total_steps, cfg.num_envs)
+    assert (steps, total_updates(cfg.algo, cfg.total_steps, cfg.num_envs)) == purejaxrl_work()
+    assert purejaxrl_work() == (500_000, 49_000)
+    assert cfg.backend.threads == 1  # auto: a small network

@@ -22,6 +22,11 @@ BENCHMARKS = {
     "cartpole": "DQN on CartPole per stack: env steps/s and the return reached",
     "updates": "one TD3, VPG and DQN update step, flax against torch, across batch sizes",
 }
+# Benchmarks of programs outside rlspeed, given with --script (run by `all` only then).
+EXTERNAL = {
+    "purejaxrl": "whole processes: PureJaxRL's DQN script (--script, --python) against the"
+    " rlspeed command with its CartPole hyperparameters",
+}
 
 
 def compose_config(overrides: list[str]) -> DictConfig:
@@ -33,27 +38,42 @@ def compose_config(overrides: list[str]) -> DictConfig:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="rlspeed-bench",
-        description="Benchmarks: " + "; ".join(f"{k}: {v}" for k, v in BENCHMARKS.items()),
+        description="Benchmarks: "
+        + "; ".join(f"{k}: {v}" for k, v in {**BENCHMARKS, **EXTERNAL}.items()),
     )
     parser.add_argument("names", nargs="+", metavar="NAME", help="a benchmark name, or all")
     parser.add_argument("--quick", action="store_true", help="a small version (under a minute)")
     parser.add_argument("--out", type=Path, default=Path("bench-results"), help="results folder")
+    parser.add_argument("--script", type=Path, help="purejaxrl: PureJaxRL's purejaxrl/dqn.py")
+    parser.add_argument(
+        "--python", help="purejaxrl: the Python that runs --script (default: this one)"
+    )
     args = parser.parse_args(argv)
-    names = list(BENCHMARKS) if args.names == ["all"] else args.names
-    unknown = [n for n in names if n not in BENCHMARKS]
+    known = {**BENCHMARKS, **EXTERNAL}
+    names = args.names
+    if names == ["all"]:
+        names = list(BENCHMARKS) + (list(EXTERNAL) if args.script else [])
+    unknown = [n for n in names if n not in known]
     if unknown:
         print(
-            f"rlspeed-bench: invalid NAME={unknown[0]}: expected all or one of "
-            f"{', '.join(BENCHMARKS)}",
+            f"rlspeed-bench: invalid NAME={unknown[0]}: expected all or one of {', '.join(known)}",
             file=sys.stderr,
         )
         return 2
+    if "purejaxrl" in names:
+        from rlspeed.bench.purejaxrl import missing_script
+
+        problem = missing_script(args.script)
+        if problem:
+            print(problem, file=sys.stderr)
+            return 2
     register_configs()
     for name in names:
-        print(f"== {name}: {BENCHMARKS[name]}{' (quick)' if args.quick else ''}", flush=True)
+        print(f"== {name}: {known[name]}{' (quick)' if args.quick else ''}", flush=True)
         start = time.perf_counter()
         module = importlib.import_module(f"rlspeed.bench.{name}")
-        paths = module.run(args.out, args.quick, compose_config)
+        external = {"script": args.script, "python": args.python} if name in EXTERNAL else {}
+        paths = module.run(args.out, args.quick, compose_config, **external)
         print(f"   {time.perf_counter() - start:.1f} s -> " + ", ".join(map(str, paths)))
     return 0
 

@@ -124,13 +124,16 @@ def missing_script(script: Path | None) -> str | None:
     return HOW_TO_GET.format(jax=metadata.version("jax"))
 
 
+# The rlspeed command as a user types it, and the same without MLflow to show its share.
+RLSPEED_VARIANTS = {"rlspeed": [], "rlspeed, tracking=none": ["tracking=none"]}
+
+
 def run(out_dir: Path, quick: bool, compose: Any, script: Path, python: str | None) -> list[Path]:
-    """Time both programs in turns (5 times each, once with ``quick``); write the medians."""
+    """Time the programs in turns (5 times each, once with ``quick``); write the medians."""
     rlspeed_exe = str(Path(sys.executable).with_name("rlspeed"))
     purejaxrl_cmd = [python or sys.executable, "-c", _RUN_SCRIPT, str(Path(script).resolve())]
     repeats = 1 if quick else 5
-    pjx_steps, pjx_updates = purejaxrl_work()
-    times: dict[str, list[ProcessTime]] = {"purejaxrl": [], "rlspeed": []}
+    times: dict[str, list[ProcessTime]] = {"purejaxrl": [], **{v: [] for v in RLSPEED_VARIANTS}}
     with tempfile.TemporaryDirectory(prefix="rlspeed-bench-purejaxrl-") as tmp:
         # rlspeed runs as a user's repeated command does: in one working directory (its
         # MLflow store, mlflow.db, is created by the first run) with one compilation cache
@@ -138,35 +141,30 @@ def run(out_dir: Path, quick: bool, compose: Any, script: Path, python: str | No
         work = Path(tmp)
         cache = f"backend.compilation_cache={work / 'xla'}"
         for repeat in range(repeats):
-            times["purejaxrl"].append(
-                time_process(purejaxrl_cmd, work, work / f"purejaxrl{repeat}.log")
-            )
-            run_dir = work / f"run{repeat}"
-            command = [rlspeed_exe, *RLSPEED_OVERRIDES, cache, f"hydra.run.dir={run_dir}"]
-            times["rlspeed"].append(time_process(command, work, work / f"rlspeed{repeat}.log"))
+            log = work / f"purejaxrl{repeat}.log"
+            times["purejaxrl"].append(time_process(purejaxrl_cmd, work, log))
+            for index, (label, extra) in enumerate(RLSPEED_VARIANTS.items()):
+                run_dir = work / f"run{repeat}_{index}"
+                command = [rlspeed_exe, *RLSPEED_OVERRIDES, *extra, cache]
+                command.append(f"hydra.run.dir={run_dir}")
+                times[label].append(time_process(command, work, run_dir.with_suffix(".log")))
             print(
-                f"  repeat {repeat}: purejaxrl {times['purejaxrl'][-1].wall_s:.2f} s, "
-                f"rlspeed {times['rlspeed'][-1].wall_s:.2f} s",
+                f"  repeat {repeat}: "
+                + ", ".join(f"{label} {runs[-1].wall_s:.2f} s" for label, runs in times.items()),
                 flush=True,
             )
         metrics = json.loads((run_dir / "metrics.json").read_text())
-    table = _table(times, (pjx_steps, pjx_updates), metrics, repeats)
+    table = _table(times, (metrics["env_steps"], metrics["gradient_updates"]), repeats)
     table.configs += [
-        "PureJaxRL: "
-        + " ".join(purejaxrl_cmd[:2])
-        + " '<run the script as __main__>' "
-        + str(script),
+        f"PureJaxRL: {purejaxrl_cmd[0]} -c '<run {script} as __main__>'",
         "PureJaxRL config: " + ", ".join(f"{k}={v}" for k, v in PUREJAXRL_CONFIG.items()),
-        "rlspeed " + " ".join(RLSPEED_OVERRIDES),
+        *(" ".join(["rlspeed", *RLSPEED_OVERRIDES, *extra]) for extra in RLSPEED_VARIANTS.values()),
     ]
     return write_results(table, out_dir, _plot)
 
 
 def _table(
-    times: dict[str, list[ProcessTime]],
-    purejaxrl_work_done: tuple[int, int],
-    metrics: dict[str, Any],
-    repeats: int,
+    times: dict[str, list[ProcessTime]], rlspeed_work: tuple[int, int], repeats: int
 ) -> Table:
     table = Table(
         "purejaxrl",
@@ -188,26 +186,23 @@ def _table(
             "Process time: from starting the process to its exit (interpreter start, imports,"
             " tracing, compiling, training, and for rlspeed its evaluations, MLflow tracking,"
             " checkpoint and outputs). CPU time: user + system over the process's life.",
-            f"The two programs ran in turns, {repeats} times each; medians. rlspeed's first run"
+            f"The programs ran in turns, {repeats} times each; medians. rlspeed's first run"
             " starts with an empty compilation cache and a new MLflow store (row 'rlspeed, first"
             " run'); later runs load its compiled programs, as a user's next run of the command"
             " does. PureJaxRL's script has no compilation cache.",
             "rlspeed runs its default command line with PureJaxRL's hyperparameters: flax +"
             " jax-vmap (fused), tracking=mlflow (the default, a local sqlite store),"
-            " backend.threads=auto, greedy evaluation every 50,000 steps, progress lines.",
+            " backend.threads=auto (1 here), greedy evaluation every 50,000 steps, progress"
+            " lines. The tracking=none row leaves MLflow out.",
             "PureJaxRL's env steps and updates follow from its config (its loop updates once per"
-            " iteration past LEARNING_STARTS); rlspeed's are what its run reported.",
+            " iteration past LEARNING_STARTS); rlspeed's are what its last run reported.",
         ],
     )
     pjx_median = statistics.median(t.wall_s for t in times["purejaxrl"])
-    works = {
-        "purejaxrl": purejaxrl_work_done,
-        "rlspeed": (metrics["env_steps"], metrics["gradient_updates"]),
-    }
-    rows = [(name, name, runs) for name, runs in times.items()]
-    rows.append(("rlspeed", "rlspeed, first run", times["rlspeed"][:1]))
-    for name, label, runs in rows:
-        steps, updates = works[name]
+    rows = [(label, runs) for label, runs in times.items()]
+    rows.insert(2, ("rlspeed, first run", times["rlspeed"][:1]))
+    for label, runs in rows:
+        steps, updates = purejaxrl_work() if label == "purejaxrl" else rlspeed_work
         wall = statistics.median(t.wall_s for t in runs)
         table.add(
             program=label,

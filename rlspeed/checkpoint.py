@@ -41,9 +41,11 @@ CONFIG_FILE = "config.yaml"
 AGENT_FILES = ("checkpoint.pt", "checkpoint.msgpack")
 # Bumped when what resume.pkl holds changes shape.
 FORMAT = 1
-# Keys a resumed run may change: where and how it reports, not what it trains.
+# Keys a resumed run may change: where and how it reports, not what it trains. The thread
+# count and compile cache only set how fast (a run resumed on another machine, or one saved
+# before threads=auto resolved to a number, may use another count).
 FREE_KEYS = ("resume", "mode", "checkpoint", "video", "progress", "tracking.", "trial.")
-FREE_KEYS += ("backend.compilation_cache",)
+FREE_KEYS += ("backend.compilation_cache", "backend.threads")
 
 
 # ---------------------------------------------------------------- writing

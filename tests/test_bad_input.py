@@ -95,7 +95,7 @@ BAD = [
     ),
     # malformed command lines
     (["=5"], "invalid override '=5': expected KEY=VALUE"),
-    (["algo=null"], "invalid algo=null: expected one of dqn, qlearn, td3, vpg"),
+    (["algo=null"], "invalid algo=null: expected one of dqn, ppo, qlearn, td3, vpg"),
     (["backend="], "invalid backend=: expected one of flax, torch"),
     (["-m", "--cfg", "job"], "expected at most one of --run, --multirun (-m), --cfg"),
     (["+algo.lerning_rate=0.1"], "unknown key 'algo.lerning_rate' in '+algo.lerning_rate=0.1'"),

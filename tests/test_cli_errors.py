@@ -12,7 +12,7 @@ from tests.conftest import assert_one_line_error, free_port, run_cli
     [
         (["backend=jax"], ["backend=jax", "flax, torch"]),
         (["env=gym-fast"], ["env=gym-fast", "gym-async, gym-sync, jax-vmap"]),
-        (["algo=ppo"], ["algo=ppo", "dqn"]),
+        (["algo=a2c"], ["algo=a2c", "dqn, ppo, qlearn, td3, vpg"]),
         (["num_envs=abc"], ["num_envs", "'abc'", "Integer"]),
         (["algo.learning_rate=fast"], ["algo.learning_rate", "'fast'", "Float"]),
         (["num_envs=0"], ["num_envs=0", ">= 1"]),

@@ -20,6 +20,7 @@ import mlflow
 import pytest
 
 from rlspeed.checkpoint import deferred_interrupts
+from rlspeed.errors import ConfigError
 from tests.conftest import assert_one_line_error, run_cli, start_cli
 
 # Tiny DQN runs on GridWorld (one-hot of 25 cells): a few seconds each.
@@ -186,3 +187,17 @@ def test_a_signal_waits_for_the_end_of_the_iteration():
         assert signal.getsignal(signal.SIGTERM) is handler
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def test_resume_may_change_the_thread_count_but_not_what_it_trains(tmp_path, make_cfg):
+    """A run saved with one thread count (another machine, or before threads=auto chose
+    one) resumes with any other; a key that changes training still refuses it."""
+    from omegaconf import OmegaConf
+
+    from rlspeed.checkpoint import check_resume
+
+    (tmp_path / "resume.pkl").write_bytes(b"")
+    OmegaConf.save(make_cfg(["backend.threads=0"]), tmp_path / "config.yaml")
+    check_resume(make_cfg(["backend.threads=1", f"resume={tmp_path}"]))
+    with pytest.raises(ConfigError, match=r"it ran with total_steps=\d+, this run has"):
+        check_resume(make_cfg(["total_steps=123", f"resume={tmp_path}"]))

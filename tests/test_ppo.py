@@ -76,9 +76,7 @@ def test_torch_and_flax_compute_the_same_update(make_batch, overrides):
     _copy_flax_to_torch(flax_learner, torch_learner)
     fns = functions(cfg, obs_space, action_space)
     # Old log-probabilities near the policy's own, so some ratios are clipped and some not.
-    log_probs, _ = fns.nets.log_prob_entropy(
-        flax_learner.agent.policy_params, batch.obs, batch.actions
-    )
+    log_probs, _ = fns.log_prob_entropy(flax_learner.agent.policy_params, batch.obs, batch.actions)
     noise = rng.normal(0.0, 0.15, len(log_probs)).astype(np.float32)
     batch = batch._replace(log_probs=np.asarray(log_probs) + noise)
     update = jax.jit(fns.update)

@@ -1,3 +1,4 @@
-"""The MLP that DQN and VPG share, one module per backend, with the same layers, init and
-parameter names on both (flax's ``Dense_i``, torch's ``net.<i>``), so weights carry over;
-and, for torch, the init and optimizers every torch learner (TD3 too) builds with."""
+"""The networks the algorithms share, one module per backend, with the same layers, init and
+parameter names on both (flax's ``Dense_i``, torch's ``net.<i>``), so weights carry over:
+the MLP (DQN, TD3, the on-policy networks) and the on-policy actor-critic (VPG, PPO); for
+torch also the init and optimizers every torch learner builds with."""

@@ -1,5 +1,6 @@
-"""The shared MLP in PyTorch (observations, one-hot encoded where categorical -> MLP), and
-the optimizers every torch learner builds."""
+"""The shared MLP in PyTorch (observations, one-hot encoded where categorical -> MLP), the
+optimizers every torch learner builds, and the stochastic actor-critic of the on-policy
+algorithms (VPG, PPO)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,14 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributions import Categorical, Distribution, Independent, Normal
 
 from rlspeed.algos.encoding import input_size, one_hot_classes
+from rlspeed.seeding import Stream, int_seed
 
 
 def lecun_normal_(layer: nn.Linear) -> nn.Linear:
@@ -55,3 +59,64 @@ class MLP(nn.Module):
         else:
             x = obs.flatten(1).float()
         return self.net(x)
+
+
+class Policy(nn.Module):
+    """Categorical over logits (discrete actions), or a diagonal Gaussian with a learned,
+    state-independent log std (continuous actions)."""
+
+    def __init__(self, obs_space: Any, action_space: Any, algo: Any) -> None:
+        super().__init__()
+        self.continuous = bool(action_space.shape)
+        out_size = int(np.prod(action_space.shape)) if self.continuous else int(action_space.n)
+        self.net = MLP(obs_space, out_size, algo.hidden_sizes)
+        if self.continuous:
+            self.log_std = nn.Parameter(torch.full((out_size,), float(algo.initial_log_std)))
+
+    def forward(self, obs: torch.Tensor) -> Distribution:
+        out = self.net(obs)
+        if self.continuous:
+            # Independent: log-probabilities and entropies summed over the action dimensions.
+            normal = Normal(out, self.log_std.exp(), validate_args=False)
+            return Independent(normal, 1, validate_args=False)
+        return Categorical(logits=out, validate_args=False)
+
+
+class ActorCritic:
+    """The policy and value networks of an on-policy learner (``algo.hidden_sizes``,
+    ``algo.initial_log_std``) and how it acts; the algorithm adds its optimizers and update."""
+
+    def __init__(self, obs_space: Any, action_space: Any, algo: Any, seed: int) -> None:
+        self.policy = Policy(obs_space, action_space, algo)
+        self.value = MLP(obs_space, 1, algo.hidden_sizes)
+        if self.policy.continuous:
+            self.low = torch.as_tensor(action_space.low)
+            self.high = torch.as_tensor(action_space.high)
+        # The weights come from torch's global generator (seeded with the INIT stream).
+        self.generator = torch.Generator().manual_seed(int_seed(seed, Stream.ACT))
+
+    @torch.no_grad()
+    def act(self, obs: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Sampled actions: (as sampled, as sent to the env: clipped to the bounds, their
+        log-probabilities)."""
+        # DLPack: NumPy arrays and JAX arrays become tensors without a copy.
+        dist = self.policy(torch.from_dlpack(obs))
+        if self.policy.continuous:
+            noise = torch.randn(dist.mean.shape, generator=self.generator)
+            actions = dist.mean + dist.stddev * noise
+            return actions, actions.clamp(self.low, self.high), dist.log_prob(actions)
+        actions = torch.multinomial(dist.probs, 1, generator=self.generator).squeeze(1)
+        # int32 is what the JAX engine takes with x64 disabled.
+        actions = actions.to(torch.int32)
+        return actions, actions, dist.log_prob(actions)
+
+    @torch.no_grad()
+    def values(self, obs: np.ndarray) -> np.ndarray:
+        return self.value(torch.from_numpy(obs)).squeeze(1).numpy()
+
+    @torch.no_grad()
+    def greedy(self, obs: np.ndarray) -> np.ndarray:
+        dist = self.policy(torch.from_numpy(obs))
+        if self.policy.continuous:
+            return dist.mean.clamp(self.low, self.high).numpy()
+        return dist.logits.argmax(dim=1).numpy()

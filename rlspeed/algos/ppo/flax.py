@@ -1,7 +1,7 @@
 """PPO in Flax + Optax: ``PPOFunctions``, the pure functions the on-policy loop's flax side
 (``rlspeed/algos/loops/jax_onpolicy.py``) turns into the host learner (Gymnasium engines)
 and the fused program (``env=jax-vmap``). The networks, acting and log-probabilities are
-VPG's (``VPGFunctions``); PPO brings its own update.
+the on-policy ``ActorCritic`` VPG has too; PPO brings its own optimizer and update.
 """
 
 from __future__ import annotations
@@ -16,9 +16,8 @@ import optax
 from rlspeed.algos.loops.fused import FusedTrainer, saved_agent_policies
 from rlspeed.algos.loops.jax_onpolicy import OnPolicyJaxLearner, make_on_policy_train
 from rlspeed.algos.loops.onpolicy import RolloutBatch
+from rlspeed.algos.networks.flax import ActorCritic
 from rlspeed.algos.ppo import batches_in_run
-from rlspeed.algos.vpg import VPGConfig
-from rlspeed.algos.vpg.flax import VPGFunctions
 from rlspeed.engines.jax_vmap import VmapEnv
 from rlspeed.tasks import Policy as GreedyPolicy
 
@@ -30,24 +29,18 @@ class Agent(NamedTuple):
     opt_state: Any
 
 
-class PPOFunctions:
+class PPOFunctions(ActorCritic):
     """Pure functions of one PPO configuration: init, act, values, greedy, update.
     ``batches``: the batches of the run, over which ``anneal_lr`` takes the step size to 0."""
 
     def __init__(self, obs_space: Any, action_space: Any, algo: Any, batches: int) -> None:
+        super().__init__(obs_space, action_space, algo)
         self.algo = algo
-        # VPG's networks: only their shapes are read from its config, never its optimizers.
-        nets = VPGConfig(hidden_sizes=list(algo.hidden_sizes), initial_log_std=algo.initial_log_std)
-        self.nets = VPGFunctions(obs_space, action_space, nets)
-        self.act = self.nets.act
-        self.values = self.nets.values
-        self.greedy = self.nets.greedy
         self.updates_per_batch = algo.update_epochs * algo.num_minibatches
         self.optimizer = optimizer(algo, self.updates_per_batch, batches)
 
     def init(self, key: jax.Array) -> Agent:
-        nets = self.nets.init(key)
-        params = (nets.policy_params, nets.value_params)
+        params = self.init_params(key)
         return Agent(*params, self.optimizer.init(params))
 
     def loss(
@@ -56,9 +49,7 @@ class PPOFunctions:
         """The minibatch's total loss, and its parts as the metrics report them."""
         algo = self.algo
         policy_params, value_params = params
-        log_prob, entropy = self.nets.log_prob_entropy(
-            policy_params, minibatch.obs, minibatch.actions
-        )
+        log_prob, entropy = self.log_prob_entropy(policy_params, minibatch.obs, minibatch.actions)
         log_ratio = log_prob - minibatch.log_probs
         ratio = jnp.exp(log_ratio)
         advantages = minibatch.advantages

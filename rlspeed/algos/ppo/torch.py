@@ -1,5 +1,5 @@
 """PPO in PyTorch, on any engine (Gymnasium or JAX through DLPack). The networks and acting
-are VPG's (its ``TorchLearner``); PPO brings its own optimizer and update."""
+are the on-policy ``ActorCritic`` VPG has too; PPO brings its own optimizer and update."""
 
 from __future__ import annotations
 
@@ -8,13 +8,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from omegaconf import OmegaConf
 from torch import nn
 
 from rlspeed.algos.loops.onpolicy import RolloutBatch
+from rlspeed.algos.networks.torch import ActorCritic
 from rlspeed.algos.ppo import batches_in_run
-from rlspeed.algos.vpg import VPGConfig
-from rlspeed.algos.vpg.torch import TorchLearner as VPGLearner
 from rlspeed.checkpoint import save_torch
 from rlspeed.seeding import Stream, int_seed
 from rlspeed.tasks import Policy as GreedyPolicy
@@ -22,18 +20,10 @@ from rlspeed.tasks import Policy as GreedyPolicy
 METRICS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac")
 
 
-class TorchLearner:
+class TorchLearner(ActorCritic):
     def __init__(self, obs_space: Any, action_space: Any, cfg: Any, seed: int) -> None:
         algo = self.algo = cfg.algo
-        # VPG's networks and acting; only their shapes are read from its config. Its
-        # optimizers go unused (they are neither stepped nor saved).
-        nets = VPGConfig(hidden_sizes=list(algo.hidden_sizes), initial_log_std=algo.initial_log_std)
-        vpg = VPGLearner(obs_space, action_space, OmegaConf.create({"algo": nets}), seed)
-        self.policy, self.value = vpg.policy, vpg.value
-        # Held here too, so a run's resume state has the action stream.
-        self.generator = vpg.generator
-        self.act, self.values, self.greedy = vpg.act, vpg.values, vpg.greedy
-
+        super().__init__(obs_space, action_space, algo, seed)
         self.updates_per_batch = algo.update_epochs * algo.num_minibatches
         self.params = [*self.policy.parameters(), *self.value.parameters()]
         # One Adam over both networks, with CleanRL's eps; the fused step (see

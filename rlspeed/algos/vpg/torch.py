@@ -5,77 +5,23 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.distributions import Categorical, Distribution, Independent, Normal
 
 from rlspeed.algos.loops.onpolicy import RolloutBatch
-from rlspeed.algos.networks.torch import MLP, optimizer
+from rlspeed.algos.networks.torch import ActorCritic, optimizer
 from rlspeed.checkpoint import save_torch
-from rlspeed.seeding import Stream, int_seed
 from rlspeed.tasks import Policy as GreedyPolicy
 
 
-class Policy(nn.Module):
-    """Categorical over logits (discrete actions), or a diagonal Gaussian with a learned,
-    state-independent log std (continuous actions)."""
-
-    def __init__(self, obs_space: Any, action_space: Any, algo: Any) -> None:
-        super().__init__()
-        self.continuous = bool(action_space.shape)
-        out_size = int(np.prod(action_space.shape)) if self.continuous else int(action_space.n)
-        self.net = MLP(obs_space, out_size, algo.hidden_sizes)
-        if self.continuous:
-            self.log_std = nn.Parameter(torch.full((out_size,), float(algo.initial_log_std)))
-
-    def forward(self, obs: torch.Tensor) -> Distribution:
-        out = self.net(obs)
-        if self.continuous:
-            # Independent: log-probabilities and entropies summed over the action dimensions.
-            normal = Normal(out, self.log_std.exp(), validate_args=False)
-            return Independent(normal, 1, validate_args=False)
-        return Categorical(logits=out, validate_args=False)
-
-
-class TorchLearner:
+class TorchLearner(ActorCritic):
     def __init__(self, obs_space: Any, action_space: Any, cfg: Any, seed: int) -> None:
         algo = self.algo = cfg.algo
+        super().__init__(obs_space, action_space, algo, seed)
         self.updates_per_batch = 1 + algo.value_iterations
-        self.policy = Policy(obs_space, action_space, algo)
-        self.value = MLP(obs_space, 1, algo.hidden_sizes)
         self.policy_optimizer = optimizer("adam", self.policy.parameters(), algo.policy_lr)
         self.value_optimizer = optimizer("adam", self.value.parameters(), algo.value_lr)
-        if self.policy.continuous:
-            self.low = torch.as_tensor(action_space.low)
-            self.high = torch.as_tensor(action_space.high)
-        # The weights come from torch's global generator (seeded with the INIT stream).
-        self.generator = torch.Generator().manual_seed(int_seed(seed, Stream.ACT))
-
-    @torch.no_grad()
-    def act(self, obs: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        # DLPack: NumPy arrays and JAX arrays become tensors without a copy.
-        dist = self.policy(torch.from_dlpack(obs))
-        if self.policy.continuous:
-            noise = torch.randn(dist.mean.shape, generator=self.generator)
-            actions = dist.mean + dist.stddev * noise
-            return actions, actions.clamp(self.low, self.high), dist.log_prob(actions)
-        actions = torch.multinomial(dist.probs, 1, generator=self.generator).squeeze(1)
-        # int32 is what the JAX engine takes with x64 disabled.
-        actions = actions.to(torch.int32)
-        return actions, actions, dist.log_prob(actions)
-
-    @torch.no_grad()
-    def values(self, obs: np.ndarray) -> np.ndarray:
-        return self.value(torch.from_numpy(obs)).squeeze(1).numpy()
-
-    @torch.no_grad()
-    def greedy(self, obs: np.ndarray) -> np.ndarray:
-        dist = self.policy(torch.from_numpy(obs))
-        if self.policy.continuous:
-            return dist.mean.clamp(self.low, self.high).numpy()
-        return dist.logits.argmax(dim=1).numpy()
 
     def _step(self, optimizer: torch.optim.Optimizer, net: nn.Module, loss: torch.Tensor) -> None:
         optimizer.zero_grad()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import pickle
 import shutil
 import signal
 import socket
@@ -46,6 +47,39 @@ SMALL = [
     "algo.hidden_sizes=[32]",
     "progress=plain",
 ]
+
+
+# Speeds, which differ between runs that compute the same thing; every other metric must not.
+RATES = ("charts/SPS", "charts/updates_per_second")
+
+
+def without_rates(row: dict[str, float]) -> dict[str, float]:
+    return {key: value for key, value in row.items() if key not in RATES}
+
+
+def logged_rows(folder: Path) -> list[dict[str, float]]:
+    """Every row a run logged (its resume state keeps them all), rates aside."""
+    history = pickle.loads((folder / "resume.pkl").read_bytes())["monitor"]["history"]
+    return [without_rates(row) for row in history]
+
+
+def saved_agent(folder: Path) -> bytes | Any:
+    """A run's checkpoint as a comparable value: a flax checkpoint's bytes; a torch
+    checkpoint's contents with every tensor as a list (networks and optimisers alike)."""
+    if (folder / "checkpoint.msgpack").exists():
+        return (folder / "checkpoint.msgpack").read_bytes()
+    import torch
+
+    def plain(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return value.tolist()
+        if isinstance(value, dict):
+            return {key: plain(item) for key, item in value.items()}
+        if isinstance(value, list | tuple):
+            return [plain(item) for item in value]
+        return value
+
+    return plain(torch.load(folder / "checkpoint.pt", weights_only=True))
 
 
 def cli_env(env: dict[str, str] | None = None) -> dict[str, str]:

@@ -7,17 +7,13 @@ import json
 import os
 import re
 
-from tests.conftest import run_cli
+from tests.conftest import run_cli, without_rates
 
 FUSED_RUN = [
     "backend=flax", "env=jax-vmap", "algo=dqn", "task=cartpole", "num_envs=8",
     "total_steps=2048", "log_every=1024", "eval_every=2048", "algo.learning_starts=512",
     "algo.hidden_sizes=[32]", "algo.batch_size=32", "tracking=none", "progress=none",
 ]  # fmt: skip
-
-
-# Speeds, which differ between runs; every other logged metric must not.
-RATES = ("charts/SPS", "charts/updates_per_second")
 
 
 def _run(tmp_path, name: str, *extra: str, env: dict[str, str] | None = None):
@@ -38,7 +34,7 @@ def test_second_run_loads_every_program_from_the_cache(tmp_path):
     assert "jit_run" in loaded and len(loaded) == len(compiled), (compiled, loaded)
     for key in ("score", "rolling_step_reward", "env_steps", "gradient_updates"):
         assert second[key] == first[key], key
-    learned = {k: v for k, v in first["final"].items() if k not in RATES}
+    learned = without_rates(first["final"])
     assert learned and {k: second["final"][k] for k in learned} == learned
 
 

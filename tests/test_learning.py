@@ -11,10 +11,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from rlspeed.registry import TASKS
 from rlspeed.run import run
+from tests.conftest import logged_rows, saved_agent
 
 COMBINATIONS = [(b, e) for b in ("torch", "flax") for e in ("gym-sync", "gym-async", "jax-vmap")]
 
@@ -75,22 +75,17 @@ def _two_runs(make_cfg, tmp_path, monkeypatch, overrides):
         _run_in(
             tmp_path / name, monkeypatch, make_cfg([*SMALL_DOORS, "total_steps=6000", *overrides])
         )
-        metrics = json.loads((tmp_path / name / "metrics.json").read_text())["final"]
-        timing = ("charts/SPS", "charts/updates_per_second")
-        outputs.append({k: v for k, v in metrics.items() if k not in timing})
+        outputs.append(logged_rows(tmp_path / name))
     return outputs
 
 
 def test_fused_flax_run_is_bitwise_reproducible(make_cfg, tmp_path, monkeypatch):
     first, second = _two_runs(make_cfg, tmp_path, monkeypatch, ["backend=flax", "env=jax-vmap"])
     assert first == second
-    a = (tmp_path / "first" / "checkpoint.msgpack").read_bytes()
-    assert a == (tmp_path / "second" / "checkpoint.msgpack").read_bytes()
+    assert saved_agent(tmp_path / "first") == saved_agent(tmp_path / "second")
 
 
 def test_torch_gym_sync_run_is_bitwise_reproducible(make_cfg, tmp_path, monkeypatch):
     first, second = _two_runs(make_cfg, tmp_path, monkeypatch, ["backend=torch", "env=gym-sync"])
     assert first == second
-    a = torch.load(tmp_path / "first" / "checkpoint.pt")["q_network"]
-    b = torch.load(tmp_path / "second" / "checkpoint.pt")["q_network"]
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert saved_agent(tmp_path / "first") == saved_agent(tmp_path / "second")

@@ -11,7 +11,7 @@ import pytest
 from rlspeed.config import validate
 from rlspeed.errors import ConfigError
 from rlspeed.run import run
-from tests.conftest import assert_one_line_error, run_cli
+from tests.conftest import assert_one_line_error, logged_rows, run_cli, saved_agent
 
 # (algo, task, engine) -> (the key the error names, words of what would work).
 INVALID = [
@@ -110,18 +110,48 @@ LEARNS = {
         0.5,
     ),
 }
-LEARNING_CELLS = [(*pair, *stack) for pair in LEARNS for stack in STACKS]
+# gym-async runs the gym-sync envs in subprocesses, so a run on it is the gym-sync run to
+# the bit: its cells check exactly that (below) instead of learning again at 2-4x the time.
+LEARNING_CELLS = [(*pair, *stack) for pair in LEARNS for stack in STACKS if stack[1] != "gym-async"]
+
+
+def _train(make_cfg, folder, monkeypatch, algo, task, backend, engine, *overrides) -> float:
+    folder.mkdir()
+    monkeypatch.chdir(folder)
+    return run(
+        make_cfg(
+            [f"algo={algo}", f"task={task}", f"backend={backend}", f"env={engine}", *overrides]
+        )
+    )
 
 
 @pytest.mark.parametrize(("algo", "task", "backend", "engine"), LEARNING_CELLS)
 def test_valid_cell_learns(make_cfg, tmp_path, monkeypatch, algo, task, backend, engine):
     overrides, beats = LEARNS[(algo, task)]
-    cfg = make_cfg(
-        [f"algo={algo}", f"task={task}", f"backend={backend}", f"env={engine}", *overrides, *QUIET]
-    )
-    monkeypatch.chdir(tmp_path)
-    score = run(cfg)
+    cell = (algo, task, backend, engine)
+    score = _train(make_cfg, tmp_path / "run", monkeypatch, *cell, *overrides, *QUIET)
     assert score >= beats, f"{algo} {task} {backend}+{engine}: score {score}"
+
+
+@pytest.mark.parametrize(("algo", "task"), sorted(LEARNS))
+@pytest.mark.parametrize("backend", ["torch", "flax"])
+def test_gym_async_cell_trains_exactly_as_gym_sync(
+    make_cfg, tmp_path, monkeypatch, algo, task, backend
+):
+    """The first 2,048 steps of the learning cell's run: every logged row, the score and
+    the saved agent (networks and optimiser) equal on gym-async and gym-sync."""
+    overrides = [*LEARNS[(algo, task)][0], "total_steps=2048", "log_every=256", *QUIET]
+    scores = {
+        engine: _train(
+            make_cfg, tmp_path / engine, monkeypatch, algo, task, backend, engine, *overrides
+        )
+        for engine in ("gym-sync", "gym-async")
+    }
+    sync, async_ = tmp_path / "gym-sync", tmp_path / "gym-async"
+    assert len(logged_rows(sync)) == 8 and logged_rows(sync)[-1]["charts/gradient_updates"] > 0
+    assert logged_rows(async_) == logged_rows(sync)
+    assert scores["gym-async"] == scores["gym-sync"]
+    assert saved_agent(async_) == saved_agent(sync)
 
 
 # HalfCheetah learns only over tens of thousands of MuJoCo steps (minutes: SPEC §6 makes the

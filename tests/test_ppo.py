@@ -14,7 +14,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
 from omegaconf import OmegaConf
 
 from rlspeed.algos.ppo import PPOConfig
@@ -23,7 +22,7 @@ from rlspeed.algos.ppo.torch import TorchLearner
 from rlspeed.config import validate
 from rlspeed.errors import ConfigError
 from rlspeed.run import run
-from tests.conftest import assert_one_line_error, learner_cfg, run_cli
+from tests.conftest import assert_one_line_error, learner_cfg, run_cli, saved_agent
 from tests.test_resume import _cut_after_first_log
 from tests.test_vpg import (
     _copy_flax_to_torch,
@@ -229,16 +228,8 @@ def test_resumed_run_ends_like_the_whole_one_and_eval_scores_it(backend, engine,
     a, b = (json.loads((tmp_path / d / "metrics.json").read_text()) for d in ("whole", "resumed"))
     same = ("score", "recent_return", "env_steps", "gradient_updates")
     assert {k: a[k] for k in same} == {k: b[k] for k in same}
-    assert _params(tmp_path / "whole") == _params(tmp_path / "resumed")
+    assert saved_agent(tmp_path / "whole") == saved_agent(tmp_path / "resumed")
 
     evaluated = run_cli(["mode=eval", "checkpoint=resumed", "hydra.run.dir=eval"], tmp_path)
     assert evaluated.returncode == 0, evaluated.stderr[-2000:]
     assert f"rlspeed: score {a['score']:.4f}" in evaluated.stdout
-
-
-def _params(folder: Path) -> bytes | list:
-    """The saved agent: flax's msgpack bytes, or torch's tensors as lists."""
-    if (folder / "checkpoint.msgpack").exists():
-        return (folder / "checkpoint.msgpack").read_bytes()
-    state = torch.load(folder / "checkpoint.pt", weights_only=True)
-    return [t.tolist() for net in ("policy", "value") for t in state[net].values()]

@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import pickle
 import signal
 import subprocess
 from pathlib import Path
@@ -21,7 +20,7 @@ import pytest
 
 from rlspeed.checkpoint import deferred_interrupts
 from rlspeed.errors import ConfigError
-from tests.conftest import assert_one_line_error, run_cli, start_cli
+from tests.conftest import assert_one_line_error, logged_rows, run_cli, saved_agent, start_cli
 
 # Tiny DQN runs on GridWorld (one-hot of 25 cells): a few seconds each.
 DQN = [
@@ -64,22 +63,6 @@ def _cut_after_first_log(args: list[str], cwd: Path) -> str:
     return "".join(lines)
 
 
-def _rows(folder: Path) -> list[dict]:
-    """The run's logged rows (kept in its resume state), wall-time rates aside."""
-    history = pickle.loads((folder / "resume.pkl").read_bytes())["monitor"]["history"]
-    timing = ("charts/SPS", "charts/updates_per_second")
-    return [{k: v for k, v in row.items() if k not in timing} for row in history]
-
-
-def _params(folder: Path) -> bytes | list:
-    if (folder / "checkpoint.msgpack").exists():
-        return (folder / "checkpoint.msgpack").read_bytes()
-    import torch
-
-    state = torch.load(folder / "checkpoint.pt", weights_only=True)
-    return [t.tolist() for t in state["q_network"].values()]
-
-
 @pytest.mark.parametrize("path", PATHS)
 def test_sigterm_then_resume_ends_like_an_uninterrupted_run(tmp_path, path):
     args = [*DQN, *PATHS[path], *LOGS]
@@ -118,9 +101,9 @@ def test_sigterm_then_resume_ends_like_an_uninterrupted_run(tmp_path, path):
     a, b = _metrics(tmp_path / "whole"), _metrics(tmp_path / "resumed")
     assert b["status"] == "FINISHED"
     assert {k: a[k] for k in SAME} == {k: b[k] for k in SAME}
-    assert _params(tmp_path / "whole") == _params(tmp_path / "resumed")
+    assert saved_agent(tmp_path / "whole") == saved_agent(tmp_path / "resumed")
     # Every logged row alike, the one after the cut too (its interval spans both runs).
-    assert _rows(tmp_path / "whole") == _rows(tmp_path / "resumed")
+    assert logged_rows(tmp_path / "whole") == logged_rows(tmp_path / "resumed")
 
     # mode=eval scores the saved agent as training's final evaluation did, and films it.
     evaluated = run_cli(

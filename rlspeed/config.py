@@ -159,11 +159,13 @@ def validate(cfg: DictConfig) -> None:
 
 
 # backend.threads=auto: below this many multiply-adds in the run's largest matrix product,
-# one thread. Measured on the 2-core CPU (compiled fused DQN, 1 thread against 2): CartPole
-# [64, 64] at batch 64 (0.3 M) 154 k vs 134 k env steps/s; [120, 84] at batch 128 (1.5 M)
-# 56 k vs 51 k; [128, 128] at 128 (2.4 M) 4.3 k vs 4.1 k; [256, 256] at 128 (8.9 M) 1.2 k vs
-# 1.6 k; Doors' [128, 128] after its 225-cell grid at 128 (5.9 M by this count; 16.9 M
-# after one-hot encoding) 3.2 k vs 4.6-5.0 k.
+# one thread. Measured on the 2-core CPU (compiled, 1 thread against 2; the count in
+# brackets): fused DQN on CartPole [64, 64] at batch 64 (0.28 M) 154 k vs 134 k env steps/s;
+# [120, 84] at 128 (1.4 M) 56 k vs 51 k; [128, 128] at 128 (2.2 M) 4.3 k vs 4.1 k; DQN
+# [256, 256] at 128 (8.5 M) 1.2 k vs 1.6 k; PPO on Doors, 900 one-hot inputs into [64, 64] at
+# 128 rows (7.9 M), 17-19 k vs 25-27 k. Near the line it depends on the machine: VPG's
+# [64, 64] at 1,024 rows (4.5 M) ran 117 k vs 105 k in one session, 67-69 k vs 71-73 k in
+# another.
 ONE_THREAD_BELOW_MACS = 4_000_000
 
 
@@ -173,9 +175,10 @@ def auto_threads(cfg: DictConfig) -> int:
 
     The size is the multiply-adds of one forward pass of the largest batch the network sees
     (an update's batch, or one row per env when acting on more envs than that; times the
-    seeds on the fused path, which vmaps them into the same products), with the observation's
-    bytes standing for the input width. Tabular algorithms have no network and keep the
-    default (30 Q-learning agents: 5.7-5.8 M agent-steps/s with 2 threads, 5.5-5.7 M with 1).
+    seeds on the fused path, which vmaps them into the same products), from the network's
+    input width (``TaskSpec.network_inputs``). Tabular algorithms have no network and keep
+    the default (30 Q-learning agents: 5.7-5.8 M agent-steps/s with 2 threads, 5.5-5.7 M
+    with 1).
     """
     from rlspeed.algos.loops import is_fused
 
@@ -188,7 +191,7 @@ def auto_threads(cfg: DictConfig) -> int:
     else:  # on-policy: the rollout (num_steps of every env) in num_minibatches parts
         rows = algo.num_steps * cfg.num_envs // algo.get("num_minibatches", 1)
     rows = max(rows, cfg.num_envs) * (cfg.num_seeds if is_fused(cfg) else 1)
-    widths = [TASKS.get(cfg.task.name).observation_bytes(cfg.task), *hidden]
+    widths = [TASKS.get(cfg.task.name).network_inputs(cfg.task), *hidden]
     macs = rows * sum(a * b for a, b in zip(widths, widths[1:], strict=False))
     return 1 if macs < ONE_THREAD_BELOW_MACS else 0
 

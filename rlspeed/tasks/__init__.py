@@ -48,6 +48,10 @@ class TaskSpec:
     # Bytes of one observation at these settings, for the pre-flight memory estimate; worked
     # out from the settings, never by building the env (a huge grid would not fit).
     observation_bytes: Callable[[Any], int]
+    # Width of the network's input at these settings: the observation's entries, times the
+    # classes of each where they are one-hot encoded (rlspeed.algos.encoding); also worked
+    # out from the settings. backend.threads=auto sizes the network's products with it.
+    network_inputs: Callable[[Any], int]
     # Finite state index of an observation, or None when the task has no tabular form.
     tabular: TabularSpec | None = None
     # Raises ConfigError for settings the task cannot run with.

@@ -60,4 +60,5 @@ SPEC = TaskSpec(
     evaluate=evaluate,
     # (x, x_dot, theta, theta_dot) as float32.
     observation_bytes=lambda cfg: 4 * 4,
+    network_inputs=lambda cfg: 4,
 )

@@ -74,6 +74,13 @@ def evaluate(cfg: Any, policy: Policy, seed: int) -> float:
     return total_reward / total_steps
 
 
+def network_inputs(cfg: Any) -> int:
+    """Every cell's code, one-hot."""
+    from rlspeed.envs.doors import N_CELL_TYPES
+
+    return cfg.grid_size**2 * N_CELL_TYPES
+
+
 def num_states(cfg: Any) -> int:
     """Agent cell x goal column: ``H * W * W``."""
     return cfg.grid_size**3
@@ -103,6 +110,7 @@ SPEC = TaskSpec(
     evaluate=evaluate,
     # The flattened grid, one int8 cell code per cell.
     observation_bytes=lambda cfg: cfg.grid_size**2,
+    network_inputs=network_inputs,
     tabular=TabularSpec(num_states=num_states, state_index=state_index),
     validate=validate,
     step_reward=True,

@@ -86,6 +86,7 @@ SPEC = TaskSpec(
     evaluate=evaluate,
     # The cell index as int32.
     observation_bytes=lambda cfg: 4,
+    network_inputs=num_states,  # the cell index, one-hot
     tabular=TabularSpec(num_states=num_states, state_index=state_index),
     # Size 1 would start the agent on the goal.
     validate=lambda cfg: check_settings(cfg, size=2),

@@ -59,4 +59,5 @@ SPEC = TaskSpec(
     evaluate=evaluate,
     # 17 joint positions and velocities as float64.
     observation_bytes=lambda cfg: 17 * 8,
+    network_inputs=lambda cfg: 17,
 )

@@ -57,4 +57,5 @@ SPEC = TaskSpec(
     evaluate=evaluate,
     # (cos theta, sin theta, theta_dot) as float32.
     observation_bytes=lambda cfg: 3 * 4,
+    network_inputs=lambda cfg: 3,
 )

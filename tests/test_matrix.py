@@ -148,8 +148,9 @@ def test_gym_async_cell_trains_exactly_as_gym_sync(
         for engine in ("gym-sync", "gym-async")
     }
     sync, async_ = tmp_path / "gym-sync", tmp_path / "gym-async"
-    assert len(logged_rows(sync)) == 8 and logged_rows(sync)[-1]["charts/gradient_updates"] > 0
-    assert logged_rows(async_) == logged_rows(sync)
+    rows = logged_rows(sync)
+    assert len(rows) == 8 and rows[-1]["charts/gradient_updates"] > 0
+    assert logged_rows(async_) == rows
     assert scores["gym-async"] == scores["gym-sync"]
     assert saved_agent(async_) == saved_agent(sync)
 

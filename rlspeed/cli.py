@@ -72,7 +72,7 @@ def main() -> None:
         print(_version())
         sys.exit(0)
     try:
-        from rlspeed.run import interrupt
+        from rlspeed.errors import interrupt
 
         # Ctrl-C and SIGTERM stop the command wherever they land with one line (a signal the
         # caller ignores, as a shell does SIGINT for a background job, stays ignored).
@@ -87,11 +87,15 @@ def main() -> None:
         from rlspeed.preflight import preflight
 
         register_configs()
-        OmegaConf.register_new_resolver("rlspeed_config_groups", _config_groups, replace=True)
+        # Hydra resolves the help text at every compose; listing the groups scans the whole
+        # config tree (a quarter of a rejected command's time), so only --help lists them.
+        showing_help = not {"--help", "-h"}.isdisjoint(sys.argv[1:])
+        groups = _config_groups if showing_help else str
+        OmegaConf.register_new_resolver("rlspeed_config_groups", groups, replace=True)
         preflight(sys.argv[1:], CONF_DIR)
         hydra.main(version_base=None, config_path=CONF_DIR, config_name="config")(_task)()
     except KeyboardInterrupt as stop:
-        # rlspeed.run.Interrupted, or the plain KeyboardInterrupt of a Ctrl-C that came early.
+        # rlspeed.errors.Interrupted, or the plain KeyboardInterrupt of a Ctrl-C that came early.
         signum = getattr(stop, "signum", signal.SIGINT)
         out_dir = getattr(stop, "out_dir", None)
         line = f"rlspeed: interrupted by {signal.Signals(signum).name}"

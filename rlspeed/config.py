@@ -112,7 +112,6 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError("seed", cfg.seed, "an integer >= 0")
     if cfg.total_steps < cfg.num_envs:  # one step of every env is the least a run does
         raise ConfigError("total_steps", cfg.total_steps, f">= num_envs ({cfg.num_envs})")
-    resolve_threads(cfg)
     if cfg.trial.number is not None and not (cfg.trial.storage and cfg.trial.study_name):
         # Set by the Optuna sweeper for its jobs, never by hand.
         raise ConfigError(

@@ -1,6 +1,9 @@
-"""Errors that reach the user as one clear line."""
+"""Errors that reach the user as one clear line, and the interrupt that stops a run."""
 
 from __future__ import annotations
+
+import signal
+from pathlib import Path
 
 from hydra.errors import CompactHydraException
 
@@ -23,3 +26,20 @@ class ConfigError(RLSpeedError):
 
 class DivergenceError(RLSpeedError):
     """Training produced a non-finite loss; stopping beats training on garbage."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C (SIGINT), SIGTERM (a scheduler's preemption, `timeout`) or SLURM's SIGUSR2: the
+    run ends as KILLED with what it recorded saved, and the command exits 128 + the signal's
+    number (a SLURM job warned with SIGUSR2 is requeued first: rlspeed.slurm)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"signal {signal.Signals(signum).name}")
+        self.signum = signum
+        # The output folder of the run it stopped, once that run has saved its outputs.
+        self.out_dir: Path | None = None
+
+
+def interrupt(signum: int, frame: object) -> None:
+    """Signal handler: stop whatever the main thread is doing with ``Interrupted``."""
+    raise Interrupted(signum)

@@ -41,6 +41,21 @@ class Registry(Generic[SpecT]):
             self._specs = specs
         return self._specs
 
+    def _own_spec(self, name: str) -> SpecT | None:
+        """The ``SPEC`` of the module named as option ``name`` (``-`` read as ``_``), or None
+        where there is no such module or it holds another option."""
+        module_name = f"{self.package}.{str(name).replace('-', '_')}"
+        if not module_name.rpartition(".")[2].isidentifier():
+            return None
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as error:
+            if error.name != module_name:
+                raise  # the option's module exists but something it imports does not
+            return None
+        spec: Any = getattr(module, "SPEC", None)
+        return spec if spec is not None and spec.name == name else None
+
     def names(self) -> list[str]:
         return sorted(self._discover())
 
@@ -48,6 +63,11 @@ class Registry(Generic[SpecT]):
         return iter(self._discover().values())
 
     def get(self, name: str) -> SpecT:
+        """The spec of option ``name``, importing only its own module where that holds it:
+        choosing an option loads nothing the others need (JAX, MuJoCo, MLflow)."""
+        spec = self._own_spec(name)
+        if spec is not None:
+            return spec
         specs = self._discover()
         if name not in specs:
             raise ConfigError(self.group, name, f"one of {', '.join(self.names())}")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import signal
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -23,7 +22,7 @@ from rlspeed.algos.loops import train
 from rlspeed.checkpoint import RESUME_FILE, atomic_write, load_resume, run_folder, save_resume
 from rlspeed.config import RunConfig, flatten, to_yaml, validate
 from rlspeed.engines import Engine, EngineSpec
-from rlspeed.errors import RLSpeedError
+from rlspeed.errors import Interrupted, RLSpeedError, interrupt
 from rlspeed.monitor import RECENT_EPISODES, RunMonitor, SeedMonitor, to_log_file
 from rlspeed.registry import BACKENDS, ENGINES, TASKS, TRACKERS
 from rlspeed.sweep import TrialReporter
@@ -124,23 +123,6 @@ class RunContext:
             result = train_one(seed_ctx)
             steps, updates = steps + result.steps, updates + result.updates
         return TrainResult(steps, updates)
-
-
-class Interrupted(KeyboardInterrupt):
-    """Ctrl-C (SIGINT), SIGTERM (a scheduler's preemption, `timeout`) or SLURM's SIGUSR2: the
-    run ends as KILLED with what it recorded saved, and the command exits 128 + the signal's
-    number (a SLURM job warned with SIGUSR2 is requeued first: rlspeed.slurm)."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(f"signal {signal.Signals(signum).name}")
-        self.signum = signum
-        # The output folder of the run it stopped, once that run has saved its outputs.
-        self.out_dir: Path | None = None
-
-
-def interrupt(signum: int, frame: object) -> None:
-    """Signal handler: stop whatever the main thread is doing with ``Interrupted``."""
-    raise Interrupted(signum)
 
 
 def _output_dir() -> Path:

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rlspeed.engines.jax_vmap import VmapEnv
+from rlspeed.envs.vmap import VmapEnv
 from rlspeed.registry import TASKS
 from rlspeed.seeding import eval_seeds
 from rlspeed.tasks import cartpole, halfcheetah, pendulum

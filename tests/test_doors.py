@@ -14,7 +14,8 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 import rlspeed.envs  # noqa: F401  (registers rlspeed/Doors-v0)
-from rlspeed.envs.doors import DoorsEnv, DoorsFunctional, DoorsState, doors_columns
+from rlspeed.envs.doors import DoorsEnv, doors_columns
+from rlspeed.envs.doors_jax import DoorsFunctional, DoorsState
 
 SIZE = 15
 MAX_STEPS = 32

@@ -12,9 +12,11 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 import rlspeed.envs
-from rlspeed.engines.jax_vmap import VmapEnv
-from rlspeed.envs.doors import DoorsFunctional, DoorsState, wall_mask
-from rlspeed.envs.gridworld import GridWorldEnv, GridWorldFunctional
+from rlspeed.envs.doors import wall_mask
+from rlspeed.envs.doors_jax import DoorsFunctional, DoorsState
+from rlspeed.envs.gridworld import GridWorldEnv
+from rlspeed.envs.gridworld_jax import GridWorldFunctional
+from rlspeed.envs.vmap import VmapEnv
 from rlspeed.registry import TASKS
 from rlspeed.tasks.doors import DoorsTaskConfig
 from rlspeed.tasks.gridworld import (

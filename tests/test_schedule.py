@@ -23,8 +23,8 @@ from rlspeed.algos.schedule import (
     polyak_weight,
     steps_run,
 )
-from rlspeed.engines.jax_vmap import make_vmap_env
 from rlspeed.envs.gridworld import GridWorldEnv
+from rlspeed.envs.vmap import make_vmap_env
 from rlspeed.registry import TASKS
 from rlspeed.run import run
 from rlspeed.seeding import jax_keys

@@ -36,7 +36,7 @@ def measure(overrides: list[str], budget_s: float) -> float:
 
     import jax
 
-    from rlspeed.engines.jax_vmap import make_vmap_env
+    from rlspeed.envs.vmap import make_vmap_env
     from rlspeed.seeding import jax_keys
 
     make_train = import_named(ALGOS.get(cfg.algo.name).fused)

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rlspeed.bench.common import Table, calls_per_second, write_results
-from rlspeed.engines.jax_vmap import make_vmap_env
+from rlspeed.envs.vmap import make_vmap_env
 from rlspeed.registry import ENGINES, TASKS
 
 MODES = ("gym-sync", "gym-async", "jax-vmap", "jax-fused")

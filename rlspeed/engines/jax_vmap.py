@@ -1,152 +1,23 @@
-"""``env=jax-vmap``: a jitted ``jax.vmap`` of the task's functional JAX environment.
+"""``env=jax-vmap``: every copy of the task's functional JAX twin stepped in one jitted
+``jax.vmap`` (rlspeed.envs.vmap); fused training loops call its functions inside ``jit``.
 
-``VmapEnv`` holds the pure functions (``init``, ``step``) that fused training loops call
-inside ``jit``/``lax.scan``; auto-reset, the time limit and episode statistics all happen
-inside JAX. ``JaxVmapEngine`` drives the same functions from Python for the backends
-that are not fused, exchanging arrays through DLPack (no copies on the same device).
-"""
+JAX is imported when the engine is built, not when a config that selects it is checked."""
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
-import jax
-import jax.numpy as jnp
+from rlspeed.engines import EngineSpec
 
-from rlspeed.engines import EngineSpec, StepResult
-from rlspeed.seeding import Stream, jax_key
-
-
-class VmapState(NamedTuple):
-    env_state: Any  # batched functional-env state
-    obs: jax.Array
-    episode_return: jax.Array
-    episode_length: jax.Array
-    key: jax.Array
-
-
-# The envs' own random stream. Philox draws 4-5x more words per second than JAX's default
-# threefry on XLA:CPU, and every env step draws for every env (its resets).
-ENV_PRNG = "philox4x32"
-
-
-def env_stream(key: jax.Array) -> jax.Array:
-    """A key of the ``ENV_PRNG`` kind, derived from any JAX key."""
-    data_shape = jax.random.key_data(jax.random.key(0, impl=ENV_PRNG)).shape
-    return jax.random.wrap_key_data(jax.random.bits(key, data_shape, jnp.uint32), impl=ENV_PRNG)
-
-
-class VmapEnv:
-    """Pure, batched step/reset of a gymnasium ``FuncEnv`` with a time limit."""
-
-    def __init__(self, func_env: Any, num_envs: int, max_episode_steps: int) -> None:
-        self.func_env = func_env
-        self.num_envs = num_envs
-        self.max_episode_steps = max_episode_steps
-        self.single_observation_space = func_env.observation_space
-        self.single_action_space = func_env.action_space
-        # Per-env keys cost more than a whole Doors step on XLA:CPU (threefry, ~14 ns per
-        # word), so none are drawn for methods that ignore theirs. A functional env says so
-        # with these attributes; one that does not say gets keys everywhere.
-        self._transition_rng = getattr(func_env, "transition_uses_rng", True)
-        self._initial_rng = getattr(func_env, "initial_uses_rng", True)
-
-    def init(self, key: jax.Array) -> VmapState:
-        key = env_stream(key)
-        key, reset_key = jax.random.split(key)
-        env_state = self._initial_states(reset_key)
-        obs = jax.vmap(self.func_env.observation)(env_state)
-        zeros = jnp.zeros(self.num_envs)
-        return VmapState(env_state, obs, zeros, zeros.astype(jnp.int32), key)
-
-    def _initial_states(self, key: jax.Array) -> Any:
-        """A start state for every env (batched). A functional env may draw them all at
-        once with ``initial_batch(key, num_envs)``: one call to the random generator for
-        every env costs far less than a key per env (Doors at 512 envs: 29 M -> 33 M steps/s)."""
-        f = self.func_env
-        if hasattr(f, "initial_batch"):
-            return f.initial_batch(key, self.num_envs)
-        if not self._initial_rng:
-            start = f.initial(None)
-            return jax.tree.map(lambda x: jnp.broadcast_to(x, (self.num_envs, *x.shape)), start)
-        return jax.vmap(f.initial)(jax.random.split(key, self.num_envs))
-
-    def _step_one(
-        self,
-        env_state: Any,
-        ep_return: jax.Array,
-        ep_length: jax.Array,
-        action: Any,
-        step_key: jax.Array | None,
-        reset_state: Any,
-    ) -> tuple[Any, ...]:
-        f = self.func_env
-        next_state = f.transition(env_state, action, step_key)
-        reward = f.reward(env_state, action, next_state, step_key).astype(jnp.float32)
-        terminated = f.terminal(next_state)
-        ep_return = ep_return + reward
-        ep_length = ep_length + 1
-        # Like gymnasium's TimeLimit: truncated once the limit is reached.
-        truncated = ep_length >= self.max_episode_steps
-        done = terminated | truncated
-        final_obs = f.observation(next_state)
-        next_state = jax.tree.map(lambda r, n: jnp.where(done, r, n), reset_state, next_state)
-        # Observing the selected state, not selecting between two observations: Doors'
-        # observation is a 225-cell grid, and memory traffic bounds its step.
-        obs = f.observation(next_state)
-        result = StepResult(obs, reward, terminated, truncated, final_obs, ep_return, ep_length)
-        return next_state, jnp.where(done, 0.0, ep_return), jnp.where(done, 0, ep_length), result
-
-    def step(self, state: VmapState, actions: jax.Array) -> tuple[VmapState, StepResult]:
-        key, step_key, reset_key = jax.random.split(state.key, 3)
-        step_keys = jax.random.split(step_key, self.num_envs) if self._transition_rng else None
-        env_state, ep_return, ep_length, result = jax.vmap(self._step_one)(
-            state.env_state,
-            state.episode_return,
-            state.episode_length,
-            actions,
-            step_keys,
-            self._initial_states(reset_key),
-        )
-        return VmapState(env_state, result.obs, ep_return, ep_length, key), result
-
-
-class JaxVmapEngine:
-    """Host-side driver of ``VmapEnv`` with the common engine interface."""
-
-    def __init__(self, vmap_env: VmapEnv, seed: int) -> None:
-        self.functions = vmap_env
-        self.num_envs = vmap_env.num_envs
-        self.single_observation_space = vmap_env.single_observation_space
-        self.single_action_space = vmap_env.single_action_space
-        self._seed = seed
-        self._init = jax.jit(vmap_env.init)
-        self._step = jax.jit(vmap_env.step)
-        self._state: VmapState | None = None
-
-    def reset(self) -> jax.Array:
-        # The same env stream as the fused path's (rlspeed.seeding.jax_keys).
-        self._state = self._init(jax_key(self._seed, Stream.ENV))
-        return self._state.obs
-
-    def step(self, actions: Any) -> StepResult:
-        if not isinstance(actions, jax.Array):
-            # torch tensors and NumPy arrays come in through DLPack, sharing memory.
-            actions = jax.dlpack.from_dlpack(actions)
-        self._state, result = self._step(self._state, actions)
-        return result
-
-    def close(self) -> None:
-        self._state = None
-
-
-def make_vmap_env(task: Any, task_cfg: Any, num_envs: int) -> VmapEnv:
-    return VmapEnv(task.make_functional(task_cfg), num_envs, task_cfg.max_steps)
+if TYPE_CHECKING:
+    from rlspeed.envs.vmap import JaxVmapEngine
 
 
 def make_engine(
     task: Any, task_cfg: Any, engine_cfg: Any, num_envs: int, seed: int
 ) -> JaxVmapEngine:
+    from rlspeed.envs.vmap import JaxVmapEngine, make_vmap_env
+
     return JaxVmapEngine(make_vmap_env(task, task_cfg, num_envs), seed)
 
 

@@ -1,9 +1,9 @@
 """GridWorld: walk from the bottom-right corner of a square grid to the top-left one.
 
-Two implementations with identical dynamics live here:
-
-* :class:`GridWorldEnv`, a plain :class:`gymnasium.Env` with Python-int steps;
-* :class:`GridWorldFunctional`, a pure-JAX :class:`FuncEnv` that can be jitted and vmapped.
+Two implementations with identical dynamics: :class:`GridWorldEnv` here, a plain
+:class:`gymnasium.Env` with Python-int steps, and its pure-JAX twin
+:class:`rlspeed.envs.gridworld_jax.GridWorldFunctional`, kept apart so that the plain env
+never loads JAX.
 
 Layout: a ``size`` x ``size`` grid; the agent starts in the bottom-right cell and the goal
 is the top-left cell. Actions: 0 right, 1 down, 2 left, 3 up; a move off the grid leaves
@@ -17,11 +17,8 @@ from __future__ import annotations
 from typing import Any
 
 import gymnasium
-import jax
-import jax.numpy as jnp
 import numpy as np
 from gymnasium import spaces
-from gymnasium.experimental.functional import FuncEnv
 
 # (row delta, col delta) per action: 0 right, 1 down, 2 left, 3 up.
 MOVES: tuple[tuple[int, int], ...] = ((0, 1), (1, 0), (0, -1), (-1, 0))
@@ -33,7 +30,7 @@ def start_cell(size: int) -> int:
     return size * size - 1
 
 
-def _spaces(size: int) -> tuple[spaces.Discrete, spaces.Discrete]:
+def grid_spaces(size: int) -> tuple[spaces.Discrete, spaces.Discrete]:
     if size < 2:
         raise ValueError(f"size must be >= 2, got {size}")
     # int32 observations: the dtype JAX produces with x64 disabled, so the NumPy and JAX
@@ -63,7 +60,7 @@ class GridWorldEnv(gymnasium.Env[int, np.int64]):
             raise ValueError(f"unsupported render_mode {render_mode!r}")
         self.size = size
         self.render_mode = render_mode
-        self.observation_space, self.action_space = _spaces(size)
+        self.observation_space, self.action_space = grid_spaces(size)
         self._row = self._col = size - 1
 
     def _obs(self) -> int:
@@ -97,55 +94,3 @@ class GridWorldEnv(gymnasium.Env[int, np.int64]):
             )
             return None
         return render_ansi(self._obs(), self.size)
-
-
-class GridWorldFunctional(
-    FuncEnv[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array, None, None]
-):
-    """Pure-JAX twin of :class:`GridWorldEnv`; the state is the int32 cell index."""
-
-    # Deterministic moves from a fixed start: VmapEnv draws no keys for it.
-    transition_uses_rng = False
-    initial_uses_rng = False
-
-    def __init__(self, size: int = 5) -> None:
-        super().__init__()
-        self.size = size
-        self.observation_space, self.action_space = _spaces(size)
-        self._moves = jnp.asarray(MOVES, dtype=jnp.int32)
-
-    def initial(self, rng: Any = None, params: None = None) -> jax.Array:
-        """The bottom-right cell (the start is deterministic; ``rng`` is unused)."""
-        return jnp.int32(start_cell(self.size))
-
-    def transition(
-        self,
-        state: jax.Array,
-        action: jax.Array | int,
-        rng: Any = None,
-        params: None = None,
-    ) -> jax.Array:
-        """Apply a move, clamped to the grid."""
-        move = self._moves[action]
-        row = jnp.clip(state // self.size + move[0], 0, self.size - 1)
-        col = jnp.clip(state % self.size + move[1], 0, self.size - 1)
-        return (row * self.size + col).astype(jnp.int32)
-
-    def observation(self, state: jax.Array, rng: Any = None, params: None = None) -> jax.Array:
-        """The cell index itself (int32 scalar)."""
-        return state
-
-    def reward(
-        self,
-        state: jax.Array,
-        action: jax.Array | int,
-        next_state: jax.Array,
-        rng: Any = None,
-        params: None = None,
-    ) -> jax.Array:
-        """1.0 when the move lands on the goal, else 0.0 (float32)."""
-        return self.terminal(next_state).astype(jnp.float32)
-
-    def terminal(self, state: jax.Array, rng: Any = None, params: None = None) -> jax.Array:
-        """True when the agent stands on the goal."""
-        return state == GOAL_CELL

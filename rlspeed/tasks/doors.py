@@ -36,7 +36,7 @@ def make_env(cfg: Any) -> gym.Env:
 
 
 def make_functional(cfg: Any) -> Any:
-    from rlspeed.envs.doors import DoorsFunctional
+    from rlspeed.envs.doors_jax import DoorsFunctional
 
     return DoorsFunctional(grid_size=cfg.grid_size, n_doors=cfg.n_doors)
 

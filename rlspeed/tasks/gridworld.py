@@ -29,7 +29,7 @@ def make_env(cfg: Any) -> gym.Env:
 
 
 def make_functional(cfg: Any) -> Any:
-    from rlspeed.envs.gridworld import GridWorldFunctional
+    from rlspeed.envs.gridworld_jax import GridWorldFunctional
 
     return GridWorldFunctional(size=cfg.size)
 

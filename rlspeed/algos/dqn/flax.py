@@ -34,7 +34,7 @@ from rlspeed.algos.loops.jax_learner import JaxLearner
 from rlspeed.algos.networks.flax import MLP
 from rlspeed.algos.replay import Batch, jax_replay_sample
 from rlspeed.algos.schedule import epsilon_at, multiples_between, polyak_weight
-from rlspeed.engines.jax_vmap import VmapEnv
+from rlspeed.envs.vmap import VmapEnv
 from rlspeed.seeding import JaxKeys
 from rlspeed.tasks import Policy
 

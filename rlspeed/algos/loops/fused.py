@@ -32,7 +32,7 @@ from rlspeed.checkpoint import (
     tree_to_host,
 )
 from rlspeed.engines import StepResult
-from rlspeed.engines.jax_vmap import VmapEnv, VmapState, make_vmap_env
+from rlspeed.envs.vmap import VmapEnv, VmapState, make_vmap_env
 from rlspeed.run import RunContext, TrainResult
 from rlspeed.seeding import JaxKeys, jax_keys
 from rlspeed.tasks import Policy

@@ -18,7 +18,7 @@ from rlspeed.algos.loops.fused import FusedTrainer, scan_iterations
 from rlspeed.algos.loops.jax_learner import JaxLearner
 from rlspeed.algos.loops.onpolicy import RolloutBatch, advantage_terms
 from rlspeed.engines import StepResult
-from rlspeed.engines.jax_vmap import VmapEnv, VmapState
+from rlspeed.envs.vmap import VmapEnv, VmapState
 from rlspeed.seeding import JaxKeys, Stream, jax_key
 
 

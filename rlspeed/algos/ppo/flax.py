@@ -18,7 +18,7 @@ from rlspeed.algos.loops.jax_onpolicy import OnPolicyJaxLearner, make_on_policy_
 from rlspeed.algos.loops.onpolicy import RolloutBatch
 from rlspeed.algos.networks.flax import ActorCritic
 from rlspeed.algos.ppo import batches_in_run
-from rlspeed.engines.jax_vmap import VmapEnv
+from rlspeed.envs.vmap import VmapEnv
 from rlspeed.tasks import Policy as GreedyPolicy
 
 

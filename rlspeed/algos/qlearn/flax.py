@@ -21,7 +21,7 @@ import numpy as np
 from rlspeed.algos.loops.fused import FusedTrainer, save_pytree, saved_policies, scan_unroll
 from rlspeed.algos.loops.tabular import table_shape
 from rlspeed.algos.schedule import epsilon_at
-from rlspeed.engines.jax_vmap import VmapEnv, VmapState
+from rlspeed.envs.vmap import VmapEnv, VmapState
 from rlspeed.registry import TASKS
 from rlspeed.seeding import JaxKeys, Stream, jax_key
 from rlspeed.tasks import Policy

@@ -40,7 +40,7 @@ from rlspeed.algos.td3 import (
     squash,
     uniform_actions,
 )
-from rlspeed.engines.jax_vmap import VmapEnv
+from rlspeed.envs.vmap import VmapEnv
 from rlspeed.seeding import JaxKeys
 from rlspeed.tasks import Policy
 

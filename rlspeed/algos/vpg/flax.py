@@ -16,7 +16,7 @@ from rlspeed.algos.loops.fused import FusedTrainer, saved_agent_policies
 from rlspeed.algos.loops.jax_onpolicy import OnPolicyJaxLearner, make_on_policy_train
 from rlspeed.algos.loops.onpolicy import RolloutBatch
 from rlspeed.algos.networks.flax import ActorCritic
-from rlspeed.engines.jax_vmap import VmapEnv
+from rlspeed.envs.vmap import VmapEnv
 from rlspeed.tasks import Policy as GreedyPolicy
 
 

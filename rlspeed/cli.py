@@ -67,6 +67,23 @@ def _version() -> str:
     return f"rlspeed {version('rlspeed')}"
 
 
+def check_command_line(argv: list[str]) -> None:
+    """What the command does before Hydra starts: set up the config tree, then exit with
+    code 2 and one line naming key, value and what is allowed if ``argv`` cannot run."""
+    from omegaconf import OmegaConf
+
+    from rlspeed.config import register_configs
+    from rlspeed.preflight import preflight
+
+    register_configs()
+    # Hydra resolves the help text at every compose; listing the groups scans the whole
+    # config tree (a quarter of a rejected command's time), so only --help lists them.
+    showing_help = not {"--help", "-h"}.isdisjoint(argv)
+    groups = _config_groups if showing_help else str
+    OmegaConf.register_new_resolver("rlspeed_config_groups", groups, replace=True)
+    preflight(argv, CONF_DIR)
+
+
 def main() -> None:
     if "--version" in sys.argv[1:]:  # before Hydra and the backends load: it stays instant
         print(_version())
@@ -81,18 +98,8 @@ def main() -> None:
         if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
             signal.signal(signal.SIGTERM, interrupt)
         import hydra
-        from omegaconf import OmegaConf
 
-        from rlspeed.config import register_configs
-        from rlspeed.preflight import preflight
-
-        register_configs()
-        # Hydra resolves the help text at every compose; listing the groups scans the whole
-        # config tree (a quarter of a rejected command's time), so only --help lists them.
-        showing_help = not {"--help", "-h"}.isdisjoint(sys.argv[1:])
-        groups = _config_groups if showing_help else str
-        OmegaConf.register_new_resolver("rlspeed_config_groups", groups, replace=True)
-        preflight(sys.argv[1:], CONF_DIR)
+        check_command_line(sys.argv[1:])
         hydra.main(version_base=None, config_path=CONF_DIR, config_name="config")(_task)()
     except KeyboardInterrupt as stop:
         # rlspeed.errors.Interrupted, or the plain KeyboardInterrupt of a Ctrl-C that came early.

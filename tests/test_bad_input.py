@@ -1,143 +1,307 @@
 """Every kind of bad input is refused before any work: one stderr line naming the key, the bad
 value and what is allowed, exit code 2, and nothing created (no outputs/ folder, no MLflow
-store, no Optuna journal). Inputs at the edge of what is allowed are still accepted."""
+store, no Optuna journal). Inputs at the edge of what is allowed are still accepted.
+
+The command line's checks run in-process here (``check_command_line``, what ``rlspeed`` runs
+before Hydra starts a job); three cases also run through the real command."""
 
 from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
 from optuna.distributions import CategoricalDistribution
 
 from hydra_plugins.rlspeed_optuna_sweeper._space import build
-from rlspeed.cli import CONF_DIR
+from rlspeed.cli import CONF_DIR, check_command_line
 from rlspeed.config import validate
 from rlspeed.errors import ConfigError
 from rlspeed.tracking.mlflow import check as check_tracking
-from tests.conftest import assert_one_line_error, run_cli
+from tests.conftest import assert_one_line_error, cli_env, free_port, run_cli
 
 # A budget long enough for DQN on Doors to reach its first update (learning_starts 5000).
 BUDGET = ["total_steps=6000", "log_every=3000", "eval_every=3000"]
 SWEEP = ["-m", "hparams=dqn_search", *BUDGET]
-# A search space of one's own (--config-dir), as a user writes it.
-OWN_SEARCH = """\
-# @package _global_
-defaults:
-  - override /hydra/sweeper: optuna
-hydra:
-  sweeper:
-    params:
-      algo.gamma: interval(0.5, 2)
-"""
+# Optuna searches of one's own (--config-dir conf, as a user writes them): a range outside
+# what its key allows, an unparseable range, a key rlspeed does not have.
+OWN_SEARCHES = {
+    "gamma_beyond_one": "algo.gamma: interval(0.5, 2)",
+    "unparseable": "algo.learning_rate: interval(1e-4",
+    "unknown_key": "algo.lerning_rate: interval(1e-4, 1e-1)",
+}
+# A sweep with a journal of its own (hydra.sweeper.storage is set per case).
+QLEARN_SWEEP = [
+    "-m", "hydra/sweeper=optuna", "algo.alpha=interval(0.1, 0.9)", "algo=qlearn",
+    "task=gridworld", "backend=torch", "env=gym-sync", "num_envs=1", "total_steps=500",
+]  # fmt: skip
+STORAGE = "invalid hydra.sweeper.storage={}: expected a journal file"
 
+# (command line, fragments of the one line). tracking=none is added where a case does not
+# set tracking.uri; the working folder holds run/ (a run folder as far as the checks look).
 BAD = [
+    # config groups, types and keys
+    (["backend=jax"], ["backend=jax", "flax, torch"]),
+    (["env=gym-fast"], ["env=gym-fast", "gym-async, gym-sync, jax-vmap"]),
+    (["algo=a2c"], ["algo=a2c", "dqn, ppo, qlearn, td3, vpg"]),
+    (["num_envs=abc"], ["num_envs", "'abc'", "Integer"]),
+    (["algo.learning_rate=fast"], ["algo.learning_rate", "'fast'", "Float"]),
+    (["algo.optimizer=rmsprop"], ["algo.optimizer=rmsprop", "adam, sgd"]),
+    (["no_such_key=1"], ["no_such_key"]),
+    (["-m", "backend=torch,jax"], ["backend=jax", "flax, torch"]),
+    # what runs with what
+    (["algo=td3", "task=cartpole"], ["algo=td3", "discrete actions", "dqn"]),
+    (["algo=qlearn", "task=pendulum"], ["algo=qlearn", "td3"]),
+    (["algo=qlearn", "task=cartpole"], ["task=cartpole", "a task with a tabular state: doors"]),
+    (["algo=td3", "task=halfcheetah", "env=jax-vmap"], ["env=jax-vmap", "gym-async, gym-sync"]),
     # task settings
-    (["task.grid_size=2"], "invalid task.grid_size=2: expected an integer >= 3"),
-    (["task.n_doors=16"], "invalid task.n_doors=16: expected an integer in [1, task.grid_size]"),
+    (["task.grid_size=2"], ["invalid task.grid_size=2: expected an integer >= 3"]),
+    (["task.n_doors=16"], ["invalid task.n_doors=16: expected an integer in [1, task.grid_size]"]),
     (
         ["algo=qlearn", "task=gridworld", "task.size=1"],
-        "invalid task.size=1: expected an integer >= 2",
+        ["invalid task.size=1: expected an integer"],
     ),
-    (["algo=vpg", "task=cartpole", "task.max_steps=0"], "invalid task.max_steps=0: expected an"),
+    (["algo=vpg", "task=cartpole", "task.max_steps=0"], ["invalid task.max_steps=0: expected an"]),
     (
         ["algo=td3", "task=pendulum", "task.eval_episodes=0"],
-        "invalid task.eval_episodes=0: expected an integer >= 1",
+        ["invalid task.eval_episodes=0: expected an integer >= 1"],
     ),
-    (["seed=-1"], "invalid seed=-1: expected an integer >= 0"),
+    (["seed=-1"], ["invalid seed=-1: expected an integer >= 0"]),
+    (["num_seeds=0"], ["invalid num_seeds=0: expected an integer >= 1"]),
     # networks, rates and noise on every algorithm
-    (["algo.hidden_sizes=[]"], "invalid algo.hidden_sizes=[]: expected a non-empty list"),
-    (["algo=vpg", "task=cartpole", "algo.hidden_sizes=[0]"], "invalid algo.hidden_sizes=[0]"),
-    (["algo.learning_starts=-1"], "invalid algo.learning_starts=-1: expected an integer >= 0"),
-    (["algo.learning_rate=inf"], "invalid algo.learning_rate=inf: expected a finite number > 0"),
+    (["algo.hidden_sizes=[]"], ["invalid algo.hidden_sizes=[]: expected a non-empty list"]),
+    (["algo=vpg", "task=cartpole", "algo.hidden_sizes=[0]"], ["invalid algo.hidden_sizes=[0]"]),
+    (["algo.learning_starts=-1"], ["invalid algo.learning_starts=-1: expected an integer >= 0"]),
+    (["algo.learning_rate=inf"], ["invalid algo.learning_rate=inf: expected a finite number > 0"]),
+    (["algo=qlearn", "algo.alpha=0"], ["algo.alpha=0", "(0, 1]"]),
     (
         ["algo=td3", "task=pendulum", "algo.exploration_noise=inf"],
-        "invalid algo.exploration_noise=inf: expected a finite number >= 0",
+        ["invalid algo.exploration_noise=inf: expected a finite number >= 0"],
     ),
     (
         ["algo=vpg", "task=pendulum", "algo.initial_log_std=nan"],
-        "invalid algo.initial_log_std=nan: expected a finite number",
+        ["invalid algo.initial_log_std=nan: expected a finite number"],
+    ),
+    (
+        ["algo=ppo", "task=cartpole", "num_envs=6", "algo.num_minibatches=5"],
+        ["invalid algo.num_minibatches=5", "32 * 6 = 192"],
     ),
     # budgets and sizes
-    (["num_envs=64", "total_steps=32"], "invalid total_steps=32: expected >= num_envs (64)"),
-    (["total_steps=1000"], "invalid total_steps=1000: expected >= 4993, a budget with a gradient"),
+    (["num_envs=0"], ["num_envs=0", ">= 1"]),
+    (["total_steps=-5"], ["total_steps=-5", ">= 1"]),
+    (["num_envs=64", "total_steps=32"], ["invalid total_steps=32: expected >= num_envs (64)"]),
+    (["total_steps=1000"], ["invalid total_steps=1000: expected >= 4993, a budget with a"]),
     (
         ["algo=td3", "task=pendulum", "total_steps=1001", "algo.policy_frequency=16"],
-        "invalid total_steps=1001: expected >= 1009, a budget with 16 gradient updates",
+        ["invalid total_steps=1001: expected >= 1009, a budget with 16 gradient updates"],
     ),
     (
         ["num_envs=64", "algo.buffer_size=32", "algo.batch_size=16"],
-        "invalid num_envs=64: expected <= algo.buffer_size (32)",
+        ["invalid num_envs=64: expected <= algo.buffer_size (32)"],
     ),
     (
         ["algo.buffer_size=1000000000000"],
-        "invalid algo.buffer_size=1000000000000: expected a size that fits in memory",
+        ["invalid algo.buffer_size=1000000000000: expected a size that fits in memory"],
     ),
     (
         ["algo=vpg", "task=cartpole", "num_envs=1000000000000", "total_steps=10000000000000"],
-        "invalid num_envs=1000000000000: expected a size that fits in memory",
+        ["invalid num_envs=1000000000000: expected a size that fits in memory"],
     ),
-    # folders Hydra would create
-    (["hydra.run.dir=/proc/rlspeed/run"], "invalid hydra.run.dir=/proc/rlspeed/run: expected a"),
+    # folders rlspeed or Hydra would create
+    (["hydra.run.dir=/proc/rlspeed/run"], ["invalid hydra.run.dir=/proc/rlspeed/run: expected"]),
     (
         ["-m", "seed=1,2", "hydra.sweep.dir=/proc/rlspeed/sweep"],
-        "invalid hydra.sweep.dir=/proc/rlspeed/sweep: expected a folder rlspeed can create",
+        ["invalid hydra.sweep.dir=/proc/rlspeed/sweep: expected a folder rlspeed can create"],
     ),
-    # sweeps
-    (["hparams=dqn_search"], "invalid hparams=dqn_search without -m: a search runs its trials"),
-    (["seed=1,2"], "invalid seed=1,2 without -m"),
-    (["-m", "seed=range(5,5)"], "invalid override 'seed=range(5,5)': the sweep has no values"),
-    (["-m", "algo.gamma=interval(0.5,0.9)"], "basic sweeper cannot sample an interval"),
-    (["-m", "no_such_key=1,2"], "unknown key 'no_such_key'"),
-    ([*SWEEP, "algo.learning_rate=interval(-1,1)"], "invalid algo.learning_rate=-1.0: expected a"),
-    ([*SWEEP, "algo.lerning_rate=interval(0.1,1)"], "unknown key 'algo.lerning_rate' in the"),
+    (["hydra.run.dir="], ["invalid hydra.run.dir=: expected a folder rlspeed can create"]),
     (
-        ["-m", "hparams=gamma_beyond_one", *BUDGET],
-        "invalid algo.gamma=2.0: expected a number in [0, 1]",
+        ["backend=flax", "backend.compilation_cache=/proc/rlspeed-xla"],
+        ["backend.compilation_cache=/proc/rlspeed-xla", "create and write"],
+    ),
+    # resume=, mode=eval, checkpoint= and video=
+    (["resume=nowhere"], ["invalid resume=nowhere: expected an existing run folder"]),
+    (["resume=."], ["invalid resume=.: expected a run folder (or a file in one) with resume.pkl"]),
+    (["mode=eval"], ["invalid checkpoint=None: expected a run folder or a checkpoint file"]),
+    (["mode=eval", "checkpoint=."], ["invalid checkpoint=.: expected a run folder"]),
+    (["mode=test"], ["invalid mode=test: expected one of train, eval"]),
+    (["video=a.gif"], ["invalid video=a.gif: expected null unless mode=eval"]),
+    (["mode=eval", "checkpoint=run", "resume=run"], ["invalid resume=run: expected null"]),
+    (["mode=eval", "checkpoint=run", "video=a.avi"], ["invalid video=a.avi: expected a file"]),
+    (["mode=eval", "checkpoint=run", "video=no/a.gif"], ["expected a file in an existing folder"]),
+    pytest.param(
+        ["mode=eval", "checkpoint=run/checkpoint.pt", "video=a.gif"],
+        ["invalid video=a.gif: expected null: task=cartpole cannot be filmed here"],
+        marks=pytest.mark.skipif(
+            importlib.util.find_spec("pygame") is not None, reason="pygame draws CartPole"
+        ),
+    ),
+    # sweeps and searches
+    (["hparams=dqn_search"], ["invalid hparams=dqn_search without -m: a search runs its"]),
+    (["seed=1,2"], ["invalid seed=1,2 without -m"]),
+    (["-m", "seed=range(5,5)"], ["invalid override 'seed=range(5,5)': the sweep has no values"]),
+    (["-m", "algo.gamma=interval(0.5,0.9)"], ["basic sweeper cannot sample an interval"]),
+    (["-m", "no_such_key=1,2"], ["unknown key 'no_such_key'"]),
+    ([*SWEEP, "algo.learning_rate=interval(-1,1)"], ["invalid algo.learning_rate=-1.0: expected"]),
+    ([*SWEEP, "algo.lerning_rate=interval(0.1,1)"], ["unknown key 'algo.lerning_rate' in the"]),
+    (["-m", "hparams=gamma_beyond_one", *BUDGET], ["invalid algo.gamma=2.0: expected a number"]),
+    (["-m", "hparams=unparseable"], ["hydra.sweeper.params.algo.learning_rate", "interval(1e-4"]),
+    (["-m", "hparams=unknown_key"], ["unknown key 'algo.lerning_rate'", "hydra.sweeper.params"]),
+    ([*SWEEP, "hydra/sweeper/sampler=bogus"], ["sampler=bogus", "cmaes, grid, nsgaii"]),
+    ([*SWEEP, "hydra/sweeper/pruner=bogus"], ["hydra/sweeper/pruner=bogus", "hyperband, median"]),
+    ([*SWEEP, "algo.learning_rate=tag(log, interval(0, 1))"], ["algo.learning_rate", "low > 0"]),
+    ([*SWEEP, "algo.learning_rate=interval(1e-4"], ["algo.learning_rate=interval(1e-4"]),
+    ([*SWEEP, "hydra.sweeper.direction=sideways"], ["direction=sideways", "maximize or minimize"]),
+    (
+        [*SWEEP, "hydra.sweeper.direction=[maximize,minimize]"],
+        ["objectives=null", "wall_time_s"],
+    ),
+    (
+        [*SWEEP, "hydra.sweeper.direction=[maximize,minimize]", "hydra.sweeper.objectives=[score]"],
+        ["objectives=[score]", "expected 2 of score", "direction=[maximize,minimize]"],
+    ),
+    ([*SWEEP, "hydra.sweeper.objectives=[speed]"], ["objectives=[speed]", "unknown name speed"]),
+    (
+        [*QLEARN_SWEEP, "hydra.sweeper.storage=/proc/x.journal"],
+        [STORAGE.format("/proc/x.journal"), "no file can be created in /proc"],
+    ),
+    (
+        [*QLEARN_SWEEP, "hydra.sweeper.storage=sqlite:////proc/x.db"],
+        [STORAGE.format("sqlite:////proc/x.db"), "no file can be created in /proc"],
+    ),
+    (
+        [*QLEARN_SWEEP, "hydra.sweeper.storage=mysql://user@localhost/db"],
+        [STORAGE.format("mysql://user@localhost/db"), "driver 'MySQLdb' is not installed"],
+    ),
+    # psycopg 3 is installed; nothing listens on port 1.
+    (
+        [*QLEARN_SWEEP, "hydra.sweeper.storage=postgresql://user@127.0.0.1:1/db"],
+        [STORAGE.format("postgresql://user@127.0.0.1:1/db"), "the database server does not"],
+    ),
+    # tracking stores that cannot record
+    (["tracking.uri=sqlite:///"], ["expected a database file: sqlite:///RELATIVE.db"]),
+    (
+        ["tracking.uri=sqlite:////proc/rlspeed/mlflow.db"],
+        ["invalid tracking.uri=sqlite:////proc/rlspeed/mlflow.db: expected a database file in"],
+    ),
+    (["tracking.uri=file:///tmp/mlruns"], ["MLflow 3 refuses file stores"]),
+    (["tracking.uri=ftp://host/mlruns"], ["expected a tracking URI MLflow can record to"]),
+    (
+        ["tracking.uri=mysql://user@localhost/mlflow"],
+        ["expected a database whose Python driver is installed"],
+    ),
+    (
+        ["tracking.uri=postgresql://user@127.0.0.1:1/mlflow"],
+        ["expected a database server that answers"],
     ),
     # malformed command lines
-    (["=5"], "invalid override '=5': expected KEY=VALUE"),
-    (["algo=null"], "invalid algo=null: expected one of dqn, ppo, qlearn, td3, vpg"),
-    (["backend="], "invalid backend=: expected one of flax, torch"),
-    (["-m", "--cfg", "job"], "expected at most one of --run, --multirun (-m), --cfg"),
-    (["+algo.lerning_rate=0.1"], "unknown key 'algo.lerning_rate' in '+algo.lerning_rate=0.1'"),
-    (["~algo"], "invalid override '~algo': rlspeed's keys and config groups cannot be removed"),
-    (["hydra.run.dir="], "invalid hydra.run.dir=: expected a folder rlspeed can create"),
-    (["--config-name", "nope"], "invalid --config-name=nope: expected a config in the config"),
-    (["--config-dir", "/nonexistent"], "invalid --config-dir=/nonexistent: expected an existing"),
-]
-
-BAD_URIS = [
-    ("sqlite:///", "expected a database file: sqlite:///RELATIVE.db"),
-    ("sqlite:////proc/rlspeed/mlflow.db", "expected a database file in a folder rlspeed can"),
-    ("file:///tmp/mlruns", "MLflow 3 refuses file stores"),
-    ("ftp://host/mlruns", "expected a tracking URI MLflow can record to"),
-    ("mysql://user@localhost/mlflow", "expected a database whose Python driver is installed"),
-    # Nothing listens on port 1.
-    ("postgresql://user@127.0.0.1:1/mlflow", "expected a database server that answers"),
+    (["=5"], ["invalid override '=5': expected KEY=VALUE"]),
+    (["algo=null"], ["invalid algo=null: expected one of dqn, ppo, qlearn, td3, vpg"]),
+    (["backend="], ["invalid backend=: expected one of flax, torch"]),
+    (["-m", "--cfg", "job"], ["expected at most one of --run, --multirun (-m), --cfg"]),
+    (["+algo.lerning_rate=0.1"], ["unknown key 'algo.lerning_rate' in '+algo.lerning_rate=0.1'"]),
+    (["~algo"], ["invalid override '~algo': rlspeed's keys and config groups cannot be removed"]),
+    (["--config-name", "nope"], ["invalid --config-name=nope: expected a config in the config"]),
+    (["--config-dir", "/nonexistent"], ["invalid --config-dir=/nonexistent: expected an"]),
 ]
 
 
-def _run_bad(tmp_path, args):
+def _files(folder: Path) -> list[Path]:
+    return sorted(folder.rglob("*"))
+
+
+@pytest.fixture
+def refusal(tmp_path, monkeypatch, capsys):
+    """The line the command answers ``args`` with, checked in-process: exit code 2, that one
+    stderr line, nothing created in the working folder. The working folder holds ``run/``,
+    a run folder as far as the checks look (its files are not read before a run); ``conf/``
+    beside it holds OWN_SEARCHES, passed as --config-dir."""
     conf = tmp_path / "conf" / "hparams"
     conf.mkdir(parents=True)
-    (conf / "gamma_beyond_one.yaml").write_text(OWN_SEARCH)
+    for name, entry in OWN_SEARCHES.items():
+        (conf / f"{name}.yaml").write_text(
+            "# @package _global_\ndefaults:\n  - override /hydra/sweeper: optuna\n"
+            f"hydra:\n  sweeper:\n    params:\n      {entry}\n"
+        )
     work = tmp_path / "work"
-    work.mkdir()
-    result = run_cli(["--config-dir", str(tmp_path / "conf"), *args], cwd=work)
-    return result, work
+    (work / "run").mkdir(parents=True)
+    (work / "run" / "config.yaml").write_text("task: {name: cartpole, max_steps: 500}\n")
+    (work / "run" / "checkpoint.pt").write_bytes(b"")
+    monkeypatch.chdir(work)
+    # The tests choose their own MLflow store; the caller's must not leak in.
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+
+    def refuse(args: list[str]) -> str:
+        before = _files(work)
+        with pytest.raises(SystemExit) as stop:
+            check_command_line(["--config-dir", str(tmp_path / "conf"), *args])
+        stderr = capsys.readouterr().err
+        assert stop.value.code == 2, stderr
+        lines = [line for line in stderr.splitlines() if line.strip()]
+        assert len(lines) == 1, stderr
+        assert _files(work) == before, "bad input must create nothing"
+        return lines[0]
+
+    return refuse
 
 
-@pytest.mark.parametrize(("args", "line"), BAD, ids=[" ".join(args) for args, _ in BAD])
-def test_bad_input_is_one_line_exit_2_nothing_created(tmp_path, args, line):
-    result, work = _run_bad(tmp_path, [*args, "tracking=none"])
-    assert_one_line_error(result, line)
-    assert list(work.iterdir()) == [], "bad input must create nothing"
+def _case_id(case) -> str:
+    args = case.values[0] if hasattr(case, "values") else case[0]
+    return " ".join(args)
 
 
-@pytest.mark.parametrize(("uri", "fragment"), BAD_URIS, ids=[uri for uri, _ in BAD_URIS])
-def test_tracking_uri_that_cannot_record_is_one_line(tmp_path, uri, fragment):
-    result, work = _run_bad(tmp_path, [f"tracking.uri={uri}"])
-    assert_one_line_error(result, f"invalid tracking.uri={uri}: ", fragment)
-    assert list(work.iterdir()) == [], "no MLflow store, no outputs"
+@pytest.mark.parametrize(("args", "fragments"), BAD, ids=[_case_id(case) for case in BAD])
+def test_bad_input_is_one_line_exit_2_nothing_created(refusal, args, fragments):
+    tracked = any(arg.startswith("tracking") for arg in args)
+    line = refusal(args if tracked else [*args, "tracking=none"])
+    for fragment in fragments:
+        assert fragment in line, line
+
+
+def test_unreachable_tracking_server_is_one_line(refusal, monkeypatch):
+    uri = f"http://127.0.0.1:{free_port()}"
+    line = refusal([f"tracking.uri={uri}"])
+    assert "tracking.uri" in line and uri in line and "reachable MLflow server" in line
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    line = refusal([])
+    assert "MLFLOW_TRACKING_URI" in line and uri in line
+
+
+# The real command: the same line, exit code 2 and nothing created, on a plain run, a sweep
+# and a tracking server that does not answer.
+@pytest.mark.parametrize(
+    ("args", "fragments"),
+    [
+        (["num_envs=0", "tracking=none"], ["invalid num_envs=0: expected an integer >= 1"]),
+        ([*SWEEP, "algo.learning_rate=interval(-1,1)"], ["invalid algo.learning_rate=-1.0"]),
+        (["tracking.uri=http://127.0.0.1:{port}"], ["reachable MLflow server"]),
+    ],
+    ids=["run", "sweep", "tracking server"],
+)
+def test_the_command_refuses_with_one_line_and_creates_nothing(tmp_path, args, fragments):
+    args = [arg.format(port=free_port()) for arg in args]
+    result = run_cli(args, cwd=tmp_path)
+    assert_one_line_error(result, *fragments)
+    assert list(tmp_path.iterdir()) == [], "bad input must create nothing"
+
+
+def test_a_config_error_loads_neither_jax_nor_torch(tmp_path):
+    """A typo is answered at start-up cost: the check reads settings, never a backend."""
+    script = (
+        "import sys\n"
+        "from rlspeed.cli import main\n"
+        "try:\n    main()\n"
+        "finally:\n    print(sorted(m for m in ('jax', 'torch', 'flax') if m in sys.modules))"
+    )
+    for bad in ("num_envs=0", "algo.learning_rate=inf", "task.grid_size=2"):
+        result = subprocess.run(
+            [sys.executable, "-c", script, bad, "tracking=none"],
+            cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert result.returncode == 2, result.stderr
+        assert result.stdout.strip() == "[]", (bad, result.stdout)
 
 
 # --- the edges of what is allowed (in-process: compose + validate) -------------------------

@@ -13,7 +13,6 @@ from rlspeed.envs.vmap import VmapEnv
 from rlspeed.registry import TASKS
 from rlspeed.seeding import eval_seeds
 from rlspeed.tasks import cartpole, halfcheetah, pendulum
-from tests.conftest import run_cli
 
 # ---------------------------------------------------------------- helpers
 
@@ -298,22 +297,3 @@ def test_task_configs_compose(make_cfg, name, max_steps, kind):
     assert cfg.task.eval_episodes == 10
     assert make_cfg([f"task={name}", "task.max_steps=50"]).task.max_steps == 50
     assert TASKS.get(name).action_kind == kind
-
-
-CARTPOLE_RUN = [
-    "task=cartpole",
-    "total_steps=2000",
-    "log_every=1000",
-    "eval_every=1000",
-    "algo.learning_starts=500",
-    "tracking=none",
-    "progress=plain",
-]
-
-
-@pytest.mark.parametrize(
-    "engine", [["backend=torch", "env=gym-sync"], ["backend=flax", "env=jax-vmap", "num_envs=16"]]
-)
-def test_cartpole_dqn_runs_through_the_cli(tmp_path, engine):
-    result = run_cli([*CARTPOLE_RUN, *engine], cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]

@@ -24,7 +24,6 @@ from rlspeed.tasks.gridworld import (
     greedy_path,
     shortest_path_length,
 )
-from tests.conftest import run_cli
 
 RIGHT, DOWN, LEFT, UP = range(4)
 
@@ -254,27 +253,3 @@ def test_doors_state_index_on_random_walks(doors_index) -> None:
             assert seen.setdefault(key, cell_and_goal) == cell_and_goal  # unique per pair
             assert 0 <= key < tab.num_states(cfg)
     assert len(seen) > 4 * size
-
-
-# ---------------------------------------------------------------- the real CLI
-
-
-@pytest.mark.parametrize(
-    "engine_args",
-    [["backend=torch", "env=gym-sync"], ["backend=flax", "env=jax-vmap", "num_envs=16"]],
-    ids=["torch-gym-sync", "flax-jax-vmap"],
-)
-def test_cli_dqn_on_gridworld(engine_args: list[str], tmp_path) -> None:
-    args = [
-        "task=gridworld",
-        *engine_args,
-        "total_steps=2000",
-        "log_every=1000",
-        "eval_every=1000",
-        "algo.learning_starts=500",
-        "tracking=none",
-        "progress=plain",
-    ]
-    result = run_cli(args, cwd=tmp_path)
-    assert result.returncode == 0, result.stderr
-    assert "gridworld" in result.stdout

@@ -11,7 +11,7 @@ import pytest
 from rlspeed.config import validate
 from rlspeed.errors import ConfigError
 from rlspeed.run import run
-from tests.conftest import assert_one_line_error, logged_rows, run_cli, saved_agent
+from tests.conftest import logged_rows, run_cli, saved_agent
 
 # (algo, task, engine) -> (the key the error names, words of what would work).
 INVALID = [
@@ -43,20 +43,6 @@ def test_invalid_cell_is_rejected_before_any_work(
     assert "\n" not in message
     for fragment in fragments:
         assert fragment in message, message
-
-
-@pytest.mark.parametrize(
-    ("args", "fragments"),
-    [
-        (["algo=td3", "task=cartpole"], ["algo=td3", "dqn"]),
-        (["algo=qlearn", "task=pendulum"], ["algo=qlearn", "td3"]),
-        (["algo=td3", "task=halfcheetah", "env=jax-vmap"], ["env=jax-vmap", "gym-sync"]),
-    ],
-)
-def test_invalid_cell_through_the_cli(tmp_path, args, fragments):
-    result = run_cli([*args, "tracking=none"], cwd=tmp_path)
-    assert_one_line_error(result, *fragments)
-    assert not (tmp_path / "outputs").exists()
 
 
 ENGINES = ("gym-sync", "gym-async", "jax-vmap")

@@ -22,7 +22,7 @@ from rlspeed.algos.ppo.torch import TorchLearner
 from rlspeed.config import validate
 from rlspeed.errors import ConfigError
 from rlspeed.run import run
-from tests.conftest import assert_one_line_error, learner_cfg, run_cli, saved_agent
+from tests.conftest import learner_cfg, run_cli, saved_agent
 from tests.test_resume import _cut_after_first_log
 from tests.test_vpg import (
     _copy_flax_to_torch,
@@ -145,15 +145,6 @@ def test_bad_hyperparameter_is_one_clear_line(make_cfg, override, message):
     cfg = make_cfg(["algo=ppo", "task=cartpole", override])
     with pytest.raises(ConfigError, match=message.replace("*", r"\*")):
         validate(cfg)
-
-
-def test_bad_minibatch_count_through_the_cli(tmp_path):
-    result = run_cli(
-        ["algo=ppo", "task=cartpole", "num_envs=6", "algo.num_minibatches=5", "tracking=none"],
-        cwd=tmp_path,
-    )
-    assert_one_line_error(result, "invalid algo.num_minibatches=5", "32 * 6 = 192")
-    assert not (tmp_path / "outputs").exists()
 
 
 # ---------------------------------------------------------------- learning

@@ -18,7 +18,7 @@ from rlspeed.algos.qlearn.torch import TorchQTable
 from rlspeed.registry import TASKS
 from rlspeed.run import run
 from rlspeed.tasks.gridworld import greedy_path, shortest_path_length
-from tests.conftest import assert_one_line_error, learner_cfg, run_cli
+from tests.conftest import learner_cfg
 
 LEARNERS = {"torch": TorchQTable, "flax": FlaxQTable}
 COMBINATIONS = [(b, e) for b in ("torch", "flax") for e in ("gym-sync", "gym-async", "jax-vmap")]
@@ -132,16 +132,3 @@ def test_fused_seeds_are_one_program_with_per_seed_results(make_cfg, tmp_path, m
     for table in q:
         path = greedy_path(cfg.task, lambda obs, t=table: t[obs].argmax(axis=1))
         assert len(path) - 1 == shortest_path_length(cfg.task)
-
-
-@pytest.mark.parametrize(
-    ("args", "fragments"),
-    [
-        (["task=cartpole"], ["task=cartpole", "a task with a tabular state: doors, gridworld"]),
-        (["algo.alpha=0"], ["algo.alpha=0", "(0, 1]"]),
-    ],
-)
-def test_bad_qlearn_input_is_one_clear_line(tmp_path, args, fragments):
-    result = run_cli(["algo=qlearn", *args, "tracking=none"], cwd=tmp_path)
-    assert_one_line_error(result, *fragments)
-    assert not (tmp_path / "outputs").exists()

@@ -8,7 +8,6 @@ end of the iteration, so the checkpoint holds a whole one wherever that is.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -112,38 +111,6 @@ def test_sigterm_then_resume_ends_like_an_uninterrupted_run(tmp_path, path):
     assert evaluated.returncode == 0, evaluated.stderr[-2000:]
     assert f"rlspeed: score {a['score']:.4f}" in evaluated.stdout
     assert (tmp_path / "episode.gif").stat().st_size > 0
-
-
-BAD = [
-    (["resume=nowhere"], "invalid resume=nowhere: expected an existing run folder"),
-    (["resume=."], "invalid resume=.: expected a run folder (or a file in one) with resume.pkl"),
-    (["mode=eval"], "invalid checkpoint=None: expected a run folder or a checkpoint file"),
-    (["mode=eval", "checkpoint=."], "invalid checkpoint=.: expected a run folder"),
-    (["mode=test"], "invalid mode=test: expected one of train, eval"),
-    (["video=a.gif"], "invalid video=a.gif: expected null unless mode=eval"),
-    (["mode=eval", "checkpoint=run", "resume=run"], "invalid resume=run: expected null"),
-    (["mode=eval", "checkpoint=run", "video=a.avi"], "invalid video=a.avi: expected a file name"),
-    (["mode=eval", "checkpoint=run", "video=no/a.gif"], "expected a file in an existing folder"),
-    pytest.param(
-        ["mode=eval", "checkpoint=run/checkpoint.pt", "video=a.gif"],
-        "invalid video=a.gif: expected null: task=cartpole cannot be filmed here",
-        marks=pytest.mark.skipif(
-            importlib.util.find_spec("pygame") is not None, reason="pygame draws CartPole"
-        ),
-    ),
-]
-
-
-@pytest.mark.parametrize(("overrides", "line"), BAD)
-def test_bad_resume_and_eval_keys_are_one_line(tmp_path, overrides, line):
-    # A run folder as far as the checks look (its files are not read before the run).
-    (tmp_path / "run").mkdir()
-    (tmp_path / "run" / "config.yaml").write_text("task: {name: cartpole, max_steps: 500}\n")
-    (tmp_path / "run" / "checkpoint.pt").write_bytes(b"")
-    result = run_cli([*overrides, "tracking=none"], tmp_path)
-    assert result.returncode == 2
-    assert_one_line_error(result, line)
-    assert not (tmp_path / "outputs").exists()
 
 
 def test_a_signal_waits_for_the_end_of_the_iteration():

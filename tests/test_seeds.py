@@ -87,14 +87,6 @@ def test_host_seeds_run_one_after_another_each_like_a_single_run(make_cfg, tmp_p
     assert names == ["checkpoint_seed0.pt", "checkpoint_seed1.pt"]
 
 
-def test_num_seeds_below_one_is_one_clear_line(tmp_path):
-    from tests.conftest import assert_one_line_error
-
-    result = run_cli([*SEEDED, "num_seeds=0"], cwd=tmp_path)
-    assert_one_line_error(result, "num_seeds", "0", ">= 1")
-    assert not (tmp_path / "outputs").exists()
-
-
 def test_streams_of_a_run_and_of_nearby_seeds_never_coincide():
     """One SeedSequence per seed, spawned per purpose: env i of seed 1 is not env i - 1 of
     seed 2 (as seed + i made it), nor any other stream of either."""

@@ -10,13 +10,12 @@ import json
 from pathlib import Path
 
 import optuna
-import pytest
 import yaml
 from omegaconf import OmegaConf
 
 from rlspeed.cli import CONF_DIR
 from rlspeed.sweep import TrialReporter, open_storage, study_value
-from tests.conftest import assert_one_line_error, run_cli
+from tests.conftest import run_cli
 
 TINY = [
     "backend=torch",
@@ -114,20 +113,3 @@ def test_reported_scores_are_rounded_so_that_ties_tie():
     values = [t.intermediate_values[5] for t in study.get_trials()]
     assert values == [0.3, 0.3]
     assert study_value(2 / 3) == 0.666667 and study_value(123456789.0) == 123457000.0
-
-
-@pytest.mark.parametrize(
-    ("args", "fragments"),
-    [
-        (["hydra.sweeper.direction=[maximize,minimize]"], ["objectives=null", "wall_time_s"]),
-        (
-            ["hydra.sweeper.direction=[maximize,minimize]", "hydra.sweeper.objectives=[score]"],
-            ["objectives=[score]", "expected 2 of score", "direction=[maximize,minimize]"],
-        ),
-        (["hydra.sweeper.objectives=[speed]"], ["objectives=[speed]", "unknown name speed"]),
-    ],
-)
-def test_bad_objectives_get_one_clear_line(tmp_path, args, fragments):
-    result = run_cli(["-m", "hparams=dqn_search", "tracking=none", *args], cwd=tmp_path)
-    assert_one_line_error(result, *fragments)
-    assert not (tmp_path / "outputs").exists(), "no trial may start on bad input"

@@ -20,7 +20,7 @@ from rlspeed.config import validate
 from rlspeed.errors import ConfigError
 from rlspeed.registry import TASKS
 from rlspeed.run import run
-from tests.conftest import assert_one_line_error, learner_cfg, run_cli
+from tests.conftest import learner_cfg
 
 # A deliberately lopsided action box: the tanh scaling must map onto [low, high] exactly.
 BOX_OBS = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
@@ -187,19 +187,6 @@ def test_fused_stack_learns_pendulum_with_seeds_in_one_program(make_cfg, tmp_pat
     assert metrics["env_steps"] == 3 * 4000 and metrics["gradient_updates"] == 3 * (4000 - 300)
     # One program: one checkpoint with the three agents' parameters side by side.
     assert [p.name for p in (tmp_path / "run").glob("checkpoint*")] == ["checkpoint.msgpack"]
-
-
-@pytest.mark.parametrize(
-    ("args", "fragments"),
-    [
-        (["env=jax-vmap", "task=halfcheetah"], ["env=jax-vmap", "gym-async, gym-sync"]),
-        (["task=cartpole"], ["algo=td3", "discrete actions", "dqn"]),
-    ],
-)
-def test_incompatible_choices_fail_with_one_line(args, fragments, tmp_path):
-    result = run_cli(["algo=td3", *args, "tracking=none"], cwd=tmp_path)
-    assert_one_line_error(result, *fragments)
-    assert not (tmp_path / "outputs").exists(), "no run may start on bad input"
 
 
 @pytest.mark.parametrize(

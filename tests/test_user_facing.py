@@ -15,8 +15,9 @@ from importlib.metadata import version
 from pathlib import Path
 
 from mlflow import MlflowClient
+from omegaconf import OmegaConf
 
-from tests.conftest import REPO_ROOT, RLSPEED, cli_env, run_cli
+from tests.conftest import REPO_ROOT, RLSPEED, cli_env, logged_rows, run_cli, saved_agent
 
 SPEC_COMMANDS = (
     "rlspeed backend=flax env=jax-vmap num_envs=384",
@@ -65,6 +66,26 @@ def test_version_prints_the_installed_version_without_loading_hydra(tmp_path: Pa
     assert loaded.stdout.splitlines()[-1] == "[]", loaded.stdout + loaded.stderr
 
 
+def test_cfg_job_prints_the_composed_config(tmp_path: Path) -> None:
+    """Hydra's own flags work next to rlspeed's checks."""
+    result = run_cli(["--cfg", "job", "backend=torch", "env=gym-sync"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "name: torch" in result.stdout and "name: gym-sync" in result.stdout
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_multirun_grid_with_hydra_basic_sweeper(tmp_path):
+    """`rlspeed -m backend=torch,flax ...` runs one job per combination."""
+    args = ["-m", "backend=torch,flax", "env=gym-sync", "tracking=none", "progress=plain"]
+    budget = ["total_steps=600", "log_every=300", "eval_every=600", "algo.learning_starts=200"]
+    result = run_cli([*args, *budget, "num_envs=2", "algo.batch_size=16"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    jobs = sorted(p.name for p in (tmp_path / "outputs" / "multirun").glob("*/*/*") if p.is_dir())
+    assert jobs == ["0_torch_gym-sync_dqn_doors", "1_flax_gym-sync_dqn_doors"]
+    for job in (tmp_path / "outputs" / "multirun").glob("*/*/*_dqn_doors"):
+        assert (job / "metrics.json").exists() and (job / "learning_curve.png").exists()
+
+
 def _on_a_terminal(args: list[str], cwd: Path) -> tuple[int, str]:
     """Run ``rlspeed`` with a pseudo-terminal as its stdout and stderr: (exit code, output)."""
     primary, secondary = pty.openpty()
@@ -94,6 +115,27 @@ def _png_width(path: Path) -> int:
     return struct.unpack(">I", path.read_bytes()[16:20])[0]  # IHDR's width
 
 
+# What a finished run leaves in its folder besides its checkpoint.
+RUN_FILES = [
+    ".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrides.yaml", "config.yaml",
+    "learning_curve.png", "metrics.json", "resume.pkl", "rlspeed.log",
+]  # fmt: skip
+
+
+def _check_run_folder(out: Path, checkpoint: str, total_steps: int) -> dict:
+    """Every file a finished run leaves, each holding what a user reads in it; its metrics."""
+    files = sorted(str(path.relative_to(out)) for path in out.rglob("*") if path.is_file())
+    assert files == sorted([*RUN_FILES, checkpoint])
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["status"] == "FINISHED" and metrics["env_steps"] == total_steps
+    assert OmegaConf.load(out / "config.yaml").total_steps == total_steps
+    assert (out / "learning_curve.png").read_bytes().startswith(b"\x89PNG")
+    assert len(logged_rows(out)) == total_steps // OmegaConf.load(out / "config.yaml").log_every
+    assert saved_agent(out)  # the checkpoint loads
+    assert "rlspeed run" in (out / "rlspeed.log").read_text()
+    return metrics
+
+
 def test_terminal_run_logs_progress_summary_compile_phase_and_eta(tmp_path: Path) -> None:
     """A fused run on a terminal: rich draws the bar (compiling, then training), and
     rlspeed.log still gets every progress line and the summary; the ETA leaves the compile
@@ -115,6 +157,7 @@ def test_terminal_run_logs_progress_summary_compile_phase_and_eta(tmp_path: Path
         tmp_path,
     )
     assert code == 0, screen[-3000:]
+    _check_run_folder(out, "checkpoint.msgpack", total_steps=8192)
     assert "compiling" in screen and "━" in screen  # the rich bar, in its compile phase
     log = (out / "rlspeed.log").read_text()
     assert "rlspeed: compiling the training program" in log
@@ -166,8 +209,10 @@ def test_summary_shows_full_paths_and_how_to_open_the_run(tmp_path: Path) -> Non
         cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr
-    run_id = json.loads((out / "metrics.json").read_text())["mlflow_run_id"]
+    run_id = _check_run_folder(out, "checkpoint.pt", total_steps=2000)["mlflow_run_id"]
     client = MlflowClient(f"sqlite:///{db}")
+    artifacts = sorted(artifact.path for artifact in client.list_artifacts(run_id))
+    assert artifacts == ["checkpoint.pt", "config.yaml", "learning_curve.png", "metrics.json"]
     experiment = client.get_run(run_id).info.experiment_id
     lines = result.stdout.splitlines()
     page = f"http://127.0.0.1:5000/#/experiments/{experiment}/runs/{run_id}"

@@ -131,6 +131,19 @@ def assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str) 
     assert "Traceback" not in result.stderr
 
 
+def slow_but(fast: Any, cases: list[Any]) -> list[Any]:
+    """Parametrize cases with all but ``fast`` marked slow: the default selection keeps one
+    case (the fastest stack's), ``pytest -m slow`` runs the others."""
+
+    def values(case: Any) -> tuple:
+        return case if isinstance(case, tuple) else (case,)
+
+    return [
+        case if case == fast else pytest.param(*values(case), marks=pytest.mark.slow)
+        for case in cases
+    ]
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

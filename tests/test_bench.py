@@ -78,6 +78,7 @@ CHECKS = {
 }
 
 
+@pytest.mark.bench
 @pytest.mark.parametrize("name", sorted(CHECKS))
 def test_quick_benchmark_writes_csv_markdown_and_plot(name, tmp_path):
     result = _bench([name, "--quick", "--out", "results"], cwd=tmp_path)

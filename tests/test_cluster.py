@@ -27,7 +27,10 @@ from tests.conftest import RLSPEED, cli_env
 from tests.local_cluster import URGENT_PARTITION, LocalCluster, unavailable
 
 REASON = unavailable()
-pytestmark = pytest.mark.skipif(REASON is not None, reason=f"no local SLURM cluster: {REASON}")
+pytestmark = [
+    pytest.mark.cluster,
+    pytest.mark.skipif(REASON is not None, reason=f"no local SLURM cluster: {REASON}"),
+]
 
 # A cheap DQN trial: ~2 s of training on torch + gym-sync, plus the job's start.
 TRIAL = [

@@ -7,6 +7,8 @@ import json
 import os
 import re
 
+import pytest
+
 from tests.conftest import run_cli, without_rates
 
 FUSED_RUN = [
@@ -24,6 +26,7 @@ def _run(tmp_path, name: str, *extra: str, env: dict[str, str] | None = None):
     return json.loads((run_dir / "metrics.json").read_text()), result.stdout + result.stderr
 
 
+@pytest.mark.slow
 def test_second_run_loads_every_program_from_the_cache(tmp_path):
     cache = f"backend.compilation_cache={tmp_path / 'xla'}"
     first, _ = _run(tmp_path, "first", cache)
@@ -38,6 +41,7 @@ def test_second_run_loads_every_program_from_the_cache(tmp_path):
     assert learned and {k: second["final"][k] for k in learned} == learned
 
 
+@pytest.mark.slow
 def test_default_cache_follows_xdg_cache_home_and_null_turns_it_off(tmp_path):
     home = tmp_path / "cache-home"
     _run(tmp_path, "default", env={"XDG_CACHE_HOME": str(home)})

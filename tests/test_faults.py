@@ -14,8 +14,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import start_cli
 from tests.test_tracking import _only_run, mlflow_server
+
+# Fault injection: each test kills, fills or signals a real run.
+pytestmark = pytest.mark.slow
 
 # A host-driven torch run: starts in seconds, logs every 1000 steps.
 HOST_RUN = [

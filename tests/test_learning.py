@@ -14,7 +14,7 @@ import pytest
 
 from rlspeed.registry import TASKS
 from rlspeed.run import run
-from tests.conftest import logged_rows, saved_agent
+from tests.conftest import logged_rows, saved_agent, slow_but
 
 COMBINATIONS = [(b, e) for b in ("torch", "flax") for e in ("gym-sync", "gym-async", "jax-vmap")]
 
@@ -57,7 +57,7 @@ def _best_score(make_cfg) -> float:
     return total_distance / total_steps
 
 
-@pytest.mark.parametrize(("backend", "engine"), COMBINATIONS)
+@pytest.mark.parametrize(("backend", "engine"), slow_but(("flax", "jax-vmap"), COMBINATIONS))
 def test_every_combination_learns_doors(backend, engine, make_cfg, tmp_path, monkeypatch):
     cfg = make_cfg([f"backend={backend}", f"env={engine}", *SMALL_DOORS])
     score = _run_in(tmp_path / "run", monkeypatch, cfg)

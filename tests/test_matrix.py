@@ -11,7 +11,7 @@ import pytest
 from rlspeed.config import validate
 from rlspeed.errors import ConfigError
 from rlspeed.run import run
-from tests.conftest import logged_rows, run_cli, saved_agent
+from tests.conftest import logged_rows, run_cli, saved_agent, slow_but
 
 # (algo, task, engine) -> (the key the error names, words of what would work).
 INVALID = [
@@ -111,6 +111,7 @@ def _train(make_cfg, folder, monkeypatch, algo, task, backend, engine, *override
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("algo", "task", "backend", "engine"), LEARNING_CELLS)
 def test_valid_cell_learns(make_cfg, tmp_path, monkeypatch, algo, task, backend, engine):
     overrides, beats = LEARNS[(algo, task)]
@@ -119,8 +120,12 @@ def test_valid_cell_learns(make_cfg, tmp_path, monkeypatch, algo, task, backend,
     assert score >= beats, f"{algo} {task} {backend}+{engine}: score {score}"
 
 
-@pytest.mark.parametrize(("algo", "task"), sorted(LEARNS))
-@pytest.mark.parametrize("backend", ["torch", "flax"])
+ASYNC_CELLS = [(*pair, backend) for pair in sorted(LEARNS) for backend in ("torch", "flax")]
+
+
+@pytest.mark.parametrize(
+    ("algo", "task", "backend"), slow_but(("qlearn", "doors", "torch"), ASYNC_CELLS)
+)
 def test_gym_async_cell_trains_exactly_as_gym_sync(
     make_cfg, tmp_path, monkeypatch, algo, task, backend
 ):
@@ -155,6 +160,7 @@ SMOKE = {
 SMOKE_ENGINES = {"halfcheetah": ("gym-sync", "gym-async"), "pendulum": ENGINES}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("algo", "task"), sorted(SMOKE))
 def test_smoke_cells_train_on_every_stack(tmp_path, algo, task):
     engines = SMOKE_ENGINES[task]

@@ -22,7 +22,7 @@ from rlspeed.algos.ppo.torch import TorchLearner
 from rlspeed.config import validate
 from rlspeed.errors import ConfigError
 from rlspeed.run import run
-from tests.conftest import learner_cfg, run_cli, saved_agent
+from tests.conftest import learner_cfg, run_cli, saved_agent, slow_but
 from tests.test_resume import _cut_after_first_log
 from tests.test_vpg import (
     _copy_flax_to_torch,
@@ -169,7 +169,10 @@ def _run_in(directory: Path, monkeypatch, cfg) -> dict:
     return json.loads((directory / "metrics.json").read_text())
 
 
-@pytest.mark.parametrize(("backend", "engine"), [("torch", "gym-sync"), ("flax", "gym-async")])
+@pytest.mark.parametrize(
+    ("backend", "engine"),
+    slow_but(("torch", "gym-sync"), [("torch", "gym-sync"), ("flax", "gym-async")]),
+)
 def test_host_driven_stack_learns_cartpole(backend, engine, make_cfg, tmp_path, monkeypatch):
     cfg = make_cfg([f"backend={backend}", f"env={engine}", *SMALL_CARTPOLE])
     metrics = _run_in(tmp_path / "run", monkeypatch, cfg)
@@ -179,6 +182,7 @@ def test_host_driven_stack_learns_cartpole(backend, engine, make_cfg, tmp_path, 
     assert metrics["score"] > LEARNED_RETURN, metrics
 
 
+@pytest.mark.slow
 def test_fused_stack_learns_cartpole_with_three_seeds(make_cfg, tmp_path, monkeypatch):
     """num_seeds=3 on flax + jax-vmap: one vmapped program, three per-seed results."""
     cfg = make_cfg([*SMALL_CARTPOLE, "backend=flax", "env=jax-vmap", "num_seeds=3"])
@@ -193,6 +197,7 @@ def test_fused_stack_learns_cartpole_with_three_seeds(make_cfg, tmp_path, monkey
 # ---------------------------------------------------------------- resume, mode=eval
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("backend", "engine"), [("torch", "gym-sync"), ("flax", "jax-vmap")])
 def test_resumed_run_ends_like_the_whole_one_and_eval_scores_it(backend, engine, tmp_path):
     """A run cut by SIGTERM and resumed ends with the uninterrupted run's numbers and weights

@@ -18,7 +18,7 @@ from rlspeed.algos.qlearn.torch import TorchQTable
 from rlspeed.registry import TASKS
 from rlspeed.run import run
 from rlspeed.tasks.gridworld import greedy_path, shortest_path_length
-from tests.conftest import learner_cfg
+from tests.conftest import learner_cfg, slow_but
 
 LEARNERS = {"torch": TorchQTable, "flax": FlaxQTable}
 COMBINATIONS = [(b, e) for b in ("torch", "flax") for e in ("gym-sync", "gym-async", "jax-vmap")]
@@ -89,7 +89,7 @@ def test_batched_update_averages_duplicates_alike_on_both_backends():
     np.testing.assert_array_equal(tables["flax"], expected)
 
 
-@pytest.mark.parametrize(("backend", "engine"), COMBINATIONS)
+@pytest.mark.parametrize(("backend", "engine"), slow_but(("torch", "gym-sync"), COMBINATIONS))
 def test_every_stack_learns_a_shortest_path(backend, engine, make_cfg, tmp_path, monkeypatch):
     overrides = [f"backend={backend}", f"env={engine}", "algo=qlearn", "task=gridworld"]
     cfg = make_cfg([*overrides, *QUIET, "total_steps=4000", "eval_every=4000"])
@@ -102,6 +102,7 @@ def test_every_stack_learns_a_shortest_path(backend, engine, make_cfg, tmp_path,
     assert metrics["env_steps"] == 4000 and metrics["gradient_updates"] == 4000 // 8
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("backend", "engine"), [("torch", "gym-sync"), ("flax", "jax-vmap")])
 def test_learns_doors(backend, engine, make_cfg, tmp_path, monkeypatch):
     overrides = [f"backend={backend}", f"env={engine}", "algo=qlearn", "task=doors"]

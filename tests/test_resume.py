@@ -19,7 +19,14 @@ import pytest
 
 from rlspeed.checkpoint import deferred_interrupts
 from rlspeed.errors import ConfigError
-from tests.conftest import assert_one_line_error, logged_rows, run_cli, saved_agent, start_cli
+from tests.conftest import (
+    assert_one_line_error,
+    logged_rows,
+    run_cli,
+    saved_agent,
+    slow_but,
+    start_cli,
+)
 
 # Tiny DQN runs on GridWorld (one-hot of 25 cells): a few seconds each.
 DQN = [
@@ -62,7 +69,7 @@ def _cut_after_first_log(args: list[str], cwd: Path) -> str:
     return "".join(lines)
 
 
-@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("path", slow_but("flax-jax-vmap", list(PATHS)))
 def test_sigterm_then_resume_ends_like_an_uninterrupted_run(tmp_path, path):
     args = [*DQN, *PATHS[path], *LOGS]
     whole = run_cli([*args, "hydra.run.dir=whole"], tmp_path)

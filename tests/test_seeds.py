@@ -30,6 +30,7 @@ def _run_in(directory: Path, monkeypatch, cfg) -> float:
     return run(cfg)
 
 
+@pytest.mark.slow
 def test_fused_seeds_train_as_one_program_logged_per_seed_and_as_mean(
     make_cfg, tmp_path, monkeypatch
 ):

@@ -52,6 +52,7 @@ def _states(spec: str) -> list[str]:
     return [t.state.name for t in _trials(spec)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["journal", "sqlite"])
 def test_a_second_sweep_fails_only_the_trials_whose_sweep_is_gone(tmp_path, kind):
     """RUNNING trials of a concurrent sweep, on this host (a live process) or another (a
@@ -106,6 +107,7 @@ def test_a_second_sweep_fails_only_the_trials_whose_sweep_is_gone(tmp_path, kind
     assert _trials(spec)[4].intermediate_values
 
 
+@pytest.mark.slow
 def test_two_sweeps_started_together_run_n_trials_in_all(tmp_path):
     spec = f"{tmp_path}/race.journal"
     args = [*SWEEP, f"hydra.sweeper.storage={spec}", "hydra.sweeper.n_trials=2"]
@@ -123,6 +125,7 @@ def test_two_sweeps_started_together_run_n_trials_in_all(tmp_path):
     assert sum(output.count(": COMPLETE, value") for output in outputs) == 2
 
 
+@pytest.mark.slow
 def test_a_journal_cut_short_by_a_full_disk_resumes(tmp_path):
     """A sweep died of a full disk while writing its last record: the same command again
     drops that record (keeping a copy) and resumes with the earlier trials. The relative

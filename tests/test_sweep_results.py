@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 import optuna
+import pytest
 import yaml
 from omegaconf import OmegaConf
 
@@ -39,6 +40,7 @@ MULTI = [
 PARAMS = list(OmegaConf.load(Path(CONF_DIR) / "hparams" / "dqn_search.yaml").hydra.sweeper.params)
 
 
+@pytest.mark.slow
 def test_multi_objective_sweep_optimizes_named_metrics_and_plots_the_pareto_front(tmp_path):
     result = run_cli([*MULTI, "hydra.sweeper.objectives=[score,wall_time_s]"], cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -154,6 +154,7 @@ def test_study_prunes_tracks_in_mlflow_and_resumes(tmp_path):
     }
 
 
+@pytest.mark.slow
 def test_parallel_trials_with_joblib_are_neither_lost_nor_duplicated(tmp_path):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     args = [
@@ -178,6 +179,7 @@ def test_parallel_trials_with_joblib_are_neither_lost_nor_duplicated(tmp_path):
     assert jobs == [f"{n}_torch_gym-sync_dqn_doors" for n in range(4)]
 
 
+@pytest.mark.slow
 def test_config_written_for_hydra_optuna_sweeper_runs_unchanged(tmp_path):
     """The documented example's keys and params syntax, as an hparams option of one's own."""
     conf = tmp_path / "conf" / "hparams"
@@ -221,6 +223,7 @@ def test_config_written_for_hydra_optuna_sweeper_runs_unchanged(tmp_path):
         assert trial.params["task.max_steps"] in (10, 12, 14, 16)  # range() excludes its stop
 
 
+@pytest.mark.slow
 def test_failed_trials_within_max_failure_rate(tmp_path):
     """A trial whose run fails FAILs; the sweep goes on within max_failure_rate and stops
     with one line beyond it."""
@@ -253,6 +256,7 @@ def test_failed_trials_within_max_failure_rate(tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_killed_sweep_resumes_and_records_the_interrupted_trial_as_fail(tmp_path):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     args = [

@@ -167,6 +167,7 @@ HOST_DRIVEN = [("torch", "gym-sync"), ("torch", "gym-async"), ("torch", "jax-vma
 HOST_DRIVEN += [("flax", "gym-sync"), ("flax", "gym-async")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("backend", "engine"), HOST_DRIVEN)
 def test_host_driven_stacks_learn_pendulum(backend, engine, make_cfg, tmp_path, monkeypatch):
     cfg = make_cfg([f"backend={backend}", f"env={engine}", *SMALL_PENDULUM])

@@ -13,6 +13,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 from mlflow.tracking import MlflowClient
 
 from tests.conftest import SMALL, free_port, run_cli
@@ -49,6 +50,7 @@ def test_finished_run_has_params_metrics_tags_and_artifacts(tmp_path):
     assert metrics["status"] == "FINISHED" and metrics["env_steps"] >= 4000
 
 
+@pytest.mark.slow
 def test_mlflow_tracking_uri_environment_variable_is_honoured(tmp_path):
     uri = f"sqlite:///{tmp_path}/from_env.db"
     args = [*SMALL, "total_steps=1000", "backend=torch", "env=gym-sync", "num_envs=2"]
@@ -58,6 +60,7 @@ def test_mlflow_tracking_uri_environment_variable_is_honoured(tmp_path):
     assert run.info.status == "FINISHED" and run.data.tags["backend"] == "torch"
 
 
+@pytest.mark.slow
 def test_diverging_run_is_failed_and_keeps_what_was_recorded(tmp_path):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     args = [*SMALL, "algo.learning_rate=1e30", "algo.learning_starts=1500", f"tracking.uri={uri}"]
@@ -114,6 +117,7 @@ def mlflow_server(tmp_path: Path) -> Iterator[tuple[subprocess.Popen, str]]:
         server.wait(timeout=30)
 
 
+@pytest.mark.slow
 def test_run_logged_to_a_real_mlflow_server(tmp_path):
     """tracking.uri=http://...: a real `mlflow server` on loopback stores and serves the run."""
     with mlflow_server(tmp_path) as (_, uri):

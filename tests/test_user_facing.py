@@ -14,6 +14,7 @@ import sys
 from importlib.metadata import version
 from pathlib import Path
 
+import pytest
 from mlflow import MlflowClient
 from omegaconf import OmegaConf
 
@@ -74,6 +75,7 @@ def test_cfg_job_prints_the_composed_config(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_multirun_grid_with_hydra_basic_sweeper(tmp_path):
     """`rlspeed -m backend=torch,flax ...` runs one job per combination."""
     args = ["-m", "backend=torch,flax", "env=gym-sync", "tracking=none", "progress=plain"]

@@ -27,7 +27,7 @@ from rlspeed.envs.doors import DoorsEnv
 from rlspeed.errors import ConfigError
 from rlspeed.registry import TASKS
 from rlspeed.run import run
-from tests.conftest import learner_cfg
+from tests.conftest import learner_cfg, slow_but
 
 # ---------------------------------------------------------------- torch == flax
 
@@ -224,7 +224,7 @@ def _run_in(directory: Path, monkeypatch, cfg) -> dict:
     return json.loads((directory / "metrics.json").read_text())
 
 
-@pytest.mark.parametrize(("backend", "engine"), HOST_STACKS)
+@pytest.mark.parametrize(("backend", "engine"), slow_but(("torch", "gym-sync"), HOST_STACKS))
 def test_every_host_driven_stack_learns_cartpole(backend, engine, make_cfg, tmp_path, monkeypatch):
     cfg = make_cfg([f"backend={backend}", f"env={engine}", *SMALL_CARTPOLE])
     metrics = _run_in(tmp_path / "run", monkeypatch, cfg)
@@ -234,6 +234,7 @@ def test_every_host_driven_stack_learns_cartpole(backend, engine, make_cfg, tmp_
     assert metrics["score"] > 3 * RANDOM_CARTPOLE_RETURN, metrics
 
 
+@pytest.mark.slow
 def test_fused_stack_learns_cartpole_with_three_seeds(make_cfg, tmp_path, monkeypatch):
     """num_seeds=3 on flax + jax-vmap: one vmapped program, three per-seed results."""
     cfg = make_cfg([*SMALL_CARTPOLE, "backend=flax", "env=jax-vmap", "num_seeds=3"])
@@ -247,6 +248,7 @@ def test_fused_stack_learns_cartpole_with_three_seeds(make_cfg, tmp_path, monkey
         assert seed["score"] > 3 * RANDOM_CARTPOLE_RETURN, seed
 
 
+@pytest.mark.slow
 def test_gaussian_policy_learns_pendulum(make_cfg, tmp_path, monkeypatch):
     """The fused stack, with conf/algo_task/vpg_pendulum.yaml's settings on a shorter budget."""
     # 512 batches of 16 envs x 16 steps, logged every 64 (one compiled chunk length).

@@ -11,7 +11,6 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from rlspeed.checkpoint import check_modes
 from rlspeed.errors import ConfigError
 from rlspeed.registry import ALGOS, BACKENDS, ENGINES, TASKS, TRACKERS
 
@@ -154,6 +153,9 @@ def validate(cfg: DictConfig) -> None:
     # After the sizes it reads are checked; before resume= compares the config with the
     # saved one, which holds the number its run picked.
     resolve_threads(cfg)
+    # Reads run folders (NumPy, pickles): loaded only once every setting above is checked.
+    from rlspeed.checkpoint import check_modes
+
     check_modes(cfg)
 
 

@@ -1,7 +1,8 @@
 """One registry per config group, filled by discovering the modules of a package.
 
 Each module of a registered package exposes ``SPEC``: an object with a ``name``
-equal to the config option that selects it. Adding an algorithm, task, engine,
+equal to the config option that selects it; shared code beside them is a private module
+(``_name``), or a plain module in a package of subpackages. Adding an algorithm, task, engine,
 backend or tracker is therefore one module plus one YAML file.
 """
 
@@ -32,7 +33,7 @@ class Registry(Generic[SpecT]):
             specs: dict[str, SpecT] = {}
             pkg = importlib.import_module(self.package)
             for info in pkgutil.iter_modules(pkg.__path__):
-                if self.subpackages and not info.ispkg:
+                if info.name.startswith("_") or (self.subpackages and not info.ispkg):
                     continue  # shared code beside the options (importing it costs every start)
                 module = importlib.import_module(f"{self.package}.{info.name}")
                 spec: Any = getattr(module, "SPEC", None)

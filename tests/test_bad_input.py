@@ -288,12 +288,14 @@ def test_the_command_refuses_with_one_line_and_creates_nothing(tmp_path, args, f
 
 
 def test_a_config_error_loads_neither_jax_nor_torch(tmp_path):
-    """A typo is answered at start-up cost: the check reads settings, never a backend."""
+    """A typo is answered at start-up cost: the check reads settings, never a backend, an
+    env or an array (NumPy alone costs a third of a rejected command's CPU time)."""
+    heavy = ("jax", "torch", "flax", "numpy", "gymnasium")
     script = (
         "import sys\n"
         "from rlspeed.cli import main\n"
         "try:\n    main()\n"
-        "finally:\n    print(sorted(m for m in ('jax', 'torch', 'flax') if m in sys.modules))"
+        f"finally:\n    print(sorted(m for m in {heavy} if m in sys.modules))"
     )
     for bad in ("num_envs=0", "algo.learning_rate=inf", "task.grid_size=2"):
         result = subprocess.run(

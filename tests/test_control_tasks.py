@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 
 from rlspeed.envs.vmap import VmapEnv
 from rlspeed.registry import TASKS
@@ -190,7 +191,7 @@ def test_cartpole_vmap_constant_push_terminates_early_with_return_equal_length()
         assert length == first + 1 < 20
         assert res.episode_return[first, i] == length
         # The cart was pushed right until the pole fell left.
-        assert res.final_obs[first, i, 2] < -cartpole.CartPoleEnv().theta_threshold_radians
+        assert res.final_obs[first, i, 2] < -CartPoleEnv().theta_threshold_radians
     # The same push ends Gymnasium's episodes after as few steps.
     gym_lengths = hand_mean_return("CartPole-v1", lambda o: np.ones(1, np.int64), 8, 0)[1]
     assert max(gym_lengths) < 20

@@ -1,19 +1,20 @@
-"""Step arithmetic shared by the host loops (``xp=numpy``) and jitted ones (``xp=jax.numpy``)."""
+"""Step arithmetic shared by the host loops (Python numbers) and jitted ones
+(``xp=jax.numpy``): ``xp`` is the array namespace of traced or batched steps, None for
+Python numbers (the config checks count updates with it, before NumPy is loaded)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 
-
-def multiples_between(prev: Any, step: Any, every: int, start: int, xp: Any = np) -> Any:
+def multiples_between(prev: Any, step: Any, every: int, start: int, xp: Any = None) -> Any:
     """How many multiples of ``every`` lie in ``(max(prev, start), step]``.
 
     Env steps advance ``num_envs`` at a time; counting the multiples crossed makes
     "one update every k env steps" mean the same thing for any ``num_envs``.
     """
-    return xp.maximum(step // every - xp.maximum(prev, start) // every, 0)
+    maximum = max if xp is None else xp.maximum
+    return maximum(step // every - maximum(prev, start) // every, 0)
 
 
 def steps_run(total_steps: int, num_envs: int) -> int:
@@ -36,12 +37,13 @@ def polyak_weight(tau: float, crossings: Any) -> Any:
     return 1.0 - (1.0 - tau) ** crossings
 
 
-def linear_schedule(step: Any, start: float, end: float, duration: float, xp: Any = np) -> Any:
+def linear_schedule(step: Any, start: float, end: float, duration: float, xp: Any = None) -> Any:
     """``start`` at step 0, linearly to ``end`` at ``duration``, then ``end``."""
-    return start + (end - start) * xp.minimum(step / max(duration, 1.0), 1.0)
+    minimum = min if xp is None else xp.minimum
+    return start + (end - start) * minimum(step / max(duration, 1.0), 1.0)
 
 
-def epsilon_at(step: Any, algo: Any, total_steps: int, xp: Any = np) -> Any:
+def epsilon_at(step: Any, algo: Any, total_steps: int, xp: Any = None) -> Any:
     """Exploration rate at env ``step``: ``algo.start_e`` linearly to ``algo.end_e`` over
     ``algo.exploration_fraction`` of the run (DQN and tabular Q-learning)."""
     duration = algo.exploration_fraction * total_steps

@@ -6,12 +6,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from rlspeed.errors import ConfigError
 
-# A batched greedy policy: observations [B, ...] -> actions [B].
-Policy = Callable[[np.ndarray], np.ndarray]
+# A batched greedy policy: observations [B, ...] -> actions [B] (NumPy arrays). Tasks load
+# NumPy and Gymnasium only to build or score an env: a config check reads no array.
+Policy = Callable[[Any], Any]
 
 
 @dataclass(frozen=True)

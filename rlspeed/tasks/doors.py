@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
-
-import gymnasium as gym
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from rlspeed.config import TaskConfig
 from rlspeed.errors import ConfigError
 from rlspeed.tasks import Policy, TabularSpec, TaskSpec, check_settings
+
+# Gymnasium (and NumPy) load when an env is built or scored, not when a config is checked.
+if TYPE_CHECKING:
+    import gymnasium as gym
 
 # The score is measured at the seed's episode length, whatever the training length.
 STANDARD_MAX_STEPS = 32
@@ -25,6 +26,8 @@ class DoorsTaskConfig(TaskConfig):
 
 
 def make_env(cfg: Any) -> gym.Env:
+    import gymnasium as gym
+
     import rlspeed.envs  # noqa: F401  (registers rlspeed/Doors-v0)
 
     return gym.make(
@@ -54,6 +57,8 @@ def validate(cfg: Any) -> None:
 def evaluate(cfg: Any, policy: Policy, seed: int) -> float:
     """Step reward ratio of the greedy policy over every start column: the exact
     expectation over the uniform start, so the score has no sampling noise."""
+    import numpy as np
+
     from rlspeed.envs.doors import DoorsEnv
 
     width = cfg.grid_size

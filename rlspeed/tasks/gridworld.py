@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
-
-import gymnasium as gym
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from rlspeed.config import TaskConfig
 from rlspeed.tasks import Policy, TabularSpec, TaskSpec, check_settings
+
+# Gymnasium (and NumPy) load when an env is built or scored, not when a config is checked.
+if TYPE_CHECKING:
+    import gymnasium as gym
 
 # Greedy evaluation always runs at this episode length, whatever the training length.
 STANDARD_MAX_STEPS = 50
@@ -23,6 +24,8 @@ class GridWorldTaskConfig(TaskConfig):
 
 
 def make_env(cfg: Any) -> gym.Env:
+    import gymnasium as gym
+
     import rlspeed.envs  # noqa: F401  (registers rlspeed/GridWorld-v0)
 
     return gym.make("rlspeed/GridWorld-v0", size=cfg.size, max_episode_steps=cfg.max_steps)
@@ -36,6 +39,8 @@ def make_functional(cfg: Any) -> Any:
 
 def _greedy_episode(cfg: Any, policy: Policy) -> tuple[list[int], float]:
     """Cells visited by the greedy policy from the start, and the episode's return."""
+    import numpy as np
+
     from rlspeed.envs.gridworld import GridWorldEnv
 
     env = GridWorldEnv(size=cfg.size)

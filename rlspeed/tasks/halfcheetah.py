@@ -5,13 +5,14 @@ from __future__ import annotations
 import functools
 import logging
 from dataclasses import dataclass
-from typing import Any
-
-import gymnasium as gym
+from typing import TYPE_CHECKING, Any
 
 from rlspeed.config import TaskConfig
 from rlspeed.tasks import Policy, TaskSpec
-from rlspeed.tasks.episodes import mean_greedy_return
+
+# Gymnasium (and NumPy) load when an env is built or scored, not when a config is checked.
+if TYPE_CHECKING:
+    import gymnasium as gym
 
 ENV_ID = "HalfCheetah-v5"
 
@@ -34,6 +35,7 @@ def _log_mujoco_warning(message: str) -> None:
 
 
 def make_env(cfg: Any) -> gym.Env:
+    import gymnasium as gym
     import mujoco
 
     # MuJoCo's own handler prints to stderr and appends to MUJOCO_LOG.TXT in the working
@@ -45,6 +47,8 @@ def make_env(cfg: Any) -> gym.Env:
 
 def evaluate(cfg: Any, policy: Policy, seed: int) -> float:
     """Mean return of the greedy policy over ``cfg.eval_episodes`` standard-length episodes."""
+    from rlspeed.tasks._episodes import mean_greedy_return
+
     standard = HalfCheetahTaskConfig()
     return mean_greedy_return(lambda: make_env(standard), policy, cfg.eval_episodes, seed)
 

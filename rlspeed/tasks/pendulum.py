@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
-
-import gymnasium as gym
-from gymnasium.envs.classic_control.pendulum import PendulumEnv
+from typing import TYPE_CHECKING, Any
 
 from rlspeed.config import TaskConfig
 from rlspeed.tasks import Policy, TaskSpec
-from rlspeed.tasks.episodes import FunctionalTwin, mean_greedy_return
+
+# Gymnasium (and NumPy) load when an env is built or scored, not when a config is checked.
+if TYPE_CHECKING:
+    import gymnasium as gym
+
+    from rlspeed.tasks._episodes import FunctionalTwin
 
 ENV_ID = "Pendulum-v1"
 
@@ -25,6 +27,8 @@ class PendulumTaskConfig(TaskConfig):
 
 
 def make_env(cfg: Any) -> gym.Env:
+    import gymnasium as gym
+
     return gym.make(ENV_ID, max_episode_steps=cfg.max_steps)
 
 
@@ -37,13 +41,18 @@ def make_functional(cfg: Any) -> FunctionalTwin:
     ``(cos th, sin th, thdot)``. Only the precision differs (float32 here, float64 in v1).
     """
     # Imported here: selecting a task must not load JAX and flax; only jax-vmap needs them.
+    from gymnasium.envs.classic_control.pendulum import PendulumEnv
     from gymnasium.envs.phys2d.pendulum import PendulumFunctional, PendulumParams
+
+    from rlspeed.tasks._episodes import FunctionalTwin
 
     return FunctionalTwin(PendulumFunctional(), PendulumParams(), PendulumEnv())
 
 
 def evaluate(cfg: Any, policy: Policy, seed: int) -> float:
     """Mean return of the greedy policy over ``cfg.eval_episodes`` standard-length episodes."""
+    from rlspeed.tasks._episodes import mean_greedy_return
+
     standard = PendulumTaskConfig()
     return mean_greedy_return(lambda: make_env(standard), policy, cfg.eval_episodes, seed)
 

@@ -13,8 +13,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-import numpy as np
-
 from rlspeed.algos import AlgoSpec, check_hidden_sizes, check_ranges, check_replay
 
 
@@ -50,9 +48,14 @@ class ActionBounds(NamedTuple):
     center: Any
 
 
-def action_bounds(space: Any, as_array: Callable[[np.ndarray], Any] = np.asarray) -> ActionBounds:
+def action_bounds(space: Any, as_array: Callable[[Any], Any] | None = None) -> ActionBounds:
+    """``space``'s bounds as float32 arrays, each passed through ``as_array`` (NumPy's
+    by default; torch.from_numpy or jnp.asarray for the learners)."""
+    import numpy as np  # here, not above: config checks read this module without NumPy
+
     low, high = (np.asarray(b, dtype=np.float32) for b in (space.low, space.high))
-    return ActionBounds(*(as_array(x) for x in (low, high, (high - low) / 2, (high + low) / 2)))
+    bounds = (low, high, (high - low) / 2, (high + low) / 2)
+    return ActionBounds(*(bounds if as_array is None else map(as_array, bounds)))
 
 
 def squash(x: Any, bounds: ActionBounds, xp: Any) -> Any:

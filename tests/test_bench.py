@@ -28,14 +28,17 @@ def _rows(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(handle))
 
 
-def _check_equal_work(rows: list[dict[str, str]]) -> None:
+ALL_STACKS = [
+    ("torch", "gym-sync"), ("cleanrl-script", "gym-sync"), ("flax", "gym-sync"),
+    ("torch", "jax-vmap"), ("flax", "jax-vmap"), ("flax", "jax-vmap (cached)"),
+]  # fmt: skip
+
+
+def _check_equal_work(rows: list[dict[str, str]], stacks=ALL_STACKS) -> None:
     """Stacks compared side by side, and the CleanRL-style script run with the torch
     stack's hyperparameters, did the same env steps and gradient updates; the rerun from
     cached compiled programs learned exactly what the first flax + jax-vmap run did."""
-    assert [(r["backend"], r["engine"]) for r in rows] == [
-        ("torch", "gym-sync"), ("cleanrl-script", "gym-sync"), ("flax", "gym-sync"),
-        ("torch", "jax-vmap"), ("flax", "jax-vmap"), ("flax", "jax-vmap (cached)"),
-    ]  # fmt: skip
+    assert [(r["backend"], r["engine"]) for r in rows] == stacks
     assert len({r["env_steps"] for r in rows}) == 1
     assert len({r["gradient_updates"] for r in rows}) == 1 and int(rows[0]["gradient_updates"])
     assert float(rows[0]["speedup"]) == 1.0
@@ -91,6 +94,34 @@ def test_quick_benchmark_writes_csv_markdown_and_plot(name, tmp_path):
     for stamp in ("CPU:", "GPU:", "jax ", "torch ", "## Configs"):
         assert stamp in markdown, stamp
     assert (out / f"{name}.png").read_bytes().startswith(b"\x89PNG")
+
+
+@pytest.mark.bench
+def test_quick_gpu_benchmark_writes_its_three_tables(tmp_path):
+    """``gpu`` runs anywhere (JAX on the CPU without an accelerator): env steps/s of both
+    modes, DQN on Doors at equal work on two stacks, PPO with 16 seeds doing 16 times the
+    one seed's work."""
+    result = _bench(["gpu", "--quick", "--out", "results"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = tmp_path / "results"
+    names = ("gpu_dqn_doors", "gpu_envs", "gpu_ppo_seeds")
+    assert sorted(p.name for p in out.iterdir()) == [
+        f"{name}.{ext}" for name in names for ext in ("csv", "md", "png")
+    ]
+    envs = _rows(out / "gpu_envs.csv")
+    assert {(r["task"], r["mode"], r["num_envs"]) for r in envs} == {
+        (task, mode, n)
+        for task in ("doors", "cartpole")
+        for mode in ("gym-sync", "jax-fused")
+        for n in ("1", "8")
+    }
+    stacks = [("torch", "gym-sync"), ("flax", "jax-vmap"), ("flax", "jax-vmap (cached)")]
+    _check_equal_work(_rows(out / "gpu_dqn_doors.csv"), stacks)
+    one, sixteen = _rows(out / "gpu_ppo_seeds.csv")
+    assert (one["num_seeds"], sixteen["num_seeds"]) == ("1", "16")
+    for key in ("env_steps", "gradient_updates"):
+        assert int(sixteen[key]) == 16 * int(one[key]) > 0, key
+    assert "GPU:" in (out / "gpu_ppo_seeds.md").read_text()
 
 
 def test_unknown_benchmark_is_one_clear_line(tmp_path):

@@ -22,6 +22,11 @@ BENCHMARKS = {
     "cartpole": "DQN on CartPole per stack: env steps/s and the return reached",
     "updates": "one TD3, VPG and DQN update step, flax against torch, across batch sizes",
 }
+# Sized for one accelerator (8 minutes there): run by name, not by `all`.
+ACCELERATOR = {
+    "gpu": "env steps/s up to 131,072 envs, DQN on Doors torch against flax, PPO on"
+    " CartPole with 1 and 16 seeds; JAX on the accelerator (docs/benchmarks/gpu)",
+}
 # Benchmarks of programs outside rlspeed, given with --script (run by `all` only then).
 EXTERNAL = {
     "purejaxrl": "whole processes: PureJaxRL's DQN script (--script, --python) against the"
@@ -39,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="rlspeed-bench",
         description="Benchmarks: "
-        + "; ".join(f"{k}: {v}" for k, v in {**BENCHMARKS, **EXTERNAL}.items()),
+        + "; ".join(f"{k}: {v}" for k, v in {**BENCHMARKS, **ACCELERATOR, **EXTERNAL}.items()),
     )
     parser.add_argument("names", nargs="+", metavar="NAME", help="a benchmark name, or all")
     parser.add_argument("--quick", action="store_true", help="a small version (under a minute)")
@@ -49,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         "--python", help="purejaxrl: the Python that runs --script (default: this one)"
     )
     args = parser.parse_args(argv)
-    known = {**BENCHMARKS, **EXTERNAL}
+    known = {**BENCHMARKS, **ACCELERATOR, **EXTERNAL}
     names = args.names
     if names == ["all"]:
         names = list(BENCHMARKS) + (list(EXTERNAL) if args.script else [])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -73,13 +74,15 @@ def compare_stacks(
     overrides: list[str],
     out_dir: Path,
     notes: list[str],
-    baseline_env_id: str,
+    baseline_env_id: str | None,
     budget_s: float,
+    stacks: Sequence[tuple[str, str]] = STACKS,
 ) -> list[Path]:
-    """Train ``overrides`` on every stack of ``STACKS``; ``speedup`` is wall time relative
+    """Train ``overrides`` on every one of ``stacks``; ``speedup`` is wall time relative
     to the first stack (equal env steps and gradient updates, so equal work). After the
     first stack, the CleanRL-style script (``rlspeed.bench.cleanrl_dqn``) trains with its
-    resolved hyperparameters, so the PyTorch path is checked against a plain script."""
+    resolved hyperparameters on ``baseline_env_id``, so the PyTorch path is checked against
+    a plain script (None: no script)."""
     table = Table(
         name,
         title,
@@ -94,17 +97,20 @@ def compare_stacks(
             "compiled_env_steps_per_s (flax + jax-vmap): the same training program once"
             " compiled, timed after learning_starts in the CLI's chunks of log_every env steps"
             " (no start-up, compilation or evaluation).",
-            "cleanrl-script: a single-file CleanRL-style DQN (rlspeed/bench/cleanrl_dqn.py)"
-            " with torch + gym-sync's hyperparameters; it times env creation to the last update,"
-            " with no evaluation or tracking, and has no greedy score.",
             *notes,
         ],
     )
+    if baseline_env_id is not None:
+        table.notes.append(
+            "cleanrl-script: a single-file CleanRL-style DQN (rlspeed/bench/cleanrl_dqn.py)"
+            " with torch + gym-sync's hyperparameters; it times env creation to the last update,"
+            " with no evaluation or tracking, and has no greedy score."
+        )
     with tempfile.TemporaryDirectory(prefix=f"rlspeed-bench-{name}-") as tmp:
         # Every stack starts from an empty compilation cache of its own; the last run
         # repeats flax + jax-vmap with the programs its first run cached, as a user's next
         # run would.
-        runs = [(backend, engine, engine) for backend, engine in STACKS]
+        runs = [(backend, engine, engine) for backend, engine in stacks]
         runs.append(("flax", "jax-vmap", "jax-vmap (cached)"))
         for index, (backend, engine, label) in enumerate(runs):
             stack = [f"backend={backend}", f"env={engine}", *overrides]
@@ -131,7 +137,7 @@ def compare_stacks(
                 ),
                 speedup=baseline / metrics["wall_time_s"],
             )
-            if len(table.rows) == 1:
+            if len(table.rows) == 1 and baseline_env_id is not None:
                 script = run_cleanrl_baseline(metrics["config"], baseline_env_id)
                 table.configs.append(script["command"])
                 table.add(

@@ -226,6 +226,10 @@ def test_summary_shows_full_paths_and_how_to_open_the_run(tmp_path: Path) -> Non
         f"MLflow run     {page}?workflowType=machine_learning (with mlflow ui)",
     ]
     assert "…" not in result.stdout
+    # A new store's first run: MLflow creates its tables and the experiment without a word
+    # (its INFO lines came first); rlspeed's own line opens the output.
+    assert not re.search(r" INFO mlflow[.\w]*: ", result.stderr + result.stdout), result.stderr
+    assert "[rlspeed][INFO] - " in lines[0], lines[0]
     # GridWorld's score is a mean return: one panel, returns and score together; its
     # progress lines and summary show the last episodes' return, not a step reward.
     assert _png_width(out / "learning_curve.png") == 550

@@ -39,6 +39,9 @@ _MLFLOW_DEFAULTS = {
     # nodes often cannot reach): off. Its set-up failed 1 of 8 trial runs started together
     # on the local SLURM cluster (a KeyError on its session id in os.environ).
     "MLFLOW_DISABLE_TELEMETRY": "true",
+    # MLflow's INFO lines (creating the store's tables, then the experiment) came before
+    # rlspeed's first line; its warnings and errors still show.
+    "MLFLOW_LOGGING_LEVEL": "WARNING",
 }
 
 

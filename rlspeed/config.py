@@ -102,11 +102,19 @@ def register_configs() -> None:
             store.store(group=f"schema/{registry.group}", name=spec.name, node=spec.schema)
 
 
+# Env steps are counted in int32 on the fused path (at most 2,147,483,647); this leaves
+# room for the round-up to whole iterations.
+MAX_STEPS = 2_000_000_000
+
+
 def validate(cfg: DictConfig) -> None:
     """Reject bad or incompatible values with one clear line before any work starts."""
-    for key in ("num_envs", "num_seeds", "total_steps", "log_every", "eval_every"):
+    for key in ("num_envs", "num_seeds"):
         if cfg[key] < 1:
             raise ConfigError(key, cfg[key], "an integer >= 1")
+    for key in ("total_steps", "log_every", "eval_every"):
+        if not 1 <= cfg[key] <= MAX_STEPS:
+            raise ConfigError(key, cfg[key], f"an integer in [1, {MAX_STEPS:,}]")
     if cfg.seed < 0:
         raise ConfigError("seed", cfg.seed, "an integer >= 0")
     if cfg.total_steps < cfg.num_envs:  # one step of every env is the least a run does
@@ -118,6 +126,10 @@ def validate(cfg: DictConfig) -> None:
         )
     if cfg.progress not in ("auto", "rich", "plain", "none"):
         raise ConfigError("progress", cfg.progress, "one of auto, rich, plain, none")
+    if cfg.backend.compilation_cache == "":  # would write the programs into the working folder
+        raise ConfigError(
+            "backend.compilation_cache", "", "a folder rlspeed can create and write to, or null"
+        )
     if cfg.backend.compilation_cache is not None:
         check_creatable(
             "backend.compilation_cache",
@@ -200,11 +212,14 @@ def auto_threads(cfg: DictConfig) -> int:
 def resolve_threads(cfg: DictConfig) -> None:
     """Check ``backend.threads`` and replace ``auto`` with the number it stands for, so the
     backend is set up with it and the run records it."""
-    threads = cfg.backend.threads
+    threads, cores = cfg.backend.threads, os.cpu_count() or 1
     if threads == "auto":
         cfg.backend.threads = auto_threads(cfg)
-    elif isinstance(threads, str) or threads < 0:
-        allowed = "auto, or an integer >= 0 (0: the library's default, one thread per core)"
+    elif isinstance(threads, str) or not 0 <= threads <= cores:
+        allowed = (
+            f"auto, or an integer in [0, {cores}] (0: the library's default, one thread per "
+            f"core; this machine has {cores})"
+        )
         raise ConfigError("backend.threads", threads, allowed)
 
 

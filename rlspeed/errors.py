@@ -17,7 +17,10 @@ class ConfigError(RLSpeedError):
 
     def __init__(self, key: str, value: object, allowed: str) -> None:
         self.key, self.value, self.allowed = key, value, allowed
-        super().__init__(f"rlspeed: invalid {key}={value!s}: expected {allowed}")
+        shown = str(value)
+        if len(shown) > 60:  # a 400-digit number or a pasted file stays one readable line
+            shown = f"{shown[:30]}... ({len(shown)} characters)"
+        super().__init__(f"rlspeed: invalid {key}={shown}: expected {allowed}")
 
     def __reduce__(self) -> tuple:
         # Jobs in other processes (hydra/launcher=joblib) send their exception back pickled.

@@ -50,15 +50,18 @@ def _parse(overrides: list[str]) -> list[Override]:
     return parsed
 
 
+def _group_options(group: str) -> list[str]:
+    return GlobalHydra.instance().config_loader().get_group_options(group)
+
+
 def _check_overrides(parsed: list[Override]) -> None:
     """What Hydra takes silently or with a traceback: ``+key=value`` adding a key rlspeed
     never reads (a typo such as ``+algo.lerning_rate=0.1`` would be ignored), ``~key``
     removing a key or group every run needs, and a config group given something other than
     an option's name (``algo=null``, ``task=5``)."""
-    loader = GlobalHydra.instance().config_loader()
     for override in parsed:
         line = override.input_line
-        options = loader.get_group_options(override.key_or_group)
+        options = _group_options(override.key_or_group)
         if override.is_add() and not options:
             raise RLSpeedError(
                 f"rlspeed: unknown key '{override.key_or_group}' in '{line}': rlspeed reads no "
@@ -77,6 +80,31 @@ def _check_overrides(parsed: list[Override]) -> None:
                 override.get_value_element_as_str(),
                 f"one of {', '.join(sorted(options))}",
             )
+
+
+def _check_forced_keys(parsed: list[Override], compose_job: Callable, variant: list[str]) -> None:
+    """``++key=value`` sets a key, adding it where it is missing: rlspeed reads only its own
+    keys, so an added one (a typo such as ``++algo.lerning_rate=0.1``) would be ignored."""
+    forced = [o for o in parsed if o.is_force_add() and not _group_options(o.key_or_group)]
+    if not forced:
+        return
+    base = compose_job([line for line in variant if not line.startswith("++")])
+    absent = object()
+    for override in forced:
+        if OmegaConf.select(base, override.key_or_group, default=absent) is absent:
+            raise RLSpeedError(
+                f"rlspeed: unknown key '{override.key_or_group}' in '{override.input_line}': "
+                "rlspeed reads no such key; expected an existing key (see rlspeed --cfg job)"
+            )
+
+
+def _check_launcher(full: DictConfig) -> None:
+    """Jobs in parallel (hydra/launcher=joblib): each trains on its own cores."""
+    n_jobs = OmegaConf.select(full, "hydra.launcher.n_jobs")
+    cores = os.cpu_count() or 1
+    if n_jobs is not None and not (1 <= n_jobs <= cores or n_jobs == -1):
+        allowed = f"an integer in [1, {cores}] (this machine's cores), or -1 (one job per core)"
+        raise ConfigError("hydra.launcher.n_jobs", n_jobs, allowed)
 
 
 def _variants(parsed: list[Override]) -> list[list[str]]:
@@ -220,6 +248,9 @@ def preflight(argv: list[str], conf_dir: str) -> None:
             multirun = args.multirun or full.hydra.mode == RunMode.MULTIRUN
             if not showing:
                 _check_mode(full, parsed, multirun)
+            _check_forced_keys(parsed, compose_job, variants[0])
+            if multirun:
+                _check_launcher(full)
             for variant in variants:
                 validate(compose_job(variant))
             if not showing:

@@ -162,6 +162,9 @@ def distribution(override: Override, current: Any) -> BaseDistribution | None:
         return None
     sweep = override.value()
     tags = getattr(sweep, "tags", set())
+    unknown = sorted(set(tags) - {"log", "int"})
+    if unknown:
+        raise ValueError(f"unknown tag '{unknown[0]}': the tags Optuna's space reads are log, int")
     log = "log" in tags
     if isinstance(sweep, ChoiceSweep) or getattr(sweep, "shuffle", False):
         values = list(override.sweep_iterator()) if isinstance(sweep, RangeSweep) else sweep.list
@@ -327,6 +330,8 @@ def build(sweeper: DictConfig, cfg: DictConfig, arguments: list[str]) -> SweepSe
     hyperband = str(pruner_cfg.get("_target_")).endswith("HyperbandPruner")
     if hyperband and pruner_cfg.get("min_resource") is None:  # resources are env steps
         pruner_cfg["min_resource"] = report_every or 1
+    if hyperband or str(pruner_cfg.get("_target_")).endswith("SuccessiveHalvingPruner"):
+        _check_halving(pruner_cfg)
     pruner = _instantiate("pruner", OmegaConf.create(pruner_cfg), space)
     objectives = _objectives(sweeper, directions, is_rlspeed_run="trial" in cfg)
     pruner_off = None
@@ -342,6 +347,26 @@ def build(sweeper: DictConfig, cfg: DictConfig, arguments: list[str]) -> SweepSe
     return SweepSetup(
         space, directions, objectives, sampler, pruner, pruner_cfg, custom, pruner_off
     )
+
+
+def _check_halving(pruner: dict[str, Any]) -> None:
+    """Settings Optuna's Hyperband and successive-halving pruners take at start and fail on
+    in a trial: rungs grow by ``reduction_factor`` (>= 2) from ``min_resource`` env steps
+    (>= 1)."""
+    low = pruner.get("min_resource")
+    for key, value, least in (("reduction_factor", pruner.get("reduction_factor"), 2),
+                              ("min_resource", low, 1)):  # fmt: skip
+        if isinstance(value, int) and value < least:
+            raise SweepConfigError(
+                f"rlspeed: invalid hydra.sweeper.pruner.{key}={value}: expected an integer "
+                f">= {least}"
+            )
+    high = pruner.get("max_resource")
+    if isinstance(high, int) and isinstance(low, int) and high < low:
+        raise SweepConfigError(
+            f"rlspeed: invalid hydra.sweeper.pruner.max_resource={high}: expected auto or an "
+            f"integer >= min_resource ({low})"
+        )
 
 
 def _objectives(

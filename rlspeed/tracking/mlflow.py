@@ -45,6 +45,10 @@ _MLFLOW_DEFAULTS = {
 }
 
 
+# MLflow's database stores keep an experiment's name in a 256-character column.
+MAX_EXPERIMENT_NAME = 256
+
+
 def resolve_uri(cfg: Any) -> str | None:
     return cfg.uri or os.environ.get("MLFLOW_TRACKING_URI") or None
 
@@ -53,8 +57,12 @@ def check(cfg: Any) -> None:
     """Fail fast on a store that cannot record, before any training: a server that does not
     answer, a database whose Python driver is missing, a SQLite URI without a file, a folder
     that cannot be created, a file store (MLflow 3 refuses them) or an unknown scheme."""
-    if not cfg.experiment.strip():
-        raise ConfigError("tracking.experiment", cfg.experiment, "a non-empty experiment name")
+    if not cfg.experiment.strip() or len(cfg.experiment) > MAX_EXPERIMENT_NAME:
+        raise ConfigError(
+            "tracking.experiment",
+            cfg.experiment,
+            f"a non-empty experiment name of at most {MAX_EXPERIMENT_NAME} characters",
+        )
     uri = resolve_uri(cfg)
     if uri is None:
         return

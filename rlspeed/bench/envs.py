@@ -23,6 +23,7 @@ from rlspeed.registry import ENGINES, TASKS
 MODES = ("gym-sync", "gym-async", "jax-vmap", "jax-fused")
 # One OS process per env: beyond this the machine thrashes long before it measures anything.
 ASYNC_MAX_ENVS = 64
+COLUMNS = ["task", "mode", "num_envs", "env_steps_per_s", "x_gym_sync"]
 
 
 def _make_engine(cfg: Any, num_envs: int) -> Any:
@@ -97,28 +98,24 @@ def measure(mode: str, task_name: str, compose: Any, num_envs: int, budget_s: fl
     return rates.get(mode, _fused_rate)(cfg, num_envs, budget_s)
 
 
-def run(out_dir: Path, quick: bool, compose: Any) -> list[Path]:
-    env_counts = (1, 8) if quick else (1, 8, 64, 512, 4096)
-    budget_s = 0.05 if quick else 1.5
-    table = Table(
-        "envs",
-        "Environment steps/s against num_envs (random actions, no learning)",
-        ["task", "mode", "num_envs", "env_steps_per_s", "x_gym_sync"],
-        notes=[
-            f"gym-async runs one process per env and stops at {ASYNC_MAX_ENVS} envs.",
-            "jax-fused: the vmapped step inside one jitted lax.scan (compile time excluded);"
-            " jax-vmap: the same step jitted, called once per vector step from Python.",
-            "x_gym_sync: env steps/s divided by gym-sync's at the same task and num_envs.",
-            f"Each figure: at least {budget_s} s of stepping after one warm-up call.",
-        ],
-    )
+def rates_table(
+    table: Table,
+    compose: Any,
+    modes: tuple[str, ...],
+    env_counts: tuple[int, ...],
+    budget_s: float,
+    max_envs: dict[str, int],
+) -> Table:
+    """Fill ``table`` with env steps/s of Doors and CartPole for each of ``modes`` at each
+    of ``env_counts`` (a mode stops at its ``max_envs``); ``x_gym_sync`` divides by
+    gym-sync's rate at the widest count it ran up to this one."""
     for task_name in ("doors", "cartpole"):
         task_cfg = compose([f"task={task_name}"]).task
         table.configs.append(f"task={task_name}: {dict(task_cfg)}")
+        baseline = float("nan")
         for num_envs in env_counts:
-            baseline = float("nan")
-            for mode in MODES:
-                if mode == "gym-async" and num_envs > ASYNC_MAX_ENVS:
+            for mode in modes:
+                if num_envs > max_envs.get(mode, num_envs):
                     continue
                 rate = measure(mode, task_name, compose, num_envs, budget_s)
                 if mode == "gym-sync":
@@ -130,6 +127,25 @@ def run(out_dir: Path, quick: bool, compose: Any) -> list[Path]:
                     env_steps_per_s=rate,
                     x_gym_sync=rate / baseline,
                 )
+    return table
+
+
+def run(out_dir: Path, quick: bool, compose: Any) -> list[Path]:
+    env_counts = (1, 8) if quick else (1, 8, 64, 512, 4096)
+    budget_s = 0.05 if quick else 1.5
+    table = Table(
+        "envs",
+        "Environment steps/s against num_envs (random actions, no learning)",
+        COLUMNS,
+        notes=[
+            f"gym-async runs one process per env and stops at {ASYNC_MAX_ENVS} envs.",
+            "jax-fused: the vmapped step inside one jitted lax.scan (compile time excluded);"
+            " jax-vmap: the same step jitted, called once per vector step from Python.",
+            "x_gym_sync: env steps/s divided by gym-sync's at the same task and num_envs.",
+            f"Each figure: at least {budget_s} s of stepping after one warm-up call.",
+        ],
+    )
+    rates_table(table, compose, MODES, env_counts, budget_s, {"gym-async": ASYNC_MAX_ENVS})
     return write_results(table, out_dir, _plot)
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from rlspeed.bench.common import Table, run_rlspeed, write_results
-from rlspeed.bench.envs import measure
+from rlspeed.bench.envs import COLUMNS, rates_table
 from rlspeed.bench.stacks import compare_stacks
 
 # Gymnasium's vector env costs the same per env at any width: past this it only takes time.
@@ -56,7 +56,7 @@ def _envs(out_dir: Path, quick: bool, compose: Any) -> list[Path]:
     table = Table(
         "gpu_envs",
         "Environment steps/s against num_envs: Gymnasium against the fused JAX step",
-        ["task", "mode", "num_envs", "env_steps_per_s", "x_gym_sync"],
+        COLUMNS,
         notes=[
             f"gym-sync stops at {GYM_MAX_ENVS} envs: its cost grows with every env.",
             "jax-fused: the vmapped step inside one jitted lax.scan (compile time excluded).",
@@ -64,21 +64,8 @@ def _envs(out_dir: Path, quick: bool, compose: Any) -> list[Path]:
             f"Each figure: at least {budget_s} s of stepping after one warm-up call.",
         ],
     )
-    for task_name in ("doors", "cartpole"):
-        baseline = float("nan")
-        for num_envs in env_counts:
-            for mode in ("gym-sync", "jax-fused"):
-                if mode == "gym-sync" and num_envs > GYM_MAX_ENVS:
-                    continue
-                rate = measure(mode, task_name, compose, num_envs, budget_s)
-                baseline = rate if mode == "gym-sync" else baseline
-                table.add(
-                    task=task_name,
-                    mode=mode,
-                    num_envs=num_envs,
-                    env_steps_per_s=rate,
-                    x_gym_sync=rate / baseline,
-                )
+    modes = ("gym-sync", "jax-fused")
+    rates_table(table, compose, modes, env_counts, budget_s, {"gym-sync": GYM_MAX_ENVS})
     return write_results(table, out_dir, _plot_envs)
 
 

@@ -1,6 +1,6 @@
 """The on-policy training loop driven from Python (VPG, PPO), for the torch learners on every
 engine and the flax learners on the Gymnasium engines (``flax`` + ``jax-vmap`` runs the same
-steps fused: ``fused_onpolicy.py``).
+steps fused: ``jax_onpolicy.py``).
 
 An on-policy algorithm's config has ``num_steps``, ``gamma`` and ``gae_lambda``. Each
 iteration collects ``num_steps`` steps of every env into NumPy arrays, computes GAE
@@ -67,7 +67,7 @@ def gae(
     lam: float,
 ) -> np.ndarray:
     """GAE(gamma, lambda) advantages [T, N] in NumPy (the fused path runs the same recursion
-    as a reverse ``lax.scan``: ``fused_onpolicy.gae_scan``)."""
+    as a reverse ``lax.scan``: ``jax_onpolicy.gae_scan``)."""
     deltas, decays = advantage_terms(rewards, values, next_values, terminated, dones, gamma, lam)
     advantages = np.zeros_like(deltas)
     next_advantage = np.zeros_like(advantages[0])

@@ -68,7 +68,7 @@ BAD = [
     (["algo=vpg", "task=cartpole", "task.max_steps=0"], ["invalid task.max_steps=0: expected an"]),
     (
         ["algo=td3", "task=pendulum", "task.eval_episodes=0"],
-        ["invalid task.eval_episodes=0: expected an integer >= 1"],
+        ["invalid task.eval_episodes=0: expected an integer in [1, 10,000]"],
     ),
     (["seed=-1"], ["invalid seed=-1: expected an integer >= 0"]),
     (["num_seeds=0"], ["invalid num_seeds=0: expected an integer >= 1"]),
@@ -228,6 +228,15 @@ BAD = [
         ["-m", "seed=1,2", "hydra/launcher=joblib", "hydra.launcher.n_jobs=0"],
         ["invalid hydra.launcher.n_jobs=0: expected an integer in [1, "],
     ),
+    (["algo.hidden_sizes=[100000000]"], ["algo.hidden_sizes=[100000000]: expected networks that"]),
+    (["task=cartpole", "task.eval_episodes=1000000000"], ["expected an integer in [1, 10,000]"]),
+    (["task.max_steps=100000000000"], ["expected an integer in [1, 2,000,000,000]"]),
+    ([*SWEEP, "hydra.sweeper.n_jobs=100000"], ["n_jobs=100000: expected an integer in [1, 1,024]"]),
+    ([*SWEEP, f"hydra.sweeper.n_trials={10**12}"], ["expected an integer in [0, 1,000,000]"]),
+    (
+        [*SWEEP, f"hydra.sweeper.report_every={10**12}"],
+        ["expected an integer in [1, 2,000,000,000]"],
+    ),
     # malformed command lines
     (["=5"], ["invalid override '=5': expected KEY=VALUE"]),
     (["algo=null"], ["invalid algo=null: expected one of dqn, ppo, qlearn, td3, vpg"]),
@@ -356,6 +365,7 @@ def test_a_config_error_loads_neither_jax_nor_torch(tmp_path):
         ["algo=vpg", "task=pendulum", "algo.initial_log_std=-20", "algo.ent_coef=0"],
         # the largest budget and thread count; a key set with ++ that exists
         ["total_steps=2000000000", f"backend.threads={os.cpu_count()}", "++seed=3"],
+        ["task=cartpole", "task.eval_episodes=10000", "algo.hidden_sizes=[4096,4096]"],
     ],
 )
 def test_inputs_on_the_edge_are_accepted(make_cfg, overrides):

@@ -39,8 +39,11 @@ from optuna.distributions import (
     IntDistribution,
 )
 
+from rlspeed.config import MAX_STEPS
 from rlspeed.errors import RLSpeedError
 
+MAX_TRIALS = 1_000_000
+MAX_BATCH = 1024
 SYNTAX = "interval(a, b), tag(log, interval(a, b)), range(a, b, step=s), choice(x, y) or x,y"
 # The numbers of a run's metrics.json (rlspeed.run._write_metrics) a study can optimize.
 METRICS = (
@@ -292,14 +295,21 @@ def build(sweeper: DictConfig, cfg: DictConfig, arguments: list[str]) -> SweepSe
                 f"rlspeed: invalid hydra.sweeper.direction={value}: expected maximize or "
                 "minimize, or a list of them for a multi-objective study"
             )
-    for key, low, allowed in (
-        ("n_trials", 0, ">= 0"),
-        ("n_jobs", 1, ">= 1"),
-        ("heartbeat_s", 1, ">= 1"),
+    for key, low, high, allowed in (
+        # Every trial is a record in the study's storage; a batch of n_jobs trials is asked
+        # (and held as RUNNING) at once.
+        ("n_trials", 0, MAX_TRIALS, f"in [0, {MAX_TRIALS:,}]"),
+        ("n_jobs", 1, MAX_BATCH, f"in [1, {MAX_BATCH:,}]"),
+        ("heartbeat_s", 1, None, ">= 1"),
         # A grace within one heartbeat would judge live trials stale.
-        ("grace_s", 2 * sweeper.heartbeat_s, f">= 2 * heartbeat_s = {2 * sweeper.heartbeat_s}"),
+        (
+            "grace_s",
+            2 * sweeper.heartbeat_s,
+            None,
+            f">= 2 * heartbeat_s = {2 * sweeper.heartbeat_s}",
+        ),
     ):
-        if sweeper[key] < low:
+        if sweeper[key] < low or (high is not None and sweeper[key] > high):
             raise SweepConfigError(
                 f"rlspeed: invalid hydra.sweeper.{key}={sweeper[key]}: "
                 f"expected an integer {allowed}"
@@ -310,9 +320,10 @@ def build(sweeper: DictConfig, cfg: DictConfig, arguments: list[str]) -> SweepSe
             "expected a number in [0, 1]"
         )
     report_every = sweeper.get("report_every")
-    if report_every is not None and report_every < 1:
+    if report_every is not None and not 1 <= report_every <= MAX_STEPS:
         raise SweepConfigError(
-            f"rlspeed: invalid hydra.sweeper.report_every={report_every}: expected an integer >= 1"
+            f"rlspeed: invalid hydra.sweeper.report_every={report_every}: expected an integer "
+            f"in [1, {MAX_STEPS:,}]"
         )
     custom = None
     if sweeper.custom_search_space:

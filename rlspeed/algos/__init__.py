@@ -32,6 +32,9 @@ RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
 # A stored transition's bytes besides its two observations (action, reward, done flag),
 # rounded up to cover every task's action space (HalfCheetah: 6 float32s).
 TRANSITION_EXTRA_BYTES = 64
+# Copies of each network weight a learner holds: the weight, its gradient and Adam's two
+# moments (target networks and twin critics come on top).
+WEIGHT_COPIES = 4
 
 
 def check_ranges(algo: Any, **keys_by_range: tuple[str, ...]) -> None:
@@ -48,6 +51,23 @@ def check_hidden_sizes(algo: Any) -> None:
     if not algo.hidden_sizes or min(algo.hidden_sizes) < 1:
         raise ConfigError(
             "algo.hidden_sizes", list(algo.hidden_sizes), "a non-empty list of integers >= 1"
+        )
+
+
+def check_network_memory(cfg: Any) -> None:
+    """Networks whose weights fit in memory: every agent trained at once holds each weight
+    WEIGHT_COPIES times (the weight, its gradient, Adam's two moments). Last in a check: the
+    input width may load the task's env module."""
+    algo = cfg.algo
+    widths = [TASKS.get(cfg.task.name).network_inputs(cfg.task), *algo.hidden_sizes]
+    weights = sum(a * b for a, b in zip(widths, widths[1:], strict=False)) * _agents(cfg)
+    needed, available = 4 * WEIGHT_COPIES * weights, physical_memory()
+    if needed > available:
+        raise ConfigError(
+            "algo.hidden_sizes",
+            list(algo.hidden_sizes),
+            f"networks that fit in memory: {weights:,} float32 weights, {WEIGHT_COPIES} copies "
+            f"each, need {needed / 2**30:,.1f} GiB, this machine has {available / 2**30:,.1f} GiB",
         )
 
 
@@ -94,7 +114,7 @@ def check_memory(cfg: Any, *stores: tuple[str, int]) -> None:
     """
     parts = [("num_envs", cfg.num_envs), *stores]
     transition = 2 * TASKS.get(cfg.task.name).observation_bytes(cfg.task) + TRANSITION_EXTRA_BYTES
-    agents = cfg.num_seeds if ENGINES.get(cfg.env.name).needs_functional_env else 1
+    agents = _agents(cfg)
     transitions = agents * sum(count for _, count in parts)
     needed, available = transitions * transition, physical_memory()
     if needed > available:
@@ -107,6 +127,11 @@ def check_memory(cfg: Any, *stores: tuple[str, int]) -> None:
             f"a size that fits in memory: {transitions:,} transitions of {transition:,} bytes "
             f"need {needed / 2**30:,.1f} GiB, this machine has {available / 2**30:,.1f} GiB",
         )
+
+
+def _agents(cfg: Any) -> int:
+    """Agents in memory at once: the fused jax-vmap path holds every seed's."""
+    return cfg.num_seeds if ENGINES.get(cfg.env.name).needs_functional_env else 1
 
 
 def _no_extra_checks(algo_cfg: Any, cfg: Any) -> None:

@@ -24,12 +24,20 @@ class TabularSpec:
     state_index: Callable[[Any, Any, Any], Any]
 
 
+# Episode lengths are int32 on jax-vmap; a greedy evaluation builds all its episodes' envs
+# at once.
+MAXIMUMS = {"max_steps": 2_000_000_000, "eval_episodes": 10_000}
+
+
 def check_settings(cfg: Any, **minimums: int) -> None:
-    """Reject the first ``task.<key>`` below its minimum: ``max_steps >= 1`` and, on tasks that
-    have it, ``eval_episodes >= 1``, then the task's own ``minimums`` (e.g. a grid's size)."""
+    """Reject the first ``task.<key>`` out of its range: ``max_steps`` and, on tasks that have
+    it, ``eval_episodes`` in [1, MAXIMUMS], then the task's own ``minimums`` (e.g. a grid's
+    size; memory bounds it from above)."""
     for key, low in {"max_steps": 1, "eval_episodes": 1, **minimums}.items():
-        if key in cfg and cfg[key] < low:
-            raise ConfigError(f"task.{key}", cfg[key], f"an integer >= {low}")
+        high = MAXIMUMS.get(key)
+        if key in cfg and (cfg[key] < low or (high is not None and cfg[key] > high)):
+            allowed = f"an integer >= {low}" if high is None else f"an integer in [{low}, {high:,}]"
+            raise ConfigError(f"task.{key}", cfg[key], allowed)
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlspeed.algos import AlgoSpec, check_hidden_sizes, check_ranges, check_replay
+from rlspeed.algos import (
+    AlgoSpec,
+    check_hidden_sizes,
+    check_network_memory,
+    check_ranges,
+    check_replay,
+)
 from rlspeed.algos.schedule import epsilon_at, multiples_between, polyak_weight, updates_in_run
 from rlspeed.errors import ConfigError
 
@@ -92,6 +98,7 @@ def validate(algo: Any, cfg: Any) -> None:
     )
     check_hidden_sizes(algo)
     check_replay(algo, cfg)
+    check_network_memory(cfg)
 
 
 SPEC = AlgoSpec(

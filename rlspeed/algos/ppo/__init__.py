@@ -16,7 +16,13 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlspeed.algos import AlgoSpec, check_hidden_sizes, check_memory, check_ranges
+from rlspeed.algos import (
+    AlgoSpec,
+    check_hidden_sizes,
+    check_memory,
+    check_network_memory,
+    check_ranges,
+)
 from rlspeed.errors import ConfigError
 
 
@@ -80,6 +86,7 @@ def validate(algo: Any, cfg: Any) -> None:
         )
     # A batch holds num_steps transitions of every env.
     check_memory(cfg, ("algo.num_steps", batch))
+    check_network_memory(cfg)
 
 
 SPEC = AlgoSpec(

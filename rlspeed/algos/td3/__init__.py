@@ -13,7 +13,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from rlspeed.algos import AlgoSpec, check_hidden_sizes, check_ranges, check_replay
+from rlspeed.algos import (
+    AlgoSpec,
+    check_hidden_sizes,
+    check_network_memory,
+    check_ranges,
+    check_replay,
+)
 
 
 @dataclass
@@ -100,6 +106,7 @@ def validate(algo: Any, cfg: Any) -> None:
     check_hidden_sizes(algo)
     # Until policy_frequency critic updates, the actor (the trained policy) never moves.
     check_replay(algo, cfg, min_updates=algo.policy_frequency)
+    check_network_memory(cfg)
 
 
 SPEC = AlgoSpec(

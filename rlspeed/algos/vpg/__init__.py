@@ -14,7 +14,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlspeed.algos import AlgoSpec, check_hidden_sizes, check_memory, check_ranges
+from rlspeed.algos import (
+    AlgoSpec,
+    check_hidden_sizes,
+    check_memory,
+    check_network_memory,
+    check_ranges,
+)
 
 
 @dataclass
@@ -52,6 +58,7 @@ def validate(algo: Any, cfg: Any) -> None:
     check_hidden_sizes(algo)
     # A batch holds num_steps transitions of every env.
     check_memory(cfg, ("algo.num_steps", algo.num_steps * cfg.num_envs))
+    check_network_memory(cfg)
 
 
 SPEC = AlgoSpec(

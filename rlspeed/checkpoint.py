@@ -313,10 +313,24 @@ def resume_files(folder: Path) -> dict[int, Path]:
     return files
 
 
-def load_resume(value: str) -> dict[int, dict[str, Any]]:
-    """Seed index -> that agent's saved state; one ConfigError line for a damaged file."""
+def load_resume(cfg: Any) -> dict[int, dict[str, Any]]:
+    """Seed index -> that agent's saved state, from ``cfg.resume``'s folder; one ConfigError
+    line for a damaged file. Only the files a run of ``cfg`` writes are read: ``resume.pkl``
+    (one seed, or every seed of a fused run), else ``resume_seed<i>.pkl`` for its seeds; a
+    file dropped beside them is never unpickled."""
+    from rlspeed.algos.loops import is_fused
+
+    value, folder = cfg.resume, run_folder(cfg.resume)
+    if cfg.num_seeds == 1 or is_fused(cfg):
+        names = {0: RESUME_FILE}
+    else:
+        stem, suffix = RESUME_FILE.split(".")
+        names = {i: f"{stem}_seed{i}.{suffix}" for i in range(cfg.num_seeds)}
     states = {}
-    for index, path in resume_files(run_folder(value)).items():
+    for index, name in names.items():
+        path = folder / name
+        if not path.is_file():  # a host-driven seed the run had not reached
+            continue
         try:
             states[index] = pickle.loads(path.read_bytes())
         except Exception as error:  # truncated, not a pickle, classes that are gone

@@ -170,7 +170,7 @@ def run(cfg: DictConfig) -> float:
     if reporter is not None:
         run_name += f"-trial{cfg.trial.number}"
         tags.update({"optuna.study": cfg.trial.study_name, "optuna.trial": str(cfg.trial.number)})
-    resumed = load_resume(cfg.resume) if cfg.resume else {}
+    resumed = load_resume(cfg) if cfg.resume else {}
     tracked_run = None
     if continued is not None:  # the same tracked run as the attempt it continues
         tags["rlspeed.slurm_restarts"] = str(slurm.restarts())

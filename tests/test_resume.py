@@ -158,3 +158,36 @@ def test_resume_may_change_the_thread_count_but_not_what_it_trains(tmp_path, mak
     check_resume(make_cfg(["backend.threads=1", f"resume={tmp_path}"]))
     with pytest.raises(ConfigError, match=r"it ran with total_steps=\d+, this run has"):
         check_resume(make_cfg(["total_steps=123", f"resume={tmp_path}"]))
+
+
+class _MakesFolder:
+    """A pickle that creates a folder when it is read: what a hostile file could run."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (os.mkdir, (str(self.path),))
+
+
+def test_resume_reads_only_the_files_its_run_writes(tmp_path, make_cfg, monkeypatch):
+    """A one-seed run's resume reads its resume.pkl alone: a resume_seed7.pkl dropped into
+    the folder is never unpickled (it would have run code)."""
+    import pickle
+
+    from rlspeed.run import run
+
+    quick = ["algo=qlearn", "task=gridworld", "backend=torch", "env=gym-sync", "num_envs=2"]
+    quick += ["total_steps=200", "log_every=100", "eval_every=200", "tracking=none"]
+    quick += ["progress=none"]
+    first, marker = tmp_path / "first", tmp_path / "code-ran"
+    first.mkdir()
+    monkeypatch.chdir(first)
+    run(make_cfg(quick))
+    (folder,) = {path.parent for path in first.rglob("resume.pkl")}
+    (folder / "resume_seed7.pkl").write_bytes(pickle.dumps(_MakesFolder(marker)))
+    (tmp_path / "again").mkdir()
+    monkeypatch.chdir(tmp_path / "again")
+    run(make_cfg([*quick, f"resume={folder}"]))
+    assert not marker.exists(), "a file the run did not write was unpickled"
+    assert list((tmp_path / "again").rglob("metrics.json"))

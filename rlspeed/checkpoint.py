@@ -313,6 +313,11 @@ def resume_files(folder: Path) -> dict[int, Path]:
     return files
 
 
+def seed_file(path: Path, index: int) -> Path:
+    """The file of seed ``index`` of a run whose seeds are saved one by one."""
+    return path.with_name(f"{path.stem}_seed{index}{path.suffix}")
+
+
 def load_resume(cfg: Any) -> dict[int, dict[str, Any]]:
     """Seed index -> that agent's saved state, from ``cfg.resume``'s folder; one ConfigError
     line for a damaged file. Only the files a run of ``cfg`` writes are read: ``resume.pkl``
@@ -322,13 +327,11 @@ def load_resume(cfg: Any) -> dict[int, dict[str, Any]]:
 
     value, folder = cfg.resume, run_folder(cfg.resume)
     if cfg.num_seeds == 1 or is_fused(cfg):
-        names = {0: RESUME_FILE}
+        paths = {0: folder / RESUME_FILE}
     else:
-        stem, suffix = RESUME_FILE.split(".")
-        names = {i: f"{stem}_seed{i}.{suffix}" for i in range(cfg.num_seeds)}
+        paths = {i: seed_file(folder / RESUME_FILE, i) for i in range(cfg.num_seeds)}
     states = {}
-    for index, name in names.items():
-        path = folder / name
+    for index, path in paths.items():
         if not path.is_file():  # a host-driven seed the run had not reached
             continue
         try:

@@ -193,19 +193,18 @@ def auto_threads(cfg: DictConfig) -> int:
     the default (30 Q-learning agents: 5.7-5.8 M agent-steps/s with 2 threads, 5.5-5.7 M
     with 1).
     """
+    from rlspeed.algos import network_weights
     from rlspeed.algos.loops import is_fused
 
     algo = cfg.algo
-    hidden = algo.get("hidden_sizes")
-    if not hidden:
+    if not algo.get("hidden_sizes"):
         return 0
     if "batch_size" in algo:
         rows = algo.batch_size
     else:  # on-policy: the rollout (num_steps of every env) in num_minibatches parts
         rows = algo.num_steps * cfg.num_envs // algo.get("num_minibatches", 1)
     rows = max(rows, cfg.num_envs) * (cfg.num_seeds if is_fused(cfg) else 1)
-    widths = [TASKS.get(cfg.task.name).network_inputs(cfg.task), *hidden]
-    macs = rows * sum(a * b for a, b in zip(widths, widths[1:], strict=False))
+    macs = rows * network_weights(cfg)
     return 1 if macs < ONE_THREAD_BELOW_MACS else 0
 
 

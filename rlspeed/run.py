@@ -19,7 +19,14 @@ from rich.table import Table
 
 from rlspeed import slurm
 from rlspeed.algos.loops import train
-from rlspeed.checkpoint import RESUME_FILE, atomic_write, load_resume, run_folder, save_resume
+from rlspeed.checkpoint import (
+    RESUME_FILE,
+    atomic_write,
+    load_resume,
+    run_folder,
+    save_resume,
+    seed_file,
+)
 from rlspeed.config import RunConfig, flatten, to_yaml, validate
 from rlspeed.engines import Engine, EngineSpec
 from rlspeed.errors import Interrupted, RLSpeedError, interrupt
@@ -91,10 +98,7 @@ class RunContext:
         ``resume_state()`` as what ``resume=`` continues from (``resume.pkl``, same naming)."""
         path, resume_path = self.out_dir / name, self.out_dir / RESUME_FILE
         if self.cfg.num_seeds > 1 and not self.all_seeds:
-            path, resume_path = (
-                p.with_name(f"{p.stem}_seed{self.seed_index}{p.suffix}")
-                for p in (path, resume_path)
-            )
+            path, resume_path = (seed_file(p, self.seed_index) for p in (path, resume_path))
 
         def save_state(path: Path) -> Path:
             state = {

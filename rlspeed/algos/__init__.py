@@ -54,13 +54,20 @@ def check_hidden_sizes(algo: Any) -> None:
         )
 
 
+def network_weights(cfg: Any) -> int:
+    """Weights of one network of ``algo.hidden_sizes`` on the task's input width
+    (``TaskSpec.network_inputs``), the small output layer aside: also the multiply-adds of
+    one row through it."""
+    widths = [TASKS.get(cfg.task.name).network_inputs(cfg.task), *cfg.algo.hidden_sizes]
+    return sum(a * b for a, b in zip(widths, widths[1:], strict=False))
+
+
 def check_network_memory(cfg: Any) -> None:
     """Networks whose weights fit in memory: every agent trained at once holds each weight
     WEIGHT_COPIES times (the weight, its gradient, Adam's two moments). Last in a check: the
     input width may load the task's env module."""
     algo = cfg.algo
-    widths = [TASKS.get(cfg.task.name).network_inputs(cfg.task), *algo.hidden_sizes]
-    weights = sum(a * b for a, b in zip(widths, widths[1:], strict=False)) * _agents(cfg)
+    weights = network_weights(cfg) * _agents(cfg)
     needed, available = 4 * WEIGHT_COPIES * weights, physical_memory()
     if needed > available:
         raise ConfigError(

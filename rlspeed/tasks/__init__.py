@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from rlspeed.config import MAX_STEPS
 from rlspeed.errors import ConfigError
 
 # A batched greedy policy: observations [B, ...] -> actions [B] (NumPy arrays). Tasks load
@@ -26,7 +27,7 @@ class TabularSpec:
 
 # Episode lengths are int32 on jax-vmap; a greedy evaluation builds all its episodes' envs
 # at once.
-MAXIMUMS = {"max_steps": 2_000_000_000, "eval_episodes": 10_000}
+MAXIMUMS = {"max_steps": MAX_STEPS, "eval_episodes": 10_000}
 
 
 def check_settings(cfg: Any, **minimums: int) -> None:

@@ -72,8 +72,9 @@ class RunContext:
     checkpointers: dict[int, list[OutputFile]] = field(default_factory=dict)
     # resume=PATH: per seed index, the saved state that agent continues from.
     resumed: dict[int, dict[str, Any]] = field(default_factory=dict)
-    # The tracked (MLflow) run, saved with the resume state: a requeued SLURM job continues it.
-    tracked_run_id: str | None = None
+    # The tracker, whose run id is saved with the resume state: a requeued SLURM job
+    # continues that run.
+    tracker: Tracker | None = None
 
     @property
     def seed(self) -> int:
@@ -104,7 +105,7 @@ class RunContext:
             state = {
                 **resume_state(),
                 "monitor": self.run_monitor.state_dict(),
-                "tracked_run_id": self.tracked_run_id,
+                "tracked_run_id": self.tracker.run_id if self.tracker else None,
             }
             return save_resume(state, path)
 
@@ -201,7 +202,7 @@ def run(cfg: DictConfig) -> float:
     if resumed:  # metrics continue from the saved step (every agent file holds them all)
         monitor.load_state_dict(resumed[min(resumed)]["monitor"])
     ctx = RunContext(
-        plain_cfg, task, engine, monitor, out_dir, resumed=resumed, tracked_run_id=tracker.run_id
+        plain_cfg, task, engine, monitor, out_dir, resumed=resumed, tracker=tracker
     )
     # optuna.TrialPruned for a trial run; () matches nothing, so other runs never import optuna.
     pruned_error = reporter.pruned_error if reporter is not None else ()
@@ -282,7 +283,9 @@ def _finish(tracker: Tracker, ctx: RunContext, status: str) -> str | None:
                 tracker.log_artifact(output.path)
         if _curves(monitor):
             write(OutputFile(out_dir / "learning_curve.png", partial(_plot_curve, ctx)))
-        # Written last: its status and errors cover the files above.
+        # Written last: its status and errors cover the files above and every metric row
+        # (the tracker has written all it was given, or says why not).
+        tracker.flush()
         metrics = partial(
             _write_metrics, monitor, status=final_status(), errors=problems(), run_id=tracker.run_id
         )
@@ -319,6 +322,8 @@ def _write_metrics(
         "updates_per_s": monitor.updates / monitor.wall_time,
         # The last logged row (None if the run stopped before its first log).
         "final": monitor.history[-1] if monitor.history else None,
+        # Every logged row, as the tracker got it (MLflow: each metric's history).
+        "history": monitor.history,
     }
     if monitor.num_seeds > 1:
         summary["seeds"] = [
@@ -328,6 +333,8 @@ def _write_metrics(
                 "recent_return": stream.recent_return,
                 "env_steps": stream.steps,
                 "final": rows[-1] if rows else None,
+                # Logged to the tracker as seed<i>/<name>.
+                "history": rows,
             }
             for stream, rows in zip(monitor.streams, monitor.seed_history, strict=True)
         ]

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import start_cli
-from tests.test_tracking import _only_run, mlflow_server
+from tests.test_tracking import _only_run, assert_every_row_in_mlflow, mlflow_server
 
 # Fault injection: each test kills, fills or signals a real run.
 pytestmark = pytest.mark.slow
@@ -130,6 +130,34 @@ def test_killed_mlflow_server_costs_seconds_and_no_results(tmp_path):
     metrics = json.loads((out_dir / "metrics.json").read_text())
     assert metrics["env_steps"] == 1500 and metrics["final"]["step"] == 1500
     assert metrics["status"] == "FAILED" and metrics["errors"] == [line.removeprefix("rlspeed: ")]
+    assert [row["step"] for row in metrics["history"]] == [500, 1000, 1500]
+
+
+def test_mlflow_server_back_mid_run_gets_every_row_then_ctrl_c_keeps_them(tmp_path):
+    """A server that dies and comes back (same port, same store) while the run trains gets
+    every row the run logged meanwhile; Ctrl-C then ends the run KILLED with MLflow's rows
+    equal to metrics.json's."""
+    args = [*HOST_RUN, "total_steps=10000000", "log_every=500"]
+    with mlflow_server(tmp_path) as (server, uri):
+        process = start_cli([*args, f"tracking.uri={uri}"], tmp_path)
+        _wait_for(process, "step 500/")
+        os.killpg(server.pid, signal.SIGKILL)
+        _wait_for(process, "stopped answering")
+    port = int(uri.rsplit(":", 1)[1])
+    with mlflow_server(tmp_path, port) as (_, uri):
+        _wait_for(process, "answers again")
+        _wait_for(process, "step ")  # a row logged after the server came back
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=120)
+        assert process.returncode == 130, stderr
+        out_dir = next((tmp_path / "outputs").glob("*/*"))
+        _one_line(stderr, "rlspeed: interrupted by SIGINT", "KILLED", str(out_dir))
+        client, run = _only_run(uri)
+        assert run.info.status == "KILLED"
+        metrics = json.loads((out_dir / "metrics.json").read_text())
+        assert metrics["status"] == "KILLED" and metrics["errors"] == []
+        assert len(metrics["history"]) >= 3
+        assert_every_row_in_mlflow(client, run.info.run_id, out_dir)
 
 
 def test_ctrl_c_in_seed_0_of_3_ends_killed_with_what_was_recorded(tmp_path):
@@ -159,6 +187,7 @@ def test_ctrl_c_in_seed_0_of_3_ends_killed_with_what_was_recorded(tmp_path):
     seed0, seed1, seed2 = metrics["seeds"]
     assert seed0["final"]["step"] >= 1000 and seed0["env_steps"] >= 1000
     assert seed1["final"] is None and seed2["final"] is None
+    assert_every_row_in_mlflow(client, run.info.run_id, out_dir)
     assert (out_dir / "learning_curve.png").read_bytes().startswith(b"\x89PNG")
 
 

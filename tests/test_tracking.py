@@ -27,6 +27,26 @@ def _only_run(uri: str):
     return client, runs[0]
 
 
+def assert_every_row_in_mlflow(client: MlflowClient, run_id: str, out_dir: Path) -> int:
+    """Every row of the run's ``metrics.json`` (each seed's as ``seed<i>/<name>``) is in the
+    MLflow run, and MLflow holds no other; returns how many values that is."""
+    metrics = json.loads((out_dir / "metrics.json").read_text())
+    streams = [("", metrics["history"])]
+    streams += [(f"seed{i}/", seed["history"]) for i, seed in enumerate(metrics.get("seeds", []))]
+    expected: dict[str, list[tuple[int, float]]] = {}
+    for prefix, rows in streams:
+        for row in rows:
+            for name, value in row.items():
+                if name != "step":
+                    expected.setdefault(prefix + name, []).append((int(row["step"]), value))
+    run = client.get_run(run_id)
+    assert set(run.data.metrics) == set(expected)
+    for name, values in expected.items():
+        recorded = [(m.step, m.value) for m in client.get_metric_history(run_id, name)]
+        assert sorted(recorded) == sorted(values), name
+    return sum(map(len, expected.values()))
+
+
 def test_finished_run_has_params_metrics_tags_and_artifacts(tmp_path):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     result = run_cli([*SMALL, f"tracking.uri={uri}"], cwd=tmp_path)
@@ -48,6 +68,7 @@ def test_finished_run_has_params_metrics_tags_and_artifacts(tmp_path):
     metrics = json.loads((out_dir / "metrics.json").read_text())
     assert metrics["score"] == run.data.metrics["eval/score"]
     assert metrics["status"] == "FINISHED" and metrics["env_steps"] >= 4000
+    assert assert_every_row_in_mlflow(client, run.info.run_id, out_dir) >= 4 * 5
 
 
 @pytest.mark.slow
@@ -78,10 +99,13 @@ def test_diverging_run_is_failed_and_keeps_what_was_recorded(tmp_path):
 
 
 @contextlib.contextmanager
-def mlflow_server(tmp_path: Path) -> Iterator[tuple[subprocess.Popen, str]]:
-    """A real `mlflow server` on loopback with a store of its own; yields (process, URI).
-    It runs in a session of its own: killing that session ends its workers too."""
-    port = free_port()
+def mlflow_server(
+    tmp_path: Path, port: int | None = None
+) -> Iterator[tuple[subprocess.Popen, str]]:
+    """A real `mlflow server` on loopback with a store of its own in ``tmp_path`` (on
+    ``port``, or a free one); yields (process, URI). It runs in a session of its own:
+    killing that session ends its workers too."""
+    port = port or free_port()
     uri = f"http://127.0.0.1:{port}"
     server = subprocess.Popen(
         [

@@ -19,17 +19,21 @@ class Tracker(Protocol):
     ) -> None:
         """Start recording a run; ``run_id``: continue that run (a requeued job's) instead."""
 
-    def log_metrics(self, metrics: dict[str, float], step: int) -> None: ...
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        """Record one row; it may be written later, but before ``flush`` returns."""
 
     def log_artifact(self, path: Path) -> None: ...
 
     def set_tags(self, tags: dict[str, str]) -> None: ...
 
+    def flush(self) -> None:
+        """Write everything recorded so far (``failure`` then says what could not be)."""
+
     def links(self) -> dict[str, str]:
         """Where to see the run (label -> URL or command); {} where there is nowhere."""
 
     def end(self, status: str) -> None:
-        """status: FINISHED, FAILED or KILLED."""
+        """Write what is left and close the run; status: FINISHED, FAILED or KILLED."""
 
 
 def cause(error: BaseException) -> str:

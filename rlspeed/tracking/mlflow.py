@@ -6,19 +6,18 @@ default local store (``sqlite:///mlflow.db`` in the working directory).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from rlspeed.config import check_creatable, unreachable
-from rlspeed.errors import ConfigError, RLSpeedError
+from rlspeed.errors import ConfigError
 from rlspeed.tracking import TrackerSpec, cause
+from rlspeed.tracking._writer import BackgroundTracker, Row
 
 log = logging.getLogger("rlspeed")
 
@@ -141,10 +140,10 @@ def _portable(uri: str) -> str:
     return url.render_as_string(hide_password=True)
 
 
-class MlflowTracker:
-    """Records one run in MLflow. When the store stops answering mid-run it says so once,
-    stops recording and lets the run go on: the run's output folder keeps its results, and
-    ``failure`` tells the run it could not be fully recorded."""
+class MlflowStore:
+    """One run in MLflow, driven by the tracking writer thread (``rlspeed.tracking._writer``):
+    it is made there, so MLflow's import and store opening overlap compilation and
+    training. Every call raises on failure; the writer holds what failed and tries again."""
 
     def __init__(self, cfg: Any) -> None:
         for name, value in _MLFLOW_DEFAULTS.items():
@@ -155,46 +154,80 @@ class MlflowTracker:
         from mlflow.exceptions import MlflowException
         from sqlalchemy.exc import SQLAlchemyError
 
-        self._mlflow = mlflow
         # What a store that stopped answering raises: requests' errors are OSErrors, and a
         # database store can raise SQLAlchemy's own (a file that is not a database).
-        self._errors = (MlflowException, OSError, SQLAlchemyError)
-        uri = resolve_uri(cfg)
-        if uri is not None:
-            mlflow.set_tracking_uri(uri)
-        self._uri = mlflow.get_tracking_uri()
+        self.errors = (MlflowException, OSError, SQLAlchemyError)
+        self._uri = resolve_uri(cfg) or mlflow.get_tracking_uri()
+        # The client API, not the fluent one: no run is "active" in this process, so no exit
+        # hook ends it behind rlspeed's back and the thread that writes does not matter.
+        self._client = mlflow.MlflowClient(tracking_uri=self._uri)
         self._experiment = cfg.experiment
         self._experiment_id: str | None = None
         self._parent_run_id = cfg.parent_run_id
+        self._params_logged = False
         self.run_id: str | None = None
-        self.failure: str | None = None
 
     def start(
-        self, run_name: str, params: dict[str, Any], tags: dict[str, str], run_id: str | None = None
+        self, run_name: str, params: dict[str, Any], tags: dict[str, str], run_id: str | None
     ) -> None:
-        mlflow = self._mlflow
+        from mlflow.entities import Param, RunTag
+
+        client = self._client
+        if self._experiment_id is None:
+            self._experiment_id = self._experiment_id_of(self._experiment)
+        if self._parent_run_id:
+            # Nested under a study's parent run that may live in another process: the tag
+            # alone is what MLflow uses to nest runs.
+            tags = {**tags, "mlflow.parentRunId": self._parent_run_id}
+        if run_id is not None:  # continued: its params are those it was started with
+            client.update_run(run_id, status="RUNNING")
+            self.run_id = run_id
+            self._params_logged = True
+        elif self.run_id is None:  # a start tried again reuses the run its first try created
+            self.run_id = client.create_run(self._experiment_id, run_name=run_name).info.run_id
+        run_tags = [RunTag(key, str(value)) for key, value in tags.items()]
+        run_params = [
+            Param(key, str(value)[:_MAX_PARAM_LENGTH]) for key, value in params.items()
+        ]
+        client.log_batch(self.run_id, params=[] if self._params_logged else run_params)
+        client.log_batch(self.run_id, tags=run_tags)
+        self._params_logged = True
+
+    def _experiment_id_of(self, name: str) -> str:
+        from mlflow.exceptions import MlflowException
+
+        experiment = self._client.get_experiment_by_name(name)
+        if experiment is not None:
+            return experiment.experiment_id
         try:
-            self._experiment_id = mlflow.set_experiment(self._experiment).experiment_id
-            if self._parent_run_id:
-                # Nested under a study's parent run that may live in another process: the tag
-                # alone is what MLflow uses to nest runs.
-                tags = {**tags, "mlflow.parentRunId": self._parent_run_id}
-            nested = mlflow.active_run() is not None
-            if run_id is not None:  # continued: its params are those it was started with
-                mlflow.start_run(run_id=run_id, tags=tags, nested=nested)
-                self.run_id = run_id
-                return
-            run = mlflow.start_run(run_name=run_name, tags=tags, nested=nested)
-            self.run_id = run.info.run_id
-            mlflow.log_params({k: str(v)[:_MAX_PARAM_LENGTH] for k, v in params.items()})
-        except (*self._errors, KeyboardInterrupt) as error:
-            stopped = isinstance(error, KeyboardInterrupt)
-            if self.run_id is not None:  # else MLflow's exit hook would end it as FINISHED
-                with contextlib.suppress(*self._errors):
-                    mlflow.end_run(status="KILLED" if stopped else "FAILED")
-            if stopped:
+            return self._client.create_experiment(name)
+        except MlflowException:  # created meanwhile by a run started beside this one
+            experiment = self._client.get_experiment_by_name(name)
+            if experiment is None:
                 raise
-            raise RLSpeedError(f"rlspeed: could not start the run: {self._lost(error)}") from None
+            return experiment.experiment_id
+
+    def log_rows(self, rows: list[Row]) -> None:
+        from mlflow.entities import Metric
+
+        metrics = [
+            Metric(key, float(value), row.timestamp_ms, row.step)
+            for row in rows
+            for key, value in row.metrics.items()
+        ]
+        self._client.log_batch(self.run_id, metrics=metrics)
+
+    def log_artifact(self, path: Path) -> None:
+        self._client.log_artifact(self.run_id, str(path))
+
+    def set_tags(self, tags: dict[str, str]) -> None:
+        from mlflow.entities import RunTag
+
+        self._client.log_batch(self.run_id, tags=[RunTag(k, v) for k, v in tags.items()])
+
+    def end(self, status: str) -> None:
+        if self.run_id is not None:
+            self._client.set_terminated(self.run_id, status)
 
     def links(self) -> dict[str, str]:
         """Where to see the run: its page on the MLflow server; for a local or database
@@ -212,43 +245,12 @@ class MlflowTracker:
         ui = f"mlflow ui --backend-store-uri {_portable(self._uri)}"
         return {"MLflow UI": ui, "MLflow run": f"http://127.0.0.1:5000/{page} (with mlflow ui)"}
 
-    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        self._record(lambda: self._mlflow.log_metrics(metrics, step=step, run_id=self.run_id))
-
-    def log_artifact(self, path: Path) -> None:
-        self._record(lambda: self._mlflow.log_artifact(str(path), run_id=self.run_id))
-
-    def set_tags(self, tags: dict[str, str]) -> None:
-        client = self._mlflow.MlflowClient()
-        for key, value in tags.items():
-            self._record(lambda key=key, value=value: client.set_tag(self.run_id, key, value))
-
-    def end(self, status: str) -> None:
-        # Tried even after a failure: a store that answers again still gets the final status.
-        if self.run_id is not None:
-            try:
-                self._mlflow.end_run(status=status)
-            except self._errors as error:
-                if self.failure is None:
-                    self.failure = self._lost(error)
-
-    def _record(self, call: Callable[[], object]) -> None:
-        if self.failure is not None:
-            return
-        try:
-            call()
-        except self._errors as error:
-            self.failure = self._lost(error)
-            log.warning(
-                "rlspeed: %s; recording to MLflow stops here, the run goes on and keeps its "
-                "results in its output folder",
-                self.failure,
-            )
-
-    def _lost(self, error: BaseException) -> str:
+    def lost(self, error: BaseException) -> str:
         if urllib.parse.urlparse(self._uri).scheme in ("http", "https"):
             return f"the MLflow server at {self._uri} stopped answering ({cause(error)})"
         return f"the MLflow store at {self._uri} failed ({cause(error)})"
 
 
-SPEC = TrackerSpec(name="mlflow", make=MlflowTracker, check=check)
+SPEC = TrackerSpec(
+    name="mlflow", make=lambda cfg: BackgroundTracker(lambda: MlflowStore(cfg)), check=check
+)

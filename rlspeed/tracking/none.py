@@ -26,6 +26,9 @@ class NoTracker:
     def set_tags(self, tags: dict[str, str]) -> None:
         return None
 
+    def flush(self) -> None:
+        return None
+
     def links(self) -> dict[str, str]:
         return {}
 

@@ -154,6 +154,9 @@ class RunMonitor:
         # When compiling() was called, until the first log ends that phase.
         self._compile_start: float | None = None
         self.score = math.nan
+        # Fused path: seconds spent in the compiled chunk calls (the first one compiles or
+        # loads the program); the rest of the run is the host's work around them.
+        self.compiled_calls_s: float | None = None
         mode = progress if progress != "auto" else ("rich" if sys.stdout.isatty() else "plain")
         self._mode = mode
         self._progress: Progress | None = None
@@ -315,6 +318,7 @@ class RunMonitor:
             "pending": self._pending,
             "score": self.score,
             "wall_time": self.wall_time,
+            "compiled_calls_s": self.compiled_calls_s,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -329,6 +333,7 @@ class RunMonitor:
         self.seed_history = [list(rows) for rows in state["seed_history"]]
         self._pending = dict(state["pending"])
         self.score = state["score"]
+        self.compiled_calls_s = state.get("compiled_calls_s")  # absent in older resume files
         # Rates and wall_time_s count the training time of both runs (not the gap between).
         self._start = time.perf_counter() - state["wall_time"]
 

@@ -201,9 +201,7 @@ def run(cfg: DictConfig) -> float:
     )
     if resumed:  # metrics continue from the saved step (every agent file holds them all)
         monitor.load_state_dict(resumed[min(resumed)]["monitor"])
-    ctx = RunContext(
-        plain_cfg, task, engine, monitor, out_dir, resumed=resumed, tracker=tracker
-    )
+    ctx = RunContext(plain_cfg, task, engine, monitor, out_dir, resumed=resumed, tracker=tracker)
     # optuna.TrialPruned for a trial run; () matches nothing, so other runs never import optuna.
     pruned_error = reporter.pruned_error if reporter is not None else ()
     status = "FAILED"
@@ -320,6 +318,8 @@ def _write_metrics(
         "wall_time_s": monitor.wall_time,
         "env_steps_per_s": monitor.steps / monitor.wall_time,
         "updates_per_s": monitor.updates / monitor.wall_time,
+        # Fused path: of wall_time_s, the seconds in the compiled chunk calls (null elsewhere).
+        "compiled_calls_s": monitor.compiled_calls_s,
         # The last logged row (None if the run stopped before its first log).
         "final": monitor.history[-1] if monitor.history else None,
         # Every logged row, as the tracker got it (MLflow: each metric's history).

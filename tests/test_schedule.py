@@ -203,7 +203,7 @@ def test_fused_iteration_syncs_every_crossed_target_point(make_cfg):
     )  # fmt: skip
     trainer = make_train(cfg, make_vmap_env(TASKS.get("gridworld"), cfg.task, cfg.num_envs))
     state = jax.jit(trainer.init)(jax_keys(0))  # one compilation: eager init takes longer
-    after, _ = jax.jit(trainer.run, static_argnums=1)(state, 1)
+    after, _ = jax.jit(trainer.run, static_argnums=1)(state, 1, 1)
     assert int(after.updates) == 1
     before, online = _flax_params(state.agent.target_params), _flax_params(after.agent.params)
     _assert_moved_by(before, online, _flax_params(after.agent.target_params), 1 - 0.5**4)

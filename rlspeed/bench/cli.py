@@ -21,6 +21,8 @@ BENCHMARKS = {
     "qlearn": "agent-steps/s of 1, 30 and 1024 tabular Q-learning agents in one program",
     "cartpole": "DQN on CartPole per stack: env steps/s and the return reached",
     "updates": "one TD3, VPG and DQN update step, flax against torch, across batch sizes",
+    "overhead": "whole processes: default tracking against none (PPO and DQN fused, PPO with"
+    " 16 seeds: time outside the compiled calls) and the torch loop against a plain script",
 }
 # Sized for one accelerator (8 minutes there): run by name, not by `all`.
 ACCELERATOR = {

@@ -44,18 +44,19 @@ def measure(overrides: list[str], budget_s: float) -> float:
     agents = cfg.num_seeds
     init, run = trainer.init, trainer.run
     if agents > 1:
-        init, run = jax.vmap(init), jax.vmap(run, in_axes=(0, None))
+        init, run = jax.vmap(init), jax.vmap(run, in_axes=(0, None, None))
     compiled_run = jax.jit(run, static_argnums=1)
     seeds = range(cfg.seed, cfg.seed + agents)
     state = jax.jit(init)(jax_keys(seeds if agents > 1 else cfg.seed))
     learning_starts = cfg.algo.get("learning_starts", 0)
     if learning_starts:
-        state, _ = compiled_run(state, math.ceil(learning_starts / trainer.steps_per_iteration))
+        warm_up = math.ceil(learning_starts / trainer.steps_per_iteration)
+        state, _ = compiled_run(state, warm_up, warm_up)
     iterations = max(1, math.ceil(cfg.log_every / trainer.steps_per_iteration))
     states = [state]
 
     def chunk() -> None:
-        states[0], stats = compiled_run(states[0], iterations)
+        states[0], stats = compiled_run(states[0], iterations, iterations)
         jax.device_get(stats)
 
     chunks_per_s = calls_per_second(chunk, budget_s)

@@ -1,30 +1,47 @@
-"""A tracker whose store is written from a thread of its own, off training's path.
+"""Tracking off training's path: a store written by a process of its own.
 
-Training only queues what it records; the writer thread loads the store's library (MLflow's
-import and database take seconds), starts the run and writes the queued rows, many rows per
-call. A store that stops answering costs training nothing: the writer keeps every record it
-could not write, in order, and tries again every ``RETRY_SECONDS``; a store that answers
-again gets them all. ``flush`` and ``end`` try at once and wait for the outcome.
+Training only hands over what it records (``WriterProcess``, the run's ``Tracker``); a child
+process (``python -m rlspeed.tracking._writer``) loads the store's library, starts the run
+and writes the rows, many per call. It runs on its own interpreter, so MLflow's import and
+database (seconds of Python) take no time from the training loop's thread, and it outlives a
+killed run long enough to write what it was given and end the run KILLED.
+
+In the child a ``StoreWriter`` thread writes; a store that stops answering costs training
+nothing: the writer keeps every record it could not write, in order, tries again every
+``RETRY_SECONDS``, and a store that answers again gets them all. ``flush`` and ``end`` try at
+once and wait for the outcome.
+
+The two processes speak JSON lines: parent -> child ``{"start"|"rows"|"artifact"|"tags"|
+"flush"|"end": ...}``; child -> parent ``{"log": level, "message"}`` and, after a flush or
+the end, ``{"done": n, "failure", "run_id", "links"}``. Nothing read is ever executed.
 """
 
 from __future__ import annotations
 
+import importlib
+import json
 import logging
+import os
 import queue
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, NamedTuple, Protocol
 
 log = logging.getLogger("rlspeed")
 
 # Between two tries of a store that failed. One try of an HTTP store that refuses connections
-# takes ~7 s of retries (rlspeed.tracking.mlflow), all on the writer thread.
+# takes ~7 s of retries (rlspeed.tracking.mlflow), all in the writer.
 RETRY_SECONDS = 5.0
 # Metrics per store call: MLflow's log_batch takes at most 1000, and one call is one
 # transaction, so a failed call can be tried again without writing a row twice.
 MAX_METRICS_PER_CALL = 1000
+# The only modules the child loads a store from (each defines ``make_store(cfg)``).
+STORE_MODULES = ("rlspeed.tracking.mlflow",)
 
 
 class Row(NamedTuple):
@@ -42,7 +59,7 @@ class Store(Protocol):
     errors: tuple[type[BaseException], ...]
 
     def start(
-        self, run_name: str, params: dict[str, Any], tags: dict[str, str], run_id: str | None
+        self, run_name: str, params: dict[str, str], tags: dict[str, str], run_id: str | None
     ) -> None:
         """Start the run (once: a start tried again after a failure reuses its run)."""
 
@@ -60,6 +77,8 @@ class Store(Protocol):
         """Why the store failed, in one phrase naming it."""
 
 
+# ------------------------------------------------------------------ the child's writer
+
 # What the writer holds until the store has it: rows, or one call on the store.
 Record = list[Row] | Callable[[Store], None]
 
@@ -71,57 +90,27 @@ class _Control(NamedTuple):
     last: bool = False
 
 
-class BackgroundTracker:
-    """A ``Tracker`` over ``make()``'s store, written on a writer thread (module docstring).
+class StoreWriter:
+    """``make()``'s store, written on a thread of its own (the module docstring).
 
     ``failure`` says why some records are not in the store yet (None when all are).
     """
 
     def __init__(self, make: Callable[[], Store]) -> None:
         self._make = make
-        self._store: Store | None = None
+        self.store: Store | None = None
         self._queue: queue.SimpleQueue[Record | _Control] = queue.SimpleQueue()
         self._held: list[Record] = []
         self._thread = threading.Thread(target=self._work, name="rlspeed-tracking", daemon=True)
-        # Set when the run's start has been tried (its run id is known if it worked).
-        self._started = threading.Event()
         self.failure: str | None = None
 
-    # ------------------------------------------------------------- training's side
+    def put(self, record: Record) -> None:
+        if not self._thread.is_alive():
+            self._thread.start()
+        self._queue.put(record)
 
-    def start(
-        self, run_name: str, params: dict[str, Any], tags: dict[str, str], run_id: str | None = None
-    ) -> None:
-        self._queue.put(lambda store: store.start(run_name, params, tags, run_id))
-        self._thread.start()
-
-    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        self._queue.put([Row(dict(metrics), step, int(time.time() * 1000))])
-
-    def log_artifact(self, path: Path) -> None:
-        self._queue.put(lambda store: store.log_artifact(path))
-
-    def set_tags(self, tags: dict[str, str]) -> None:
-        self._queue.put(lambda store: store.set_tags(dict(tags)))
-
-    def flush(self) -> None:
-        self._control(last=False)
-
-    def end(self, status: str) -> None:
-        self._queue.put(lambda store: store.end(status))
-        self._control(last=True)
-
-    @property
-    def run_id(self) -> str | None:
-        if not self._thread.is_alive() and not self._started.is_set():
-            return None  # never started
-        self._started.wait()
-        return self._store.run_id if self._store is not None else None
-
-    def links(self) -> dict[str, str]:
-        return self._store.links() if self.run_id is not None and self._store else {}
-
-    def _control(self, last: bool) -> None:
+    def flush(self, last: bool = False) -> None:
+        """Try everything queued now and wait for the outcome; ``last``: then stop."""
         if not self._thread.is_alive():
             return
         done = threading.Event()
@@ -131,20 +120,16 @@ class BackgroundTracker:
         if last:
             self._thread.join()
 
-    # ------------------------------------------------------------- the writer thread
-
     def _work(self) -> None:
         try:
             self._write_until_last()
-        except Exception as error:  # a bug: say so, and let training and its files go on
+        except Exception as error:  # a bug: say so; training and its files go on
             self.failure = f"the tracking writer failed ({error!r})"
             log.exception("rlspeed: %s", self.failure)
-        finally:
-            self._started.set()
 
     def _write_until_last(self) -> None:
         try:
-            self._store = self._make()
+            self.store = self._make()
         except Exception as error:  # the store's library failed to load: nothing is recorded
             self.failure = f"the tracker could not be loaded ({error})"
             log.warning("rlspeed: %s; the run goes on and keeps its results", self.failure)
@@ -183,10 +168,9 @@ class BackgroundTracker:
 
     def _write_held(self) -> bool:
         """Write the held records in order, stopping at the first the store refuses."""
-        store = self._store
+        store = self.store
         if store is None:
             self._held.clear()
-            self._started.set()
             return True
         while self._held:
             record = self._held[0]
@@ -205,10 +189,203 @@ class BackgroundTracker:
                     )
                 self.failure = store.lost(error)
                 return False
-            finally:
-                self._started.set()  # the start's first try is over, whatever came of it
             self._held.pop(0)
         if self.failure is not None:
             log.info("rlspeed: the tracking store answers again; every held record is written")
             self.failure = None
         return True
+
+
+class _ToParent(logging.Handler):
+    """The child's log records, sent to the parent, which logs them as its own."""
+
+    def __init__(self, send: Callable[[dict[str, Any]], None]) -> None:
+        super().__init__(logging.INFO)
+        self._send = send
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self._send({"log": record.levelname, "message": record.getMessage()})
+
+
+def child_main(module: str, cfg_json: str) -> None:
+    """The child: read the parent's records from stdin until ``end`` (or the parent is gone:
+    then the run ends KILLED with everything it was given)."""
+    if module not in STORE_MODULES:
+        raise SystemExit(f"rlspeed: no tracking store in {module!r}")
+    # The parent's channel is the stdout this process was given; what libraries print there
+    # (MLflow prints "View run ... at: URL" when a run ends) goes nowhere instead.
+    channel = os.fdopen(os.dup(sys.stdout.fileno()), "w")
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    out_lock = threading.Lock()
+
+    def send(message: dict[str, Any]) -> None:
+        with out_lock:
+            channel.write(json.dumps(message) + "\n")
+            channel.flush()
+
+    log.addHandler(_ToParent(send))
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    cfg = SimpleNamespace(**json.loads(cfg_json))
+    writer = StoreWriter(lambda: importlib.import_module(module).make_store(cfg))
+
+    def done(index: int) -> None:
+        store = writer.store
+        run_id = store.run_id if store is not None else None
+        links = store.links() if store is not None and run_id is not None else {}
+        send({"done": index, "failure": writer.failure, "run_id": run_id, "links": links})
+
+    status = "KILLED"  # unless the parent says how the run ended
+    for line in sys.stdin:
+        message = json.loads(line)
+        if "start" in message:
+            run = message["start"]
+            writer.put(
+                lambda store, run=run: store.start(
+                    run["run_name"], run["params"], run["tags"], run["run_id"]
+                )
+            )
+            writer.flush()  # the run id, for the parent's checkpoints and summary
+            done(-1)
+        elif "rows" in message:
+            writer.put([Row(metrics, step, stamp) for metrics, step, stamp in message["rows"]])
+        elif "artifact" in message:
+            writer.put(lambda store, path=Path(message["artifact"]): store.log_artifact(path))
+        elif "tags" in message:
+            writer.put(lambda store, tags=message["tags"]: store.set_tags(tags))
+        elif "flush" in message:
+            writer.flush()
+            done(message["flush"])
+        elif "end" in message:
+            status = message["end"]
+            break
+    writer.put(lambda store: store.end(status))
+    writer.flush(last=True)
+    done(0)
+    # Nothing is left to do: skip tearing down MLflow's modules (~0.5 s the parent would wait).
+    os._exit(0)
+
+
+# ------------------------------------------------------------------ the parent's tracker
+
+
+class WriterProcess:
+    """The run's ``Tracker``: hands each call to the child process and never waits for it,
+    except in ``flush``, ``end`` and the run id (known once the child has started the run).
+    ``failure``: why some records are not in the store (None while all are)."""
+
+    def __init__(self, module: str, cfg: dict[str, Any]) -> None:
+        self._args = [sys.executable, "-m", "rlspeed.tracking._writer", module, json.dumps(cfg)]
+        self._process: subprocess.Popen[str] | None = None
+        # Lines for the child, written by a thread: a full pipe never blocks training.
+        self._outbox: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+        self._answers: dict[int, threading.Event] = {}
+        self._child_gone = threading.Event()
+        self._flushes = 0
+        self._run_id: str | None = None
+        self._links: dict[str, str] = {}
+        self.failure: str | None = None
+
+    def start(
+        self, run_name: str, params: dict[str, Any], tags: dict[str, str], run_id: str | None = None
+    ) -> None:
+        # A session of its own: Ctrl-C in the terminal stops training, not the writer, which
+        # then writes what the run recorded and its end.
+        self._process = subprocess.Popen(
+            self._args,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+            env={**os.environ, "PYTHONWARNINGS": "ignore"},
+        )
+        self._answers[-1] = threading.Event()
+        threading.Thread(target=self._send_lines, name="rlspeed-tracking-out", daemon=True).start()
+        threading.Thread(target=self._read_answers, name="rlspeed-tracking-in", daemon=True).start()
+        start = {"run_name": run_name, "params": {k: str(v) for k, v in params.items()}}
+        self._send({"start": {**start, "tags": tags, "run_id": run_id}})
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        row = [{name: float(value) for name, value in metrics.items()}, step, _now_ms()]
+        self._send({"rows": [row]})
+
+    def log_artifact(self, path: Path) -> None:
+        self._send({"artifact": str(path.resolve())})
+
+    def set_tags(self, tags: dict[str, str]) -> None:
+        self._send({"tags": tags})
+
+    def flush(self) -> None:
+        self._flushes += 1
+        self._ask({"flush": self._flushes}, self._flushes)
+
+    def end(self, status: str) -> None:
+        self._ask({"end": status}, 0)
+        self._outbox.put(None)
+
+    @property
+    def run_id(self) -> str | None:
+        """The tracked run's id, once the child has started it (None if it could not)."""
+        self._wait(-1)
+        return self._run_id
+
+    def links(self) -> dict[str, str]:
+        return self._links
+
+    def _send(self, message: dict[str, Any]) -> None:
+        if self._process is not None:
+            self._outbox.put(json.dumps(message))
+
+    def _ask(self, message: dict[str, Any], index: int) -> None:
+        """Send ``message`` and wait for the child's answer ``index`` (or its exit)."""
+        if self._process is None:
+            return
+        self._answers.setdefault(index, threading.Event())
+        self._send(message)
+        self._wait(index)
+
+    def _wait(self, index: int) -> None:
+        if self._process is None:
+            return
+        answer = self._answers.setdefault(index, threading.Event())
+        while not answer.wait(0.2) and not self._child_gone.is_set():
+            pass
+
+    def _send_lines(self) -> None:
+        assert self._process is not None and self._process.stdin is not None
+        pipe = self._process.stdin
+        while (line := self._outbox.get()) is not None:
+            try:
+                pipe.write(line + "\n")
+                pipe.flush()
+            except (BrokenPipeError, ValueError):  # the child is gone; _ask says so
+                return
+        pipe.close()
+
+    def _read_answers(self) -> None:
+        assert self._process is not None and self._process.stdout is not None
+        try:
+            for line in self._process.stdout:
+                self._answer(json.loads(line))
+        finally:
+            code = self._process.wait()
+            if code != 0:
+                self.failure = f"the tracking writer process exited with code {code}"
+            self._child_gone.set()  # nobody waits for its answers any longer
+
+    def _answer(self, message: dict[str, Any]) -> None:
+        if "log" in message:
+            log.log(logging.getLevelName(message["log"]), message["message"])
+            return
+        self._run_id = message["run_id"] or self._run_id
+        self._links = message["links"] or self._links
+        self.failure = message["failure"]
+        self._answers.setdefault(message["done"], threading.Event()).set()
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+if __name__ == "__main__":
+    child_main(sys.argv[1], sys.argv[2])

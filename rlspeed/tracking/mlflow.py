@@ -17,7 +17,7 @@ from typing import Any
 from rlspeed.config import check_creatable, unreachable
 from rlspeed.errors import ConfigError
 from rlspeed.tracking import TrackerSpec, cause
-from rlspeed.tracking._writer import BackgroundTracker, Row
+from rlspeed.tracking._writer import Row, WriterProcess
 
 log = logging.getLogger("rlspeed")
 
@@ -141,7 +141,7 @@ def _portable(uri: str) -> str:
 
 
 class MlflowStore:
-    """One run in MLflow, driven by the tracking writer thread (``rlspeed.tracking._writer``):
+    """One run in MLflow, driven by the tracking writer process (``rlspeed.tracking._writer``):
     it is made there, so MLflow's import and store opening overlap compilation and
     training. Every call raises on failure; the writer holds what failed and tries again."""
 
@@ -168,7 +168,7 @@ class MlflowStore:
         self.run_id: str | None = None
 
     def start(
-        self, run_name: str, params: dict[str, Any], tags: dict[str, str], run_id: str | None
+        self, run_name: str, params: dict[str, str], tags: dict[str, str], run_id: str | None
     ) -> None:
         from mlflow.entities import Param, RunTag
 
@@ -186,9 +186,7 @@ class MlflowStore:
         elif self.run_id is None:  # a start tried again reuses the run its first try created
             self.run_id = client.create_run(self._experiment_id, run_name=run_name).info.run_id
         run_tags = [RunTag(key, str(value)) for key, value in tags.items()]
-        run_params = [
-            Param(key, str(value)[:_MAX_PARAM_LENGTH]) for key, value in params.items()
-        ]
+        run_params = [Param(key, value[:_MAX_PARAM_LENGTH]) for key, value in params.items()]
         client.log_batch(self.run_id, params=[] if self._params_logged else run_params)
         client.log_batch(self.run_id, tags=run_tags)
         self._params_logged = True
@@ -251,6 +249,15 @@ class MlflowStore:
         return f"the MLflow store at {self._uri} failed ({cause(error)})"
 
 
-SPEC = TrackerSpec(
-    name="mlflow", make=lambda cfg: BackgroundTracker(lambda: MlflowStore(cfg)), check=check
-)
+def make_store(cfg: Any) -> MlflowStore:
+    """The store the tracking writer process drives (``rlspeed.tracking._writer``)."""
+    return MlflowStore(cfg)
+
+
+def make_tracker(cfg: Any) -> WriterProcess:
+    """The run's tracker: MLflow written by a process of its own, off training's path."""
+    settings = {key: cfg[key] for key in ("uri", "experiment", "parent_run_id")}
+    return WriterProcess(__name__, settings)
+
+
+SPEC = TrackerSpec(name="mlflow", make=make_tracker, check=check)

@@ -12,8 +12,8 @@ each), returning to Python only to log, evaluate and draw progress.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
-from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -41,9 +41,12 @@ from rlspeed.tasks import Policy
 class FusedTrainer(NamedTuple):
     # keys -> train state; the state has scalar fields ``step`` (env steps) and ``updates``.
     init: Callable[[JaxKeys], Any]
-    # (state, iterations) -> (state, stats), pure; ``iterations`` must be static. The stats
-    # have fields ``done``, ``episode_return``, ``episode_length`` of shape [iterations, envs].
-    run: Callable[[Any, int], tuple[Any, Any]]
+    # (state, iterations, valid) -> (state, stats), pure; ``iterations`` must be static,
+    # ``valid`` may be traced: iterations from ``valid`` on leave the state as it is, so one
+    # compiled program runs every chunk of a run, its last one included (``masked_scan``).
+    # The stats have fields ``done``, ``episode_return``, ``episode_length`` of shape
+    # [iterations, envs]; every stat is per iteration (leading axis) or a scalar.
+    run: Callable[[Any, int, Any], tuple[Any, Any]]
     total_iterations: int
     # Env steps per iteration (num_envs, or num_envs * rollout length).
     steps_per_iteration: int
@@ -58,16 +61,40 @@ class FusedTrainer(NamedTuple):
 
     def train(self, keys: JaxKeys) -> tuple[Any, Any]:
         """The whole training as one pure function of the keys (jit/vmap it freely)."""
-        return self.run(self.init(keys), self.total_iterations)
+        return self.run(self.init(keys), self.total_iterations, self.total_iterations)
+
+
+def masked_scan(
+    iteration: Callable[[Any, Any], tuple[Any, Any]],
+    carry: Any,
+    xs: Any,
+    length: int,
+    valid: Any,
+    unroll: int = 1,
+) -> tuple[Any, Any]:
+    """``lax.scan(iteration, carry, xs, length)`` in which the iterations from ``valid`` on
+    are skipped: the carry passes through and their outputs are zeros. A run whose length
+    is not a multiple of the chunk runs its last chunk with the same compiled program."""
+    first_x = None if xs is None else jax.tree.map(lambda x: x[0], xs)
+    out_shapes = jax.eval_shape(iteration, carry, first_x)[1]
+
+    def skip(carry: Any, x: Any) -> tuple[Any, Any]:
+        return carry, jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), out_shapes)
+
+    def body(carry: Any, indexed: tuple[jax.Array, Any]) -> tuple[Any, Any]:
+        index, x = indexed
+        return jax.lax.cond(index < valid, iteration, skip, carry, x)
+
+    return jax.lax.scan(body, carry, (jnp.arange(length), xs), length=length, unroll=unroll)
 
 
 def scan_iterations(
     iteration: Callable[[Any, None], tuple[Any, Any]],
-) -> Callable[[Any, int], tuple[Any, Any]]:
+) -> Callable[[Any, int, Any], tuple[Any, Any]]:
     """A ``FusedTrainer.run`` that repeats ``iteration(state, None) -> (state, stats)``."""
 
-    def run(state: Any, iterations: int) -> tuple[Any, Any]:
-        return jax.lax.scan(iteration, state, None, length=iterations)
+    def run(state: Any, iterations: int, valid: Any) -> tuple[Any, Any]:
+        return masked_scan(iteration, state, None, iterations, valid)
 
     return run
 
@@ -151,6 +178,16 @@ def saved_policies(
     return [policy(jax.tree.map(lambda x, i=i: x[i], params)) for i in range(agents)]
 
 
+def first_iterations(stats: Any, count: int, axis: int) -> Any:
+    """The chunk's stats of its first ``count`` iterations: every array with an iteration
+    axis (at ``axis``, after the seed axis of several seeds) cut there; sums kept."""
+
+    def cut(x: np.ndarray) -> np.ndarray:
+        return x[(slice(None),) * axis + (slice(count),)] if x.ndim > axis else x
+
+    return jax.tree.map(cut, stats)
+
+
 def train_fused(ctx: RunContext, make_train: Callable[[Any, VmapEnv], FusedTrainer]) -> TrainResult:
     """Train ``num_seeds`` agents as one program: vmap over seeds when there are several."""
     cfg, seeds = ctx.cfg, ctx.cfg.num_seeds
@@ -159,12 +196,18 @@ def train_fused(ctx: RunContext, make_train: Callable[[Any, VmapEnv], FusedTrain
     trainer = make_train(cfg, make_vmap_env(ctx.task, cfg.task, cfg.num_envs))
     greedy = jax.jit(trainer.greedy)
     policy_params = jax.jit(trainer.policy_params)
+    # One compiled program runs every chunk: a last, shorter one masks the iterations past
+    # the run's end (a second program for it cost 0.4-6 s of compilation).
+    chunk = min(
+        max(1, math.ceil(cfg.log_every / trainer.steps_per_iteration)), trainer.total_iterations
+    )
+
+    def run_chunk(state: Any, valid: jax.Array) -> tuple[Any, Any]:
+        return trainer.run(state, chunk, valid)
+
     if seeds == 1:
         state = jax.jit(trainer.init, compiler_options=RUN_ONCE)(jax_keys(cfg.seed))
-        compiled_run = jax.jit(trainer.run, static_argnums=1)
-
-        def run(state: Any, iterations: int) -> tuple[Any, Any]:
-            return compiled_run(state, iterations)
+        run = jax.jit(run_chunk)
 
         def of_seed(tree: Any, index: int) -> Any:
             return tree
@@ -172,17 +215,12 @@ def train_fused(ctx: RunContext, make_train: Callable[[Any, VmapEnv], FusedTrain
         # Agent i gets the keys of a single run with seed + i.
         keys = jax_keys(range(cfg.seed, cfg.seed + seeds))
         state = jax.jit(jax.vmap(trainer.init), compiler_options=RUN_ONCE)(keys)
-        compiled: dict[int, Callable[[Any], tuple[Any, Any]]] = {}
-
-        def run(state: Any, iterations: int) -> tuple[Any, Any]:
-            if iterations not in compiled:
-                compiled[iterations] = jax.jit(
-                    jax.vmap(partial(trainer.run, iterations=iterations))
-                )
-            return compiled[iterations](state)
+        run = jax.jit(jax.vmap(run_chunk, in_axes=(0, None)))
 
         def of_seed(tree: Any, index: int) -> Any:
             return jax.tree.map(lambda x: x[index], tree)
+
+    iteration_axis = 0 if seeds == 1 else 1  # of the stats
 
     ctx.all_seeds = True
     done_iterations = 0
@@ -197,14 +235,19 @@ def train_fused(ctx: RunContext, make_train: Callable[[Any, VmapEnv], FusedTrain
         lambda path: save_pytree(trainer.checkpoint(latest["state"]), path),
         lambda: {"state": tree_to_host(latest["state"]), "iterations": latest["iterations"]},
     )
-    chunk = max(1, math.ceil(cfg.log_every / trainer.steps_per_iteration))
     monitor = ctx.run_monitor
     with deferred_interrupts() as check_interrupt:
         while done_iterations < trainer.total_iterations:
             iterations = min(chunk, trainer.total_iterations - done_iterations)
-            state, stats = run(state, iterations)
+            called = time.perf_counter()
+            state, stats = run(state, np.int32(iterations))
             done_iterations += iterations
             stats, steps, updates = jax.device_get((stats, state.step, state.updates))
+            monitor.compiled_calls_s = (monitor.compiled_calls_s or 0.0) + (
+                time.perf_counter() - called
+            )
+            if iterations < chunk:
+                stats = first_iterations(stats, iterations, iteration_axis)
             params = policy_params(state)
             for index in range(seeds):
                 seed_stats = of_seed(stats, index)

@@ -18,7 +18,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rlspeed.algos.loops.fused import FusedTrainer, save_pytree, saved_policies, scan_unroll
+from rlspeed.algos.loops.fused import (
+    FusedTrainer,
+    masked_scan,
+    save_pytree,
+    saved_policies,
+    scan_unroll,
+)
 from rlspeed.algos.loops.tabular import table_shape
 from rlspeed.algos.schedule import epsilon_at
 from rlspeed.envs.vmap import VmapEnv, VmapState
@@ -186,14 +192,14 @@ def make_train(cfg: Any, env: VmapEnv) -> FusedTrainer:
         state = TrainState(q, env_state, state.key, state.step + n, state.updates + 1)
         return (state, td_error_sum + jnp.abs(td).mean(), q_values_sum + q_sa.mean()), episodes
 
-    def run(state: TrainState, iterations: int) -> tuple[TrainState, ChunkStats]:
+    def run(state: TrainState, iterations: int, valid: jax.Array) -> tuple[TrainState, ChunkStats]:
         # XLA:CPU runs threefry as a loop with a cost per call: drawing the chunk's numbers
         # in one call is much faster, and each step's stay the same whatever the chunking.
         steps = state.step + n * jnp.arange(iterations)
         u = jax.vmap(step_uniforms, in_axes=(None, 0, None))(state.key, steps, n)
         zero = jnp.float32(0)
-        (end, td_error_sum, q_values_sum), episodes = jax.lax.scan(
-            iteration, (state, zero, zero), u, unroll=unroll
+        (end, td_error_sum, q_values_sum), episodes = masked_scan(
+            iteration, (state, zero, zero), u, iterations, valid, unroll
         )
         epsilon = epsilon_at(end.step - n, algo, cfg.total_steps, xp=jnp)
         return end, ChunkStats(*episodes, td_error_sum, q_values_sum, epsilon)

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 from omegaconf import DictConfig
 
+from rlspeed.algos.loops import is_fused
 from rlspeed.checkpoint import agent_files, render_mode, saved_config
 from rlspeed.registry import ALGOS, BACKENDS, TASKS
 from rlspeed.seeding import eval_seeds
@@ -48,8 +49,14 @@ def evaluate_checkpoint(cfg: DictConfig) -> float:
         agents += [(first + i, policy, path) for i, policy in enumerate(policies)]
     env.close()
     scores = []
+    on_device = task.evaluate_on_device is not None and is_fused(saved)
     for seed, policy, path in agents:
-        scores.append(task.evaluate(saved.task, policy, seed))
+        if on_device:  # as training scored it: on the task's JAX twin
+            from rlspeed.algos.loops.fused import device_score
+
+            scores.append(device_score(task, saved.task, policy, seed))
+        else:
+            scores.append(task.evaluate(saved.task, policy, seed))
         print(f"rlspeed: score {scores[-1]:.4f} (seed {seed}, {path})")
     if cfg.video is not None:
         seed, policy, _ = agents[0]

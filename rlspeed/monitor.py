@@ -86,9 +86,8 @@ class SeedStream:
         step: int,
         updates: int,
         metrics: dict[str, float],
-        policy: Policy,
         total_steps: int,
-        evaluate: Callable[[Policy], float],
+        evaluate: Callable[[], float],
     ) -> dict[str, float]:
         elapsed = max(time.perf_counter() - self.last_time, 1e-9)
         row = {
@@ -105,7 +104,7 @@ class SeedStream:
             row["charts/recent_return"] = self.recent_return
         self.interval = np.zeros(3)
         if step >= self.next_eval or step >= total_steps:
-            self.score = float(evaluate(policy))
+            self.score = float(evaluate())
             row["eval/score"] = self.score
             while self.next_eval <= step:
                 self.next_eval += self.eval_every
@@ -199,9 +198,17 @@ class RunMonitor:
         self.streams[seed].episodes(done, episode_return, episode_length)
 
     def log(
-        self, step: int, updates: int, metrics: dict[str, float], policy: Policy, seed: int = 0
+        self,
+        step: int,
+        updates: int,
+        metrics: dict[str, float],
+        policy: Policy,
+        seed: int = 0,
+        score: Callable[[], float] | None = None,
     ) -> None:
-        """Log seed ``seed`` at env step ``step``; evaluates ``policy`` when an eval is due."""
+        """Log seed ``seed`` at env step ``step``. When an eval is due, ``score()`` is the
+        score if given (the fused path scores every seed in one program), else the task's
+        evaluation of ``policy``."""
         for name, value in metrics.items():
             if name.startswith("losses/") and not math.isfinite(value):
                 raise DivergenceError(
@@ -209,14 +216,8 @@ class RunMonitor:
                     + (f" (seed {seed})" if self.num_seeds > 1 else "")
                     + "; lower the algorithm's learning rate or check the task's rewards"
                 )
-        row = self.streams[seed].row(
-            step,
-            updates,
-            metrics,
-            policy,
-            self.total_steps,
-            lambda p: self._evaluate(p, seed),
-        )
+        evaluate = score or (lambda: self._evaluate(policy, seed))
+        row = self.streams[seed].row(step, updates, metrics, self.total_steps, evaluate)
         if self.num_seeds == 1:
             self._emit(step, row)
             return

@@ -9,6 +9,7 @@ that are not fused, exchanging arrays through DLPack (no copies on the same devi
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
@@ -139,6 +140,30 @@ class JaxVmapEngine:
 
     def close(self) -> None:
         self._state = None
+
+
+def mean_greedy_return(
+    env: VmapEnv, act: Callable[[jax.Array], jax.Array], key: jax.Array
+) -> jax.Array:
+    """Mean return of one episode per env of ``env``, started from ``env.init(key)`` and
+    acted on by ``act`` (observations -> actions, traceable); an env's return stops counting
+    when its episode ends, at its time limit at the latest. Traceable and vmappable (over
+    agents' parameters and keys), so the fused path scores every seed in one program."""
+
+    def running(carry: tuple[VmapState, jax.Array, jax.Array]) -> jax.Array:
+        return carry[2].any()
+
+    def step(
+        carry: tuple[VmapState, jax.Array, jax.Array],
+    ) -> tuple[VmapState, jax.Array, jax.Array]:
+        state, returns, alive = carry
+        state, result = env.step(state, act(state.obs))
+        returns = returns + jnp.where(alive, result.reward, 0.0)
+        return state, returns, alive & ~(result.terminated | result.truncated)
+
+    start = (env.init(key), jnp.zeros(env.num_envs), jnp.ones(env.num_envs, dtype=bool))
+    _, returns, _ = jax.lax.while_loop(running, step, start)
+    return returns.mean()
 
 
 def make_vmap_env(task: Any, task_cfg: Any, num_envs: int) -> VmapEnv:

@@ -41,6 +41,21 @@ def check_settings(cfg: Any, **minimums: int) -> None:
             raise ConfigError(f"task.{key}", cfg[key], allowed)
 
 
+def mean_return_on_device(
+    make_functional: Callable[[Any], Any], standard: Any
+) -> Callable[[Any, Callable[[Any], Any], Any], Any]:
+    """``TaskSpec.evaluate_on_device`` of a task scored as the mean greedy return over
+    ``eval_episodes`` episodes at its ``standard`` settings, on its JAX twin."""
+
+    def evaluate_on_device(cfg: Any, act: Callable[[Any], Any], key: Any) -> Any:
+        from rlspeed.envs.vmap import VmapEnv, mean_greedy_return
+
+        env = VmapEnv(make_functional(standard), cfg.eval_episodes, standard.max_steps)
+        return mean_greedy_return(env, act, key)
+
+    return evaluate_on_device
+
+
 @dataclass(frozen=True)
 class TaskSpec:
     name: str
@@ -60,6 +75,11 @@ class TaskSpec:
     # classes of each where they are one-hot encoded (rlspeed.algos.encoding); also worked
     # out from the settings. backend.threads=auto sizes the network's products with it.
     network_inputs: Callable[[Any], int]
+    # ``evaluate`` on the task's JAX twin, for the fused path and its checkpoints: (task cfg,
+    # greedy actions of observations [B, ...] as a traceable function, JAX key) -> score.
+    # Every seed's agent is then scored in one vmapped program; None: ``evaluate`` on the
+    # host scores them one by one.
+    evaluate_on_device: Callable[[Any, Callable[[Any], Any], Any], Any] | None = None
     # Finite state index of an observation, or None when the task has no tabular form.
     tabular: TabularSpec | None = None
     # Raises ConfigError for settings the task cannot run with.

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from rlspeed.config import TaskConfig
-from rlspeed.tasks import Policy, TaskSpec
+from rlspeed.tasks import Policy, TaskSpec, mean_return_on_device
 
 # Gymnasium (and NumPy) load when an env is built or scored, not when a config is checked.
 if TYPE_CHECKING:
@@ -64,6 +64,7 @@ SPEC = TaskSpec(
     make_env=make_env,
     make_functional=make_functional,
     evaluate=evaluate,
+    evaluate_on_device=mean_return_on_device(make_functional, PendulumTaskConfig()),
     # (cos theta, sin theta, theta_dot) as float32.
     observation_bytes=lambda cfg: 3 * 4,
     network_inputs=lambda cfg: 3,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -34,8 +35,8 @@ from rlspeed.checkpoint import (
 from rlspeed.engines import StepResult
 from rlspeed.envs.vmap import VmapEnv, VmapState, make_vmap_env
 from rlspeed.run import RunContext, TrainResult
-from rlspeed.seeding import JaxKeys, jax_keys
-from rlspeed.tasks import Policy
+from rlspeed.seeding import JaxKeys, Stream, jax_key, jax_keys
+from rlspeed.tasks import Policy, TaskSpec
 
 
 class FusedTrainer(NamedTuple):
@@ -168,14 +169,70 @@ def saved_policies(
     (every seed of a fused run, stacked). ``template``: a checkpoint tree of one agent."""
     agents = cfg.num_seeds if is_fused(cfg) else 1
     params = params_of(load_pytree(template, path, agents))
-    greedy = jax.jit(greedy)
-
-    def policy(params: Any) -> Policy:
-        return lambda obs: np.asarray(greedy(params, obs))
-
+    compiled = jax.jit(greedy)
     if agents == 1:
-        return [policy(params)]
-    return [policy(jax.tree.map(lambda x, i=i: x[i], params)) for i in range(agents)]
+        return [DevicePolicy(greedy, compiled, params)]
+    return [
+        DevicePolicy(greedy, compiled, jax.tree.map(lambda x, i=i: x[i], params))
+        for i in range(agents)
+    ]
+
+
+class DevicePolicy:
+    """The greedy policy of saved parameters: a host ``Policy`` (NumPy observations in,
+    actions out: the host's evaluation, videos) that ``device_score`` can also trace."""
+
+    def __init__(self, greedy: Callable[[Any, jax.Array], jax.Array], compiled: Any, params: Any):
+        self.greedy, self._compiled, self.params = greedy, compiled, params
+
+    def __call__(self, obs: Any) -> np.ndarray:
+        return np.asarray(self._compiled(self.params, obs))
+
+
+def device_score(task: TaskSpec, task_cfg: Any, policy: DevicePolicy, seed: int) -> float:
+    """The score ``train_fused`` gives the agent of seed ``seed`` (mode=eval of a fused run)."""
+    assert task.evaluate_on_device is not None
+
+    def score(params: Any, key: jax.Array) -> jax.Array:
+        return task.evaluate_on_device(task_cfg, partial(policy.greedy, params), key)
+
+    return float(jax.jit(score)(policy.params, jax_key(seed, Stream.EVAL)))
+
+
+def _seed_scores(
+    task: TaskSpec, cfg: Any, trainer: FusedTrainer
+) -> Callable[[Any], np.ndarray] | None:
+    """Every seed's score from the seeds' policy params, in one compiled call (one program
+    vmapped over seeds); None where the task is scored on the host."""
+    if task.evaluate_on_device is None:
+        return None
+
+    def score(params: Any, key: jax.Array) -> jax.Array:
+        return task.evaluate_on_device(cfg.task, partial(trainer.greedy, params), key)
+
+    if cfg.num_seeds == 1:
+        one, key = jax.jit(score), jax_key(cfg.seed, Stream.EVAL)
+        return lambda params: np.atleast_1d(np.asarray(one(params, key)))
+    every = jax.jit(jax.vmap(score))
+    keys = jax_key(range(cfg.seed, cfg.seed + cfg.num_seeds), Stream.EVAL)
+    return lambda params: np.asarray(every(params, keys))
+
+
+class _ChunkScores:
+    """The seeds' scores at the end of a chunk, computed when the first seed asks (only
+    when an evaluation is due)."""
+
+    def __init__(self, scores_of: Callable[[Any], np.ndarray], params: Any) -> None:
+        self._scores_of, self._params = scores_of, params
+        self._scores: np.ndarray | None = None
+
+    def of(self, index: int) -> Callable[[], float]:
+        def score() -> float:
+            if self._scores is None:
+                self._scores = self._scores_of(self._params)
+            return float(self._scores[index])
+
+        return score
 
 
 def first_iterations(stats: Any, count: int, axis: int) -> Any:
@@ -221,6 +278,7 @@ def train_fused(ctx: RunContext, make_train: Callable[[Any, VmapEnv], FusedTrain
             return jax.tree.map(lambda x: x[index], tree)
 
     iteration_axis = 0 if seeds == 1 else 1  # of the stats
+    scores_of = _seed_scores(ctx.task, cfg, trainer)
 
     ctx.all_seeds = True
     done_iterations = 0
@@ -249,6 +307,7 @@ def train_fused(ctx: RunContext, make_train: Callable[[Any, VmapEnv], FusedTrain
             if iterations < chunk:
                 stats = first_iterations(stats, iterations, iteration_axis)
             params = policy_params(state)
+            scores = _ChunkScores(scores_of, params) if scores_of is not None else None
             for index in range(seeds):
                 seed_stats = of_seed(stats, index)
                 monitor.episodes(
@@ -261,6 +320,7 @@ def train_fused(ctx: RunContext, make_train: Callable[[Any, VmapEnv], FusedTrain
                     trainer.summarize(seed_stats),
                     lambda obs, p=seed_params: np.asarray(greedy(p, obs)),
                     index,
+                    score=scores.of(index) if scores is not None else None,
                 )
             latest.update(state=state, iterations=done_iterations)
             check_interrupt()

@@ -24,6 +24,10 @@ def _conf_dir() -> str:
 CONF_DIR = _conf_dir()
 
 
+# Set when a single run (not a multirun's job) has finished: the process then ends at once.
+_finished: list[bool] = []
+
+
 def _task(cfg: DictConfig) -> float:
     """One Hydra job: the run ``cfg`` describes."""
     from hydra.core.hydra_config import HydraConfig
@@ -33,7 +37,10 @@ def _task(cfg: DictConfig) -> float:
     from rlspeed.run import run
 
     try:
-        return run(cfg)
+        score = run(cfg)
+        if HydraConfig.get().mode == RunMode.RUN:
+            _finished.append(True)
+        return score
     except RLSpeedError as error:
         if HydraConfig.get().mode == RunMode.MULTIRUN:
             raise  # the sweeper records the job as failed and goes on
@@ -101,6 +108,8 @@ def main() -> None:
 
         check_command_line(sys.argv[1:])
         hydra.main(version_base=None, config_path=CONF_DIR, config_name="config")(_task)()
+        if _finished:
+            _exit_at_once()
     except KeyboardInterrupt as stop:
         # rlspeed.errors.Interrupted, or the plain KeyboardInterrupt of a Ctrl-C that came early.
         signum = getattr(stop, "signum", signal.SIGINT)
@@ -114,6 +123,20 @@ def main() -> None:
                 line += f" (continue it with resume={out_dir})"
         print(line, file=sys.stderr)
         sys.exit(128 + signum)
+
+
+def _exit_at_once() -> None:
+    """End a finished run's process without tearing down its modules: every output is
+    written and closed, the tracking writer has answered, and unloading JAX, torch and the
+    rest took 0.5-1 s of a short run's wall time. The log file and the console are flushed
+    first; nothing else in the process has work left."""
+    import logging
+    import os
+
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -72,12 +72,29 @@ def _check_updates(rows: list[dict[str, str]]) -> None:
         assert float(row["torch_over_flax"]) == pytest.approx(ratio, rel=1e-3)
 
 
+def _check_overhead(rows: list[dict[str, str]]) -> None:
+    """Each case's variants did equal work; the fused runs say how much of the process
+    was outside the compiled calls; ratios are against the case's last variant."""
+    cases = ["ppo-cartpole-fused", "dqn-cartpole-fused", "ppo-cartpole-fused-16-seeds"]
+    cases.append("torch-dqn-cartpole")
+    assert [r["case"] for r in rows[::2]] == cases
+    for first, second in zip(rows[::2], rows[1::2], strict=True):
+        assert first["case"] == second["case"] and float(second["ratio"]) == 1.0
+        for key in ("env_steps", "gradient_updates"):
+            assert first[key] == second[key] and int(first[key]) > 0, key
+    one, sixteen = rows[0], rows[4]
+    assert int(sixteen["env_steps"]) == 16 * int(one["env_steps"])
+    for row in rows[:6]:
+        assert 0 < float(row["outside_fraction"]) < 1, row
+
+
 CHECKS = {
     "envs": _check_envs,
     "table2": _check_equal_work,
     "cartpole": _check_equal_work,
     "qlearn": _check_qlearn,
     "updates": _check_updates,
+    "overhead": _check_overhead,
 }
 
 

@@ -85,7 +85,9 @@ def timed_script(config: dict[str, Any]) -> dict[str, Any]:
     return metrics
 
 
-def _median_row(table: Table, case: str, variant: str, runs: list[dict[str, Any]]) -> None:
+def _median_row(
+    table: Table, case: str, variant: str, runs: list[dict[str, Any]], ratio: float
+) -> None:
     seconds = statistics.median(run["process_s"] for run in runs)
     steps, updates = runs[0]["env_steps"], runs[0]["gradient_updates"]
     compiled = [run.get("compiled_calls_s") for run in runs]
@@ -99,7 +101,7 @@ def _median_row(table: Table, case: str, variant: str, runs: list[dict[str, Any]
         variant=variant,
         runs=len(runs),
         process_s=seconds,
-        ratio=float("nan"),
+        ratio=ratio,
         env_steps=steps,
         gradient_updates=updates,
         env_steps_per_s=steps / seconds,
@@ -123,11 +125,10 @@ def _pairs(
             runs[name].append(run(repeat))
     reference = list(variants)[-1]
     for name, results in runs.items():
-        _median_row(table, case, name, results)
         ratios = [
             a["process_s"] / b["process_s"] for a, b in zip(results, runs[reference], strict=True)
         ]
-        table.rows[-1]["ratio"] = statistics.median(ratios)
+        _median_row(table, case, name, results, statistics.median(ratios))
 
 
 def run(out_dir: Path, quick: bool, compose: Any) -> list[Path]:

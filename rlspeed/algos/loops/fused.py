@@ -313,12 +313,12 @@ def train_fused(ctx: RunContext, make_train: Callable[[Any, VmapEnv], FusedTrain
                 monitor.episodes(
                     seed_stats.done, seed_stats.episode_return, seed_stats.episode_length, index
                 )
-                seed_params = of_seed(params, index)
                 monitor.log(
                     int(np.ravel(steps)[index]),
                     int(np.ravel(updates)[index]),
                     trainer.summarize(seed_stats),
-                    lambda obs, p=seed_params: np.asarray(greedy(p, obs)),
+                    # Only a task scored on the host calls it (sliced then).
+                    lambda obs, i=index, p=params: np.asarray(greedy(of_seed(p, i), obs)),
                     index,
                     score=scores.of(index) if scores is not None else None,
                 )

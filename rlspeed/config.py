@@ -23,6 +23,10 @@ class BackendConfig:
     # CPU threads for the backend's math: an integer (0: the library's default, one per
     # core), or auto: picked from the run's sizes before the backend starts (``auto_threads``).
     threads: int | str = "auto"
+    # Where the agent's arrays live: auto (a GPU when the backend's library sees one, else
+    # the CPU), cpu, cuda or cuda:N. torch: its tensors (environments stay where the engine
+    # keeps them; arrays cross through DLPack). flax: JAX's platform (cpu keeps JAX off a GPU).
+    device: str = "auto"
     # backend=flax: the folder where compiled XLA programs are kept between runs (JAX's
     # persistent compilation cache); None compiles every program in every run.
     compilation_cache: str | None = None
@@ -154,6 +158,7 @@ def validate(cfg: DictConfig) -> None:
         )
     if backend.name not in algo.backends:
         raise ConfigError("backend", backend.name, f"one of {', '.join(algo.backends)}")
+    backend.check(cfg.backend)
     if engine.needs_functional_env and task.make_functional is None:
         fits = [e.name for e in ENGINES if not e.needs_functional_env]
         raise ConfigError(

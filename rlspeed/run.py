@@ -406,6 +406,8 @@ def _summary(
     table.add_column("value")
     for key, value in choices.items():
         table.add_row(key, value)
+    backend = ctx.cfg.backend
+    table.add_row("device", BACKENDS.get(backend.name).device_name(backend))
     wall = monitor.wall_time
     seeds = f" (mean of {monitor.num_seeds} seeds)" if monitor.num_seeds > 1 else ""
     rows = [

@@ -202,6 +202,15 @@ BAD = [
         ["backend.threads=100000"],
         ["invalid backend.threads=100000: expected auto, or an integer in [0, "],
     ),
+    (["backend.device=tpu"], ["invalid backend.device=tpu: expected auto, cpu, cuda or cuda:N"]),
+    (
+        ["backend=torch", "env=gym-sync", "backend.device=cuda:7"],
+        ["invalid backend.device=cuda:7: expected auto or cpu: torch sees"],
+    ),
+    (
+        ["backend=flax", "backend.device=cuda"],
+        ["invalid backend.device=cuda: expected auto or cpu: flax sees no GPU"],
+    ),
     (
         ["backend=flax", "backend.compilation_cache="],
         ["invalid backend.compilation_cache=: expected a"],

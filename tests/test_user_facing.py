@@ -217,6 +217,8 @@ def test_summary_shows_full_paths_and_how_to_open_the_run(tmp_path: Path) -> Non
     assert artifacts == ["checkpoint.pt", "config.yaml", "learning_curve.png", "metrics.json"]
     experiment = client.get_run(run_id).info.experiment_id
     lines = result.stdout.splitlines()
+    # backend.device=auto on a machine where torch sees no GPU: the summary says so.
+    assert any(line.split() == ["│", "device", "│", "cpu", "│"] for line in lines), lines
     page = f"http://127.0.0.1:5000/#/experiments/{experiment}/runs/{run_id}"
     assert lines[-5:] == [
         f"outputs        {out}",

@@ -2,9 +2,29 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from rlspeed.errors import ConfigError
+
+DEVICES = "auto, cpu, cuda or cuda:N"
+
+
+def check_device(cfg: Any, gpus: Callable[[], int]) -> None:
+    """Refuse ``backend.device`` unless it is one of ``DEVICES`` and a GPU it names exists
+    (``gpus()``: how many the backend's library sees; loaded only when a GPU is named)."""
+    device = str(cfg.device)
+    match = re.fullmatch(r"cuda(?::(\d+))?", device)
+    if device in ("auto", "cpu"):
+        return
+    if match is None:
+        raise ConfigError("backend.device", device, DEVICES)
+    index, count = int(match.group(1) or 0), gpus()
+    if index >= count:
+        seen = f"{count} GPU{'s' if count != 1 else ''}" if count else "no GPU"
+        raise ConfigError("backend.device", device, f"auto or cpu: {cfg.name} sees {seen}")
 
 
 @dataclass(frozen=True)
@@ -12,3 +32,7 @@ class BackendSpec:
     name: str
     # (backend config, seed) -> None: seeds RNGs and sets threads/determinism.
     setup: Callable[[Any, int], None]
+    # Raises ConfigError for settings the backend cannot run with (backend.device).
+    check: Callable[[Any], None] = lambda cfg: None
+    # (backend config) -> the device the agent's arrays are on, as the summary shows it.
+    device_name: Callable[[Any], str] = lambda cfg: "cpu"

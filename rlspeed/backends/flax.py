@@ -6,10 +6,27 @@ import os
 from pathlib import Path
 from typing import Any
 
-from rlspeed.backends import BackendSpec
+from rlspeed.backends import BackendSpec, check_device
+
+
+def _gpus() -> int:
+    import jax
+
+    try:
+        return len(jax.devices("cuda"))
+    except RuntimeError:  # no CUDA backend in this jax (a CPU install)
+        return 0
 
 
 def setup(cfg: Any, seed: int) -> None:
+    if cfg.device != "auto":
+        import jax
+
+        if cfg.device == "cpu":  # before JAX starts a backend: it then never touches a GPU
+            jax.config.update("jax_platforms", "cpu")
+        else:  # cuda or cuda:N (the config check has seen it)
+            index = int(cfg.device.partition(":")[2] or 0)
+            jax.config.update("jax_default_device", jax.devices("cuda")[index])
     # JAX is seeded through explicit keys. Threads must be fixed before JAX starts its CPU
     # client: XLA sizes its thread pools from NPROC when set (else from the cores it may use).
     if cfg.threads > 0:
@@ -27,4 +44,16 @@ def setup(cfg: Any, seed: int) -> None:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
 
-SPEC = BackendSpec(name="flax", setup=setup)
+def device_name(cfg: Any) -> str:
+    import jax
+
+    device = jax.config.jax_default_device or jax.devices()[0]
+    return f"{device.platform}:{device.id}"
+
+
+SPEC = BackendSpec(
+    name="flax",
+    setup=setup,
+    check=lambda cfg: check_device(cfg, _gpus),
+    device_name=device_name,
+)

@@ -2,15 +2,38 @@
 
 from __future__ import annotations
 
-from typing import Any
+import os
+from typing import TYPE_CHECKING, Any
 
-from rlspeed.backends import BackendSpec
+from rlspeed.backends import BackendSpec, check_device
+
+if TYPE_CHECKING:
+    import torch
+
+
+def device_of(cfg: Any) -> torch.device:
+    """``backend.device`` as a torch device (auto: the first GPU torch sees, else the CPU)."""
+    import torch
+
+    if cfg.device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(cfg.device)
+
+
+def _gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def setup(cfg: Any, seed: int) -> None:
     import torch
 
     from rlspeed.seeding import Stream, int_seed
+
+    if device_of(cfg).type == "cuda":
+        # cuBLAS is deterministic only with a fixed workspace; set before CUDA starts.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
     # torch's global generator draws the initial weights: the run's INIT stream.
     torch.manual_seed(int_seed(seed, Stream.INIT))
@@ -21,4 +44,9 @@ def setup(cfg: Any, seed: int) -> None:
         torch.backends.cudnn.benchmark = False
 
 
-SPEC = BackendSpec(name="torch", setup=setup)
+SPEC = BackendSpec(
+    name="torch",
+    setup=setup,
+    check=lambda cfg: check_device(cfg, _gpus),
+    device_name=lambda cfg: str(device_of(cfg)),
+)

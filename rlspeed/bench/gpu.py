@@ -9,8 +9,8 @@ Three tables, each CSV, markdown and PNG:
   flax + jax-vmap, at equal env steps and gradient updates;
 - ``gpu_ppo_seeds``: PPO on CartPole fused, one seed against 16 seeds in one program.
 
-JAX runs on the accelerator it finds; torch runs on the CPU (it has no device setting yet),
-so the torch row is what a user of ``backend=torch`` gets on the same machine today.
+JAX and torch both run on the accelerator they find (``backend.device=auto``); the
+Gymnasium envs of ``gym-sync`` step on the CPU.
 
     rlspeed-bench gpu --out docs/benchmarks/gpu
 """
@@ -79,7 +79,8 @@ def _dqn_doors(out_dir: Path, quick: bool) -> list[Path]:
         overrides,
         out_dir,
         [
-            "torch runs on the CPU (no device setting yet); flax + jax-vmap on the accelerator.",
+            "backend.device=auto: torch's networks and updates and flax + jax-vmap's whole"
+            " program on the accelerator; gym-sync's envs on the CPU.",
             "Seed's Table 2 (GPU): 22.5 min torch + gym-sync, 2.3 min flax + jax-vmap,"
             " at 3x these env steps.",
         ],

@@ -133,8 +133,10 @@ class JaxVmapEngine:
 
     def step(self, actions: Any) -> StepResult:
         if not isinstance(actions, jax.Array):
-            # torch tensors and NumPy arrays come in through DLPack, sharing memory.
+            # torch tensors and NumPy arrays come in through DLPack, sharing memory, then go
+            # where the envs are (a no-op when both are on one device).
             actions = jax.dlpack.from_dlpack(actions)
+            actions = jax.device_put(actions, self._state.obs.device)
         self._state, result = self._step(self._state, actions)
         return result
 

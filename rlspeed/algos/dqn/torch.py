@@ -12,8 +12,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from rlspeed.algos.dqn import DQNSchedule, learning_rate_at
-from rlspeed.algos.networks.torch import MLP, optimizer
+from rlspeed.algos.networks.torch import (
+    MLP,
+    device_of_module,
+    from_numpy,
+    load_checkpoint,
+    optimizer,
+)
 from rlspeed.algos.replay import Batch
+from rlspeed.backends.torch import device_of
 from rlspeed.checkpoint import save_torch
 from rlspeed.seeding import Stream, int_seed
 from rlspeed.tasks import Policy
@@ -21,7 +28,8 @@ from rlspeed.tasks import Policy
 
 @torch.no_grad()
 def greedy_actions(q_network: nn.Module, obs: np.ndarray) -> np.ndarray:
-    return q_network(torch.from_numpy(obs)).argmax(dim=1).numpy()
+    q = q_network(from_numpy(obs, device_of_module(q_network)))
+    return q.argmax(dim=1).cpu().numpy()
 
 
 class TorchLearner(DQNSchedule):
@@ -29,8 +37,11 @@ class TorchLearner(DQNSchedule):
         algo = cfg.algo
         self.algo, self.total_steps, self.num_envs = algo, cfg.total_steps, cfg.num_envs
         self.n_actions = int(action_space.n)
-        self.q_network = MLP(obs_space, self.n_actions, algo.hidden_sizes, nn.ReLU)
+        # Drawn on the CPU (the global generator), then moved: the same weights anywhere.
+        self.device = device_of(cfg.backend)
+        self.q_network = MLP(obs_space, self.n_actions, algo.hidden_sizes, nn.ReLU).to(self.device)
         self.target_network = MLP(obs_space, self.n_actions, algo.hidden_sizes, nn.ReLU)
+        self.target_network.to(self.device)
         self.target_network.load_state_dict(self.q_network.state_dict())
         self.optimizer = optimizer(algo.optimizer, self.q_network.parameters(), algo.learning_rate)
         self.updates = 0
@@ -41,20 +52,21 @@ class TorchLearner(DQNSchedule):
     @torch.no_grad()
     def act(self, obs: Any, step: int) -> torch.Tensor:
         epsilon = self.epsilon(step)
-        # DLPack: NumPy arrays and JAX arrays become tensors without a copy.
-        obs = torch.from_dlpack(obs)
-        greedy = self.q_network(obs).argmax(dim=1)
+        # DLPack: NumPy arrays and JAX arrays become tensors without a copy (on one device).
+        obs = torch.from_dlpack(obs).to(self.device)
+        greedy = self.q_network(obs).argmax(dim=1).cpu()
         n = obs.shape[0]
+        # Drawn on the CPU generator: the same exploration on every device.
         explore = torch.rand(n, generator=self.generator) < epsilon
         random = torch.randint(self.n_actions, (n,), generator=self.generator)
-        # int32 is what the JAX engine takes with x64 disabled.
+        # int32 is what the JAX engine takes with x64 disabled; on the CPU, as engines take.
         return torch.where(explore, random, greedy).to(torch.int32)
 
     def greedy(self, obs: np.ndarray) -> np.ndarray:
         return greedy_actions(self.q_network, obs)
 
     def update(self, batch: Batch) -> dict[str, torch.Tensor]:
-        obs, next_obs, actions, rewards, dones = (torch.from_numpy(x) for x in batch)
+        obs, next_obs, actions, rewards, dones = (from_numpy(x, self.device) for x in batch)
         with torch.no_grad():
             next_q = self.target_network(next_obs).max(dim=1).values
             td_target = rewards + self.gamma * next_q * (1.0 - dones)
@@ -91,5 +103,5 @@ class TorchLearner(DQNSchedule):
 def load_policies(cfg: Any, path: Path, obs_space: Any, action_space: Any) -> list[Policy]:
     """The greedy policy of a saved ``checkpoint.pt`` (``mode=eval``)."""
     q_network = MLP(obs_space, int(action_space.n), cfg.algo.hidden_sizes, nn.ReLU)
-    q_network.load_state_dict(torch.load(path, weights_only=True)["q_network"])
+    q_network.load_state_dict(load_checkpoint(path)["q_network"])
     return [partial(greedy_actions, q_network)]

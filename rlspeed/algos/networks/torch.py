@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -32,6 +33,21 @@ def optimizer(name: str, params: Iterable[nn.Parameter], lr: float) -> torch.opt
     batch 64), on Doors from 1.80 to 1.51 ms."""
     kind = {"adam": torch.optim.Adam, "sgd": torch.optim.SGD}[name]
     return kind(params, lr=lr, fused=True)
+
+
+def device_of_module(module: nn.Module) -> torch.device:
+    return next(module.parameters()).device
+
+
+def from_numpy(x: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A NumPy array as a tensor on ``device`` (sharing its memory on the CPU)."""
+    return torch.from_numpy(np.asarray(x)).to(device)
+
+
+def load_checkpoint(path: Path) -> dict[str, Any]:
+    """A saved ``checkpoint.pt`` (tensors only: nothing in it runs code), on the CPU,
+    wherever it was saved from; a learner moves what it loads to its device."""
+    return torch.load(path, weights_only=True, map_location="cpu")
 
 
 class MLP(nn.Module):
@@ -86,37 +102,48 @@ class ActorCritic:
     """The policy and value networks of an on-policy learner (``algo.hidden_sizes``,
     ``algo.initial_log_std``) and how it acts; the algorithm adds its optimizers and update."""
 
-    def __init__(self, obs_space: Any, action_space: Any, algo: Any, seed: int) -> None:
-        self.policy = Policy(obs_space, action_space, algo)
-        self.value = MLP(obs_space, 1, algo.hidden_sizes)
+    def __init__(
+        self,
+        obs_space: Any,
+        action_space: Any,
+        algo: Any,
+        seed: int,
+        device: torch.device | None = None,
+    ) -> None:
+        # Weights drawn on the CPU (the global generator), then moved: the same anywhere.
+        self.device = device or torch.device("cpu")
+        self.policy = Policy(obs_space, action_space, algo).to(self.device)
+        self.value = MLP(obs_space, 1, algo.hidden_sizes).to(self.device)
         if self.policy.continuous:
-            self.low = torch.as_tensor(action_space.low)
-            self.high = torch.as_tensor(action_space.high)
+            self.low = from_numpy(action_space.low, self.device)
+            self.high = from_numpy(action_space.high, self.device)
         # The weights come from torch's global generator (seeded with the INIT stream).
         self.generator = torch.Generator().manual_seed(int_seed(seed, Stream.ACT))
 
     @torch.no_grad()
     def act(self, obs: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Sampled actions: (as sampled, as sent to the env: clipped to the bounds, their
-        log-probabilities)."""
-        # DLPack: NumPy arrays and JAX arrays become tensors without a copy.
-        dist = self.policy(torch.from_dlpack(obs))
+        log-probabilities), on the CPU, where the loop stores them and engines take them."""
+        # DLPack: NumPy arrays and JAX arrays become tensors without a copy (on one device).
+        dist = self.policy(torch.from_dlpack(obs).to(self.device))
+        # Drawn with the CPU generator: the same samples on every device.
         if self.policy.continuous:
-            noise = torch.randn(dist.mean.shape, generator=self.generator)
+            noise = torch.randn(dist.mean.shape, generator=self.generator).to(self.device)
             actions = dist.mean + dist.stddev * noise
-            return actions, actions.clamp(self.low, self.high), dist.log_prob(actions)
-        actions = torch.multinomial(dist.probs, 1, generator=self.generator).squeeze(1)
+            clipped = actions.clamp(self.low, self.high)
+            return actions.cpu(), clipped.cpu(), dist.log_prob(actions).cpu()
+        sampled = torch.multinomial(dist.probs.cpu(), 1, generator=self.generator).squeeze(1)
         # int32 is what the JAX engine takes with x64 disabled.
-        actions = actions.to(torch.int32)
-        return actions, actions, dist.log_prob(actions)
+        actions = sampled.to(torch.int32)
+        return actions, actions, dist.log_prob(actions.to(self.device)).cpu()
 
     @torch.no_grad()
     def values(self, obs: np.ndarray) -> np.ndarray:
-        return self.value(torch.from_numpy(obs)).squeeze(1).numpy()
+        return self.value(from_numpy(obs, self.device)).squeeze(1).cpu().numpy()
 
     @torch.no_grad()
     def greedy(self, obs: np.ndarray) -> np.ndarray:
-        dist = self.policy(torch.from_numpy(obs))
+        dist = self.policy(from_numpy(obs, self.device))
         if self.policy.continuous:
-            return dist.mean.clamp(self.low, self.high).numpy()
-        return dist.logits.argmax(dim=1).numpy()
+            return dist.mean.clamp(self.low, self.high).cpu().numpy()
+        return dist.logits.argmax(dim=1).cpu().numpy()

@@ -6,13 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
 from rlspeed.algos.loops.onpolicy import RolloutBatch
-from rlspeed.algos.networks.torch import ActorCritic
+from rlspeed.algos.networks.torch import ActorCritic, from_numpy, load_checkpoint
 from rlspeed.algos.ppo import batches_in_run
+from rlspeed.backends.torch import device_of
 from rlspeed.checkpoint import save_torch
 from rlspeed.seeding import Stream, int_seed
 from rlspeed.tasks import Policy as GreedyPolicy
@@ -23,7 +23,7 @@ METRICS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac")
 class TorchLearner(ActorCritic):
     def __init__(self, obs_space: Any, action_space: Any, cfg: Any, seed: int) -> None:
         algo = self.algo = cfg.algo
-        super().__init__(obs_space, action_space, algo, seed)
+        super().__init__(obs_space, action_space, algo, seed, device_of(cfg.backend))
         self.updates_per_batch = algo.update_epochs * algo.num_minibatches
         self.params = [*self.policy.parameters(), *self.value.parameters()]
         # One Adam over both networks, with CleanRL's eps; the fused step (see
@@ -67,7 +67,7 @@ class TorchLearner(ActorCritic):
         gradient step each; metrics are the means over the steps. ``orders``
         [update_epochs, batch]: each pass's order (default: drawn permutations)."""
         algo = self.algo
-        tensors = [torch.from_numpy(np.asarray(x)) for x in batch]
+        tensors = [from_numpy(x, self.device) for x in batch]
         size = len(tensors[0])
         if algo.anneal_lr:
             fraction = 1.0 - self.batches_done / self.batches
@@ -81,7 +81,7 @@ class TorchLearner(ActorCritic):
                     for _ in range(algo.update_epochs)
                 ]
             )
-        minibatches = torch.as_tensor(orders).reshape(self.updates_per_batch, -1)
+        minibatches = torch.as_tensor(orders).reshape(self.updates_per_batch, -1).to(self.device)
         metrics: dict[str, list[torch.Tensor]] = {}
         for indices in minibatches:
             loss, step_metrics = self.loss(tuple(x[indices] for x in tensors))
@@ -108,5 +108,5 @@ class TorchLearner(ActorCritic):
 def load_policies(cfg: Any, path: Path, obs_space: Any, action_space: Any) -> list[GreedyPolicy]:
     """The greedy policy of a saved ``checkpoint.pt`` (``mode=eval``)."""
     learner = TorchLearner(obs_space, action_space, cfg, cfg.seed)
-    learner.policy.load_state_dict(torch.load(path, weights_only=True)["policy"])
+    learner.policy.load_state_dict(load_checkpoint(path)["policy"])
     return [learner.greedy]

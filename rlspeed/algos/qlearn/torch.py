@@ -8,6 +8,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from rlspeed.algos.networks.torch import from_numpy, load_checkpoint
+from rlspeed.backends.torch import device_of
 from rlspeed.checkpoint import save_torch
 from rlspeed.registry import TASKS
 from rlspeed.seeding import Stream, int_seed
@@ -57,17 +59,19 @@ def td_update_(
 class TorchQTable:
     def __init__(self, num_states: int, n_actions: int, cfg: Any, seed: int) -> None:
         self.alpha, self.gamma = cfg.algo.alpha, cfg.algo.gamma
-        self.q = torch.zeros(num_states, n_actions)
+        self.device = device_of(cfg.backend)
+        self.q = torch.zeros(num_states, n_actions, device=self.device)
         self.generator = torch.Generator().manual_seed(int_seed(seed, Stream.ACT))
 
     def act(self, states: np.ndarray, step: int, epsilon: float) -> torch.Tensor:
-        u = torch.rand(len(states), generator=self.generator)
-        actions = explore_greedy(self.q, torch.from_numpy(states), u, epsilon)
-        # int32 is what the JAX engine takes with x64 disabled.
-        return actions.to(torch.int32)
+        # Drawn on the CPU generator: the same exploration on every device.
+        u = torch.rand(len(states), generator=self.generator).to(self.device)
+        actions = explore_greedy(self.q, from_numpy(states, self.device), u, epsilon)
+        # int32 is what the JAX engine takes with x64 disabled; on the CPU, as engines take.
+        return actions.to(torch.int32).cpu()
 
     def greedy(self, states: np.ndarray) -> np.ndarray:
-        return self.q[torch.from_numpy(states)].argmax(dim=1).numpy()
+        return self.q[from_numpy(states, self.device)].argmax(dim=1).cpu().numpy()
 
     def update(
         self,
@@ -80,11 +84,11 @@ class TorchQTable:
         # DLPack: NumPy and JAX arrays become tensors without a copy.
         td, q_sa = td_update_(
             self.q,
-            torch.from_numpy(states).long(),
-            actions.long(),
-            torch.from_dlpack(rewards),
-            torch.from_numpy(next_states).long(),
-            torch.from_dlpack(terminated),
+            from_numpy(states, self.device).long(),
+            actions.to(self.device).long(),
+            torch.from_dlpack(rewards).to(self.device),
+            from_numpy(next_states, self.device).long(),
+            torch.from_dlpack(terminated).to(self.device),
             self.alpha,
             self.gamma,
         )
@@ -96,7 +100,7 @@ class TorchQTable:
 
 def load_policies(cfg: Any, path: Path, obs_space: Any, action_space: Any) -> list[Policy]:
     """The greedy policy of a saved ``checkpoint.pt`` (``mode=eval``)."""
-    q = torch.load(path, weights_only=True)["q_table"]
+    q = load_checkpoint(path)["q_table"]
     tabular = TASKS.get(cfg.task.name).tabular
 
     def greedy(obs: np.ndarray) -> np.ndarray:

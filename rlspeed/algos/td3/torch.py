@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rlspeed.algos.networks.torch import lecun_normal_, optimizer
+from rlspeed.algos.networks.torch import from_numpy, lecun_normal_, load_checkpoint, optimizer
 from rlspeed.algos.replay import Batch
 from rlspeed.algos.td3 import (
     action_bounds,
@@ -22,6 +22,7 @@ from rlspeed.algos.td3 import (
     squash,
     uniform_actions,
 )
+from rlspeed.backends.torch import device_of
 from rlspeed.checkpoint import save_torch
 from rlspeed.seeding import Stream, int_seed
 from rlspeed.tasks import Policy
@@ -36,9 +37,15 @@ def mlp(sizes: Sequence[int]) -> nn.Sequential:
 
 
 class Actor(nn.Module):
-    def __init__(self, obs_space: Any, action_space: Any, hidden_sizes: Sequence[int]) -> None:
+    def __init__(
+        self,
+        obs_space: Any,
+        action_space: Any,
+        hidden_sizes: Sequence[int],
+        device: torch.device | None = None,
+    ) -> None:
         super().__init__()
-        self.bounds = action_bounds(action_space, torch.from_numpy)
+        self.bounds = action_bounds(action_space, lambda x: from_numpy(x, device or "cpu"))
         obs_dim, action_dim = int(np.prod(obs_space.shape)), int(np.prod(action_space.shape))
         self.net = mlp([obs_dim, *hidden_sizes, action_dim])
 
@@ -59,10 +66,14 @@ class QNetwork(nn.Module):
 class TorchLearner:
     def __init__(self, obs_space: Any, action_space: Any, cfg: Any, seed: int) -> None:
         algo = self.algo = cfg.algo
-        self.bounds = action_bounds(action_space, torch.from_numpy)
-        self.actor = Actor(obs_space, action_space, algo.hidden_sizes)
-        self.qf1 = QNetwork(obs_space, action_space, algo.hidden_sizes)
-        self.qf2 = QNetwork(obs_space, action_space, algo.hidden_sizes)
+        # Weights drawn on the CPU (the global generator), then moved: the same anywhere.
+        device = self.device = device_of(cfg.backend)
+        self.bounds = action_bounds(action_space, lambda x: from_numpy(x, device))
+        # Exploration's bounds, beside the CPU generator that draws its noise.
+        self.cpu_bounds = action_bounds(action_space, torch.from_numpy)
+        self.actor = Actor(obs_space, action_space, algo.hidden_sizes, device).to(device)
+        self.qf1 = QNetwork(obs_space, action_space, algo.hidden_sizes).to(device)
+        self.qf2 = QNetwork(obs_space, action_space, algo.hidden_sizes).to(device)
         self.actor_target = copy.deepcopy(self.actor)
         self.qf1_target = copy.deepcopy(self.qf1)
         self.qf2_target = copy.deepcopy(self.qf2)
@@ -76,29 +87,32 @@ class TorchLearner:
 
     @torch.no_grad()
     def act(self, obs: Any, step: int) -> torch.Tensor:
-        # DLPack: NumPy arrays and JAX arrays become tensors without a copy.
-        obs = torch.from_dlpack(obs)
+        # DLPack: NumPy arrays and JAX arrays become tensors without a copy (on one device).
+        obs = torch.from_dlpack(obs).to(self.device)
         shape = (obs.shape[0], *self.bounds.low.shape)
+        # Drawn on the CPU generator, explored on the CPU: the same actions on every device,
+        # and where engines take them.
         if step < self.algo.learning_starts:
-            return uniform_actions(torch.rand(shape, generator=self.generator), self.bounds)
+            return uniform_actions(torch.rand(shape, generator=self.generator), self.cpu_bounds)
         normal = torch.randn(shape, generator=self.generator)
-        return explore(self.actor(obs), normal, self.bounds, self.algo, torch)
+        return explore(self.actor(obs).cpu(), normal, self.cpu_bounds, self.algo, torch)
 
     @torch.no_grad()
     def greedy(self, obs: np.ndarray) -> np.ndarray:
-        return self.actor(torch.from_numpy(obs)).numpy()
+        return self.actor(from_numpy(obs, self.device)).cpu().numpy()
 
     def update(self, batch: Batch, target_noise: Any = None) -> dict[str, torch.Tensor]:
         """One critic update, plus the actor and target updates every ``policy_frequency``.
         ``target_noise``: the standard-normal draws of target policy smoothing (drawn
         here unless given)."""
         algo = self.algo
-        obs, next_obs, actions, rewards, dones = (torch.from_numpy(np.asarray(x)) for x in batch)
+        obs, next_obs, actions, rewards, dones = (from_numpy(x, self.device) for x in batch)
         with torch.no_grad():
             if target_noise is None:
                 target_noise = torch.randn(actions.shape, generator=self.generator)
+            noise = torch.as_tensor(target_noise).to(self.device)
             next_actions = smoothed_target_actions(
-                self.actor_target(next_obs), torch.as_tensor(target_noise), self.bounds, algo, torch
+                self.actor_target(next_obs), noise, self.bounds, algo, torch
             )
             next_q = torch.min(
                 self.qf1_target(next_obs, next_actions), self.qf2_target(next_obs, next_actions)
@@ -148,5 +162,5 @@ class TorchLearner:
 def load_policies(cfg: Any, path: Path, obs_space: Any, action_space: Any) -> list[Policy]:
     """The deterministic policy of a saved ``checkpoint.pt`` (``mode=eval``)."""
     learner = TorchLearner(obs_space, action_space, cfg, cfg.seed)
-    learner.actor.load_state_dict(torch.load(path, weights_only=True)["actor"])
+    learner.actor.load_state_dict(load_checkpoint(path)["actor"])
     return [learner.greedy]

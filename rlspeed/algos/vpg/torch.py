@@ -10,7 +10,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from rlspeed.algos.loops.onpolicy import RolloutBatch
-from rlspeed.algos.networks.torch import ActorCritic, optimizer
+from rlspeed.algos.networks.torch import ActorCritic, from_numpy, load_checkpoint, optimizer
+from rlspeed.backends.torch import device_of
 from rlspeed.checkpoint import save_torch
 from rlspeed.tasks import Policy as GreedyPolicy
 
@@ -18,7 +19,7 @@ from rlspeed.tasks import Policy as GreedyPolicy
 class TorchLearner(ActorCritic):
     def __init__(self, obs_space: Any, action_space: Any, cfg: Any, seed: int) -> None:
         algo = self.algo = cfg.algo
-        super().__init__(obs_space, action_space, algo, seed)
+        super().__init__(obs_space, action_space, algo, seed, device_of(cfg.backend))
         self.updates_per_batch = 1 + algo.value_iterations
         self.policy_optimizer = optimizer("adam", self.policy.parameters(), algo.policy_lr)
         self.value_optimizer = optimizer("adam", self.value.parameters(), algo.value_lr)
@@ -35,7 +36,8 @@ class TorchLearner(ActorCritic):
         value loss reported is the mean over those steps."""
         algo = self.algo
         obs, actions, advantages, returns = (
-            torch.from_numpy(x) for x in (batch.obs, batch.actions, batch.advantages, batch.returns)
+            from_numpy(x, self.device)
+            for x in (batch.obs, batch.actions, batch.advantages, batch.returns)
         )
         if algo.normalize_advantages:
             advantages = (advantages - advantages.mean()) / (advantages.std(correction=0) + 1e-8)
@@ -71,5 +73,5 @@ class TorchLearner(ActorCritic):
 def load_policies(cfg: Any, path: Path, obs_space: Any, action_space: Any) -> list[GreedyPolicy]:
     """The greedy policy of a saved ``checkpoint.pt`` (``mode=eval``)."""
     learner = TorchLearner(obs_space, action_space, cfg, cfg.seed)
-    learner.policy.load_state_dict(torch.load(path, weights_only=True)["policy"])
+    learner.policy.load_state_dict(load_checkpoint(path)["policy"])
     return [learner.greedy]

@@ -73,20 +73,39 @@ def masked_scan(
     valid: Any,
     unroll: int = 1,
 ) -> tuple[Any, Any]:
-    """``lax.scan(iteration, carry, xs, length)`` in which the iterations from ``valid`` on
-    are skipped: the carry passes through and their outputs are zeros. A run whose length
-    is not a multiple of the chunk runs its last chunk with the same compiled program."""
+    """``lax.scan(iteration, carry, xs, length)`` that runs only the first ``valid``
+    iterations (``valid`` may be traced): the outputs of the rest are zeros. A run whose
+    length is not a multiple of the chunk runs its last chunk with the same compiled
+    program as the others.
+
+    No ``lax.cond``: around a whole iteration it tripled XLA:GPU's compilation of PPO's
+    chunk (22.8 s against 6.5 s on an H200). With ``unroll`` 1 the loop simply stops at
+    ``valid`` (a while loop, as scan lowers to, with a traced bound); ``unroll`` > 1 is for
+    small carries (tabular Q-learning): every iteration runs and those past ``valid`` are
+    discarded by a select."""
     first_x = None if xs is None else jax.tree.map(lambda x: x[0], xs)
     out_shapes = jax.eval_shape(iteration, carry, first_x)[1]
+    if unroll > 1:
 
-    def skip(carry: Any, x: Any) -> tuple[Any, Any]:
-        return carry, jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), out_shapes)
+        def kept(carry: Any, indexed: tuple[jax.Array, Any]) -> tuple[Any, Any]:
+            index, x = indexed
+            new, out = iteration(carry, x)
+            keep = index < valid
+            new = jax.tree.map(lambda n, c: jnp.where(keep, n, c), new, carry)
+            return new, jax.tree.map(lambda o: jnp.where(keep, o, jnp.zeros_like(o)), out)
 
-    def body(carry: Any, indexed: tuple[jax.Array, Any]) -> tuple[Any, Any]:
-        index, x = indexed
-        return jax.lax.cond(index < valid, iteration, skip, carry, x)
+        indices = jnp.arange(length)
+        return jax.lax.scan(kept, carry, (indices, xs), length=length, unroll=unroll)
 
-    return jax.lax.scan(body, carry, (jnp.arange(length), xs), length=length, unroll=unroll)
+    outs = jax.tree.map(lambda s: jnp.zeros((length, *s.shape), s.dtype), out_shapes)
+
+    def body(index: jax.Array, state: tuple[Any, Any]) -> tuple[Any, Any]:
+        carry, outs = state
+        x = None if xs is None else jax.tree.map(lambda x: x[index], xs)
+        carry, out = iteration(carry, x)
+        return carry, jax.tree.map(lambda buf, o: buf.at[index].set(o), outs, out)
+
+    return jax.lax.fori_loop(0, valid, body, (carry, outs))
 
 
 def scan_iterations(

@@ -74,15 +74,17 @@ def masked_scan(
     unroll: int = 1,
 ) -> tuple[Any, Any]:
     """``lax.scan(iteration, carry, xs, length)`` that runs only the first ``valid``
-    iterations (``valid`` may be traced): the outputs of the rest are zeros. A run whose
-    length is not a multiple of the chunk runs its last chunk with the same compiled
-    program as the others.
+    iterations (``valid`` may be traced; None: all): the outputs of the rest are zeros. A
+    run whose length is not a multiple of the chunk can run its last chunk with the same
+    compiled program as the others (``train_fused`` does so on the CPU).
 
     No ``lax.cond``: around a whole iteration it tripled XLA:GPU's compilation of PPO's
     chunk (22.8 s against 6.5 s on an H200). With ``unroll`` 1 the loop simply stops at
     ``valid`` (a while loop, as scan lowers to, with a traced bound); ``unroll`` > 1 is for
     small carries (tabular Q-learning): every iteration runs and those past ``valid`` are
     discarded by a select."""
+    if valid is None:  # every iteration runs
+        return jax.lax.scan(iteration, carry, xs, length=length, unroll=unroll)
     first_x = None if xs is None else jax.tree.map(lambda x: x[0], xs)
     out_shapes = jax.eval_shape(iteration, carry, first_x)[1]
     if unroll > 1:
@@ -272,18 +274,30 @@ def train_fused(ctx: RunContext, make_train: Callable[[Any, VmapEnv], FusedTrain
     trainer = make_train(cfg, make_vmap_env(ctx.task, cfg.task, cfg.num_envs))
     greedy = jax.jit(trainer.greedy)
     policy_params = jax.jit(trainer.policy_params)
-    # One compiled program runs every chunk: a last, shorter one masks the iterations past
-    # the run's end (a second program for it cost 0.4-6 s of compilation).
     chunk = min(
         max(1, math.ceil(cfg.log_every / trainer.steps_per_iteration)), trainer.total_iterations
     )
+    # XLA:CPU compiles a loop with a traced bound (masked_scan) as fast as a fixed-length
+    # scan, so there one program runs every chunk, a shorter last one included (a second
+    # program for it cost 0.4-6 s of compilation). XLA:GPU took 3x as long over it (PPO's
+    # chunk on an H200: 27.9 s against 8.6 s), more than a second program costs: there a
+    # shorter last chunk gets a fixed-length program of its own.
+    masked = jax.default_backend() == "cpu"
+    compiled: dict[int, Callable[[Any, Any], tuple[Any, Any]]] = {}
 
-    def run_chunk(state: Any, valid: jax.Array) -> tuple[Any, Any]:
-        return trainer.run(state, chunk, valid)
+    def run(state: Any, iterations: int) -> tuple[Any, Any]:
+        length = chunk if masked else iterations
+        if length not in compiled:
+
+            def run_chunk(state: Any, valid: jax.Array, length: int = length) -> Any:
+                return trainer.run(state, length, valid if masked else None)
+
+            vmapped = jax.vmap(run_chunk, in_axes=(0, None)) if seeds > 1 else run_chunk
+            compiled[length] = jax.jit(vmapped)
+        return compiled[length](state, np.int32(iterations))
 
     if seeds == 1:
         state = jax.jit(trainer.init, compiler_options=RUN_ONCE)(jax_keys(cfg.seed))
-        run = jax.jit(run_chunk)
 
         def of_seed(tree: Any, index: int) -> Any:
             return tree
@@ -291,7 +305,6 @@ def train_fused(ctx: RunContext, make_train: Callable[[Any, VmapEnv], FusedTrain
         # Agent i gets the keys of a single run with seed + i.
         keys = jax_keys(range(cfg.seed, cfg.seed + seeds))
         state = jax.jit(jax.vmap(trainer.init), compiler_options=RUN_ONCE)(keys)
-        run = jax.jit(jax.vmap(run_chunk, in_axes=(0, None)))
 
         def of_seed(tree: Any, index: int) -> Any:
             return jax.tree.map(lambda x: x[index], tree)
@@ -317,13 +330,13 @@ def train_fused(ctx: RunContext, make_train: Callable[[Any, VmapEnv], FusedTrain
         while done_iterations < trainer.total_iterations:
             iterations = min(chunk, trainer.total_iterations - done_iterations)
             called = time.perf_counter()
-            state, stats = run(state, np.int32(iterations))
+            state, stats = run(state, iterations)
             done_iterations += iterations
             stats, steps, updates = jax.device_get((stats, state.step, state.updates))
             monitor.compiled_calls_s = (monitor.compiled_calls_s or 0.0) + (
                 time.perf_counter() - called
             )
-            if iterations < chunk:
+            if masked and iterations < chunk:
                 stats = first_iterations(stats, iterations, iteration_axis)
             params = policy_params(state)
             scores = _ChunkScores(scores_of, params) if scores_of is not None else None

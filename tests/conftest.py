@@ -20,7 +20,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
 from rlspeed.cli import CONF_DIR
-from rlspeed.config import register_configs
+from rlspeed.config import BackendConfig, register_configs
 
 # pytest-xdist runs one worker per core: one torch thread each (in-process runs and the
 # CLI subprocesses alike) keeps them from oversubscribing the cores.
@@ -164,5 +164,7 @@ def make_cfg() -> Callable[[list[str]], DictConfig]:
 
 def learner_cfg(algo: Any, **run: Any) -> DictConfig:
     """What a learner reads of a run's config: ``algo`` (a schema dataclass or a config of
-    one) and run-level settings such as ``total_steps`` and ``num_envs``."""
-    return OmegaConf.create({"algo": OmegaConf.structured(algo), **run})
+    one), ``backend`` (torch's default settings: ``device`` auto) and run-level settings
+    such as ``total_steps`` and ``num_envs``."""
+    backend = OmegaConf.structured(BackendConfig(name="torch"))
+    return OmegaConf.create({"algo": OmegaConf.structured(algo), "backend": backend, **run})

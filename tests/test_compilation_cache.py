@@ -34,7 +34,7 @@ def test_second_run_loads_every_program_from_the_cache(tmp_path):
     second, log = _run(tmp_path, "second", cache, env={"JAX_LOG_COMPILES": "1"})
     compiled = re.findall(r"Finished XLA compilation of (\S+)", log)
     loaded = re.findall(r"Persistent compilation cache hit for '(\S+)'", log)
-    assert "jit_run" in loaded and len(loaded) == len(compiled), (compiled, loaded)
+    assert "jit_run_chunk" in loaded and len(loaded) == len(compiled), (compiled, loaded)
     for key in ("score", "rolling_step_reward", "env_steps", "gradient_updates"):
         assert second[key] == first[key], key
     learned = without_rates(first["final"])

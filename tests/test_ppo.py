@@ -226,6 +226,9 @@ def test_resumed_run_ends_like_the_whole_one_and_eval_scores_it(backend, engine,
     assert {k: a[k] for k in same} == {k: b[k] for k in same}
     assert saved_agent(tmp_path / "whole") == saved_agent(tmp_path / "resumed")
 
+    # As a run folder written before backend.device existed: its config lacks the key.
+    config = tmp_path / "resumed" / "config.yaml"
+    config.write_text(config.read_text().replace("  device: auto\n", ""))
     evaluated = run_cli(["mode=eval", "checkpoint=resumed", "hydra.run.dir=eval"], tmp_path)
     assert evaluated.returncode == 0, evaluated.stderr[-2000:]
     assert f"rlspeed: score {a['score']:.4f}" in evaluated.stdout

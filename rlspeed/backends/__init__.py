@@ -12,10 +12,16 @@ from rlspeed.errors import ConfigError
 DEVICES = "auto, cpu, cuda or cuda:N"
 
 
+def device_setting(cfg: Any) -> str:
+    """``backend.device``; auto for the config of a run folder written before it existed
+    (``mode=eval`` reads those as they are)."""
+    return str(getattr(cfg, "device", "auto"))
+
+
 def check_device(cfg: Any, gpus: Callable[[], int]) -> None:
     """Refuse ``backend.device`` unless it is one of ``DEVICES`` and a GPU it names exists
     (``gpus()``: how many the backend's library sees; loaded only when a GPU is named)."""
-    device = str(cfg.device)
+    device = device_setting(cfg)
     match = re.fullmatch(r"cuda(?::(\d+))?", device)
     if device in ("auto", "cpu"):
         return

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from rlspeed.backends import BackendSpec, check_device
+from rlspeed.backends import BackendSpec, check_device, device_setting
 
 if TYPE_CHECKING:
     import torch
@@ -15,9 +15,10 @@ def device_of(cfg: Any) -> torch.device:
     """``backend.device`` as a torch device (auto: the first GPU torch sees, else the CPU)."""
     import torch
 
-    if cfg.device == "auto":
+    device = device_setting(cfg)
+    if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(cfg.device)
+    return torch.device(device)
 
 
 def _gpus() -> int:

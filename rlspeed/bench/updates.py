@@ -59,11 +59,14 @@ def _sync(result: Any, learner: Any) -> None:
         jax.block_until_ready((agent, result))
 
 
-def time_update(algo: str, backend: str, algo_cfg: Any, size: int, budget_s: float) -> float:
-    """Seconds per update step after warm-up (which includes compilation)."""
+def time_update(algo: str, backend: str, run_cfg: Any, size: int, budget_s: float) -> float:
+    """Seconds per update step after warm-up (which includes compilation); ``run_cfg``:
+    the composed config whose ``algo`` and ``backend`` (torch's device) the learner reads."""
     module = importlib.import_module(f"rlspeed.algos.{algo}.{backend}")
     learner_cls = module.TorchLearner if backend == "torch" else module.FlaxLearner
-    cfg = OmegaConf.create({"algo": algo_cfg, "total_steps": 10**9, "num_envs": 1})
+    cfg = OmegaConf.create(
+        {"algo": run_cfg.algo, "backend": run_cfg.backend, "total_steps": 10**9, "num_envs": 1}
+    )
     learner = learner_cls(*CASES[algo][1], cfg, 0)
     batch = _batch(algo, size, np.random.default_rng(0))
 
@@ -98,10 +101,10 @@ def run(out_dir: Path, quick: bool, compose: Any) -> list[Path]:
         ],
     )
     for algo, (task, _, full_sizes, quick_sizes) in CASES.items():
-        algo_cfg = compose([f"algo={algo}", f"task={task}"]).algo
-        table.configs.append(f"algo={algo} task={task}: {dict(algo_cfg)}")
+        run_cfg = compose([f"algo={algo}", f"task={task}", "backend=torch", "env=gym-sync"])
+        table.configs.append(f"algo={algo} task={task}: {dict(run_cfg.algo)}")
         for size in quick_sizes if quick else full_sizes:
-            seconds = {b: time_update(algo, b, algo_cfg, size, budget_s) for b in ("torch", "flax")}
+            seconds = {b: time_update(algo, b, run_cfg, size, budget_s) for b in ("torch", "flax")}
             table.add(
                 algo=algo,
                 batch_size=size,

@@ -18,16 +18,22 @@ def device_setting(cfg: Any) -> str:
     return str(getattr(cfg, "device", "auto"))
 
 
+def gpu_index(device: str) -> int | None:
+    """The GPU that ``cuda`` or ``cuda:N`` names (0 or N); None for any other setting."""
+    match = re.fullmatch(r"cuda(?::(\d+))?", device)
+    return int(match.group(1) or 0) if match else None
+
+
 def check_device(cfg: Any, gpus: Callable[[], int]) -> None:
     """Refuse ``backend.device`` unless it is one of ``DEVICES`` and a GPU it names exists
     (``gpus()``: how many the backend's library sees; loaded only when a GPU is named)."""
     device = device_setting(cfg)
-    match = re.fullmatch(r"cuda(?::(\d+))?", device)
     if device in ("auto", "cpu"):
         return
-    if match is None:
+    index = gpu_index(device)
+    if index is None:
         raise ConfigError("backend.device", device, DEVICES)
-    index, count = int(match.group(1) or 0), gpus()
+    count = gpus()
     if index >= count:
         seen = f"{count} GPU{'s' if count != 1 else ''}" if count else "no GPU"
         raise ConfigError("backend.device", device, f"auto or cpu: {cfg.name} sees {seen}")

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from rlspeed.backends import BackendSpec, check_device, device_setting
+from rlspeed.backends import BackendSpec, check_device, device_setting, gpu_index
 
 
 def _gpus() -> int:
@@ -26,7 +26,7 @@ def setup(cfg: Any, seed: int) -> None:
         if device == "cpu":  # before JAX starts a backend: it then never touches a GPU
             jax.config.update("jax_platforms", "cpu")
         else:  # cuda or cuda:N (the config check has seen it)
-            index = int(device.partition(":")[2] or 0)
+            index = gpu_index(device) or 0
             jax.config.update("jax_default_device", jax.devices("cuda")[index])
     # JAX is seeded through explicit keys. Threads must be fixed before JAX starts its CPU
     # client: XLA sizes its thread pools from NPROC when set (else from the cores it may use).

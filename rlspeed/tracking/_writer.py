@@ -299,7 +299,6 @@ class WriterProcess:
             start_new_session=True,
             env={**os.environ, "PYTHONWARNINGS": "ignore"},
         )
-        self._answers[-1] = threading.Event()
         threading.Thread(target=self._send_lines, name="rlspeed-tracking-out", daemon=True).start()
         threading.Thread(target=self._read_answers, name="rlspeed-tracking-in", daemon=True).start()
         start = {"run_name": run_name, "params": {k: str(v) for k, v in params.items()}}
@@ -338,9 +337,6 @@ class WriterProcess:
 
     def _ask(self, message: dict[str, Any], index: int) -> None:
         """Send ``message`` and wait for the child's answer ``index`` (or its exit)."""
-        if self._process is None:
-            return
-        self._answers.setdefault(index, threading.Event())
         self._send(message)
         self._wait(index)
 

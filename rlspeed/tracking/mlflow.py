@@ -170,7 +170,7 @@ class MlflowStore:
     def start(
         self, run_name: str, params: dict[str, str], tags: dict[str, str], run_id: str | None
     ) -> None:
-        from mlflow.entities import Param, RunTag
+        from mlflow.entities import Param
 
         client = self._client
         if self._experiment_id is None:
@@ -185,11 +185,10 @@ class MlflowStore:
             self._params_logged = True
         elif self.run_id is None:  # a start tried again reuses the run its first try created
             self.run_id = client.create_run(self._experiment_id, run_name=run_name).info.run_id
-        run_tags = [RunTag(key, str(value)) for key, value in tags.items()]
         run_params = [Param(key, value[:_MAX_PARAM_LENGTH]) for key, value in params.items()]
         client.log_batch(self.run_id, params=[] if self._params_logged else run_params)
-        client.log_batch(self.run_id, tags=run_tags)
         self._params_logged = True
+        self.set_tags({key: str(value) for key, value in tags.items()})
 
     def _experiment_id_of(self, name: str) -> str:
         from mlflow.exceptions import MlflowException

@@ -210,14 +210,23 @@ class DevicePolicy:
         return np.asarray(self._compiled(self.params, obs))
 
 
-def device_score(task: TaskSpec, task_cfg: Any, policy: DevicePolicy, seed: int) -> float:
-    """The score ``train_fused`` gives the agent of seed ``seed`` (mode=eval of a fused run)."""
-    assert task.evaluate_on_device is not None
+def _scorer(
+    task: TaskSpec, task_cfg: Any, greedy: Callable[[Any, jax.Array], jax.Array]
+) -> Callable[[Any, jax.Array], jax.Array]:
+    """(policy params, evaluation key) -> the agent's score on the task's JAX twin."""
+    evaluate = task.evaluate_on_device
+    assert evaluate is not None
 
     def score(params: Any, key: jax.Array) -> jax.Array:
-        return task.evaluate_on_device(task_cfg, partial(policy.greedy, params), key)
+        return evaluate(task_cfg, partial(greedy, params), key)
 
-    return float(jax.jit(score)(policy.params, jax_key(seed, Stream.EVAL)))
+    return score
+
+
+def device_score(task: TaskSpec, task_cfg: Any, policy: DevicePolicy, seed: int) -> float:
+    """The score ``train_fused`` gives the agent of seed ``seed`` (mode=eval of a fused run)."""
+    score = jax.jit(_scorer(task, task_cfg, policy.greedy))
+    return float(score(policy.params, jax_key(seed, Stream.EVAL)))
 
 
 def _seed_scores(
@@ -227,10 +236,7 @@ def _seed_scores(
     vmapped over seeds); None where the task is scored on the host."""
     if task.evaluate_on_device is None:
         return None
-
-    def score(params: Any, key: jax.Array) -> jax.Array:
-        return task.evaluate_on_device(cfg.task, partial(trainer.greedy, params), key)
-
+    score = _scorer(task, cfg.task, trainer.greedy)
     if cfg.num_seeds == 1:
         one, key = jax.jit(score), jax_key(cfg.seed, Stream.EVAL)
         return lambda params: np.atleast_1d(np.asarray(one(params, key)))

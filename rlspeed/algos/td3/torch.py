@@ -42,10 +42,10 @@ class Actor(nn.Module):
         obs_space: Any,
         action_space: Any,
         hidden_sizes: Sequence[int],
-        device: torch.device | None = None,
+        device: torch.device,
     ) -> None:
         super().__init__()
-        self.bounds = action_bounds(action_space, lambda x: from_numpy(x, device or "cpu"))
+        self.bounds = action_bounds(action_space, lambda x: from_numpy(x, device))
         obs_dim, action_dim = int(np.prod(obs_space.shape)), int(np.prod(action_space.shape))
         self.net = mlp([obs_dim, *hidden_sizes, action_dim])
 
@@ -68,10 +68,10 @@ class TorchLearner:
         algo = self.algo = cfg.algo
         # Weights drawn on the CPU (the global generator), then moved: the same anywhere.
         device = self.device = device_of(cfg.backend)
-        self.bounds = action_bounds(action_space, lambda x: from_numpy(x, device))
+        self.actor = Actor(obs_space, action_space, algo.hidden_sizes, device).to(device)
+        self.bounds = self.actor.bounds
         # Exploration's bounds, beside the CPU generator that draws its noise.
         self.cpu_bounds = action_bounds(action_space, torch.from_numpy)
-        self.actor = Actor(obs_space, action_space, algo.hidden_sizes, device).to(device)
         self.qf1 = QNetwork(obs_space, action_space, algo.hidden_sizes).to(device)
         self.qf2 = QNetwork(obs_space, action_space, algo.hidden_sizes).to(device)
         self.actor_target = copy.deepcopy(self.actor)

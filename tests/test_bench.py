@@ -76,7 +76,6 @@ def _check_overhead(rows: list[dict[str, str]]) -> None:
     """Each case's variants did equal work; the fused runs say how much of the process
     was outside the compiled calls; ratios are against the case's last variant."""
     cases = ["ppo-cartpole-fused", "dqn-cartpole-fused", "ppo-cartpole-fused-16-seeds"]
-    cases.append("torch-dqn-cartpole")
     assert [r["case"] for r in rows[::2]] == cases
     for first, second in zip(rows[::2], rows[1::2], strict=True):
         assert first["case"] == second["case"] and float(second["ratio"]) == 1.0
@@ -84,8 +83,22 @@ def _check_overhead(rows: list[dict[str, str]]) -> None:
             assert first[key] == second[key] and int(first[key]) > 0, key
     one, sixteen = rows[0], rows[4]
     assert int(sixteen["env_steps"]) == 16 * int(one["env_steps"])
-    for row in rows[:6]:
+    for row in rows:
         assert 0 < float(row["outside_fraction"]) < 1, row
+
+
+def _check_torchloop(rows: list[dict[str, str]]) -> None:
+    """Per task: rlspeed with 1 thread and with every core, then the script, at equal work;
+    exactly one rlspeed variant is the one backend.threads=auto picks."""
+    assert [r["case"] for r in rows] == ["torch-dqn-cartpole"] * 3 + ["torch-dqn-doors"] * 3
+    for task in (rows[:3], rows[3:]):
+        assert [r["variant"].split(" (")[0] for r in task] == [
+            "rlspeed threads=1", "rlspeed threads=all cores", "cleanrl_dqn.py"
+        ]  # fmt: skip
+        assert sum(r["variant"].endswith("(auto)") for r in task) == 1
+        assert float(task[2]["ratio"]) == 1.0
+        for key in ("env_steps", "gradient_updates"):
+            assert len({r[key] for r in task}) == 1 and int(task[0][key]) > 0, key
 
 
 CHECKS = {
@@ -95,6 +108,7 @@ CHECKS = {
     "qlearn": _check_qlearn,
     "updates": _check_updates,
     "overhead": _check_overhead,
+    "torchloop": _check_torchloop,
 }
 
 

@@ -22,7 +22,9 @@ BENCHMARKS = {
     "cartpole": "DQN on CartPole per stack: env steps/s and the return reached",
     "updates": "one TD3, VPG and DQN update step, flax against torch, across batch sizes",
     "overhead": "whole processes: default tracking against none (PPO and DQN fused, PPO with"
-    " 16 seeds: time outside the compiled calls) and the torch loop against a plain script",
+    " 16 seeds: time outside the compiled calls)",
+    "torchloop": "whole processes: torch + gym-sync DQN on CartPole and Doors against a plain"
+    " script, with 1 thread and with every core",
 }
 # Sized for one accelerator (8 minutes there): run by name, not by `all`.
 ACCELERATOR = {

@@ -1,10 +1,10 @@
 """``overhead``: what surrounds the compiled program, in whole processes as users run them.
 
 Each row times the ``rlspeed`` command from process start to exit, in interleaved pairs
-(default ``tracking=mlflow`` against ``tracking=none``; the torch loop against the plain
-script ``rlspeed.bench.cleanrl_dqn``), after one warm-up run that fills the compilation
-cache and creates the MLflow store, as a user's next run finds them. Medians of ``repeats``
-pairs; env steps/s and updates/s come with every time, so no ratio comes from less work.
+(default ``tracking=mlflow`` against ``tracking=none``), after one warm-up run that fills
+the compilation cache and creates the MLflow store, as a user's next run finds them.
+Medians of ``repeats`` pairs; env steps/s and updates/s come with every time, so no ratio
+comes from less work. ``torchloop`` runs the torch loop the same way.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from omegaconf import OmegaConf
 
 from rlspeed.bench.common import Table, write_results
 from rlspeed.bench.purejaxrl import RLSPEED_OVERRIDES as DQN_CARTPOLE_FUSED
-from rlspeed.bench.stacks import run_cleanrl_baseline
 
 # PPO on CartPole at CleanRL's ppo.py settings (the issue's config), 976 iterations.
 PPO_CARTPOLE_FUSED = [
@@ -41,9 +40,7 @@ PPO_CARTPOLE_FUSED = [
     "algo.gae_lambda=0.95",
     "algo.gamma=0.99",
     "algo.hidden_sizes=[64,64]",
-    "total_steps=499712",
 ]
-DQN_CARTPOLE_TORCH = ["backend=torch", "env=gym-sync", "algo=dqn", "task=cartpole"]
 
 COLUMNS = [
     "case",
@@ -77,15 +74,7 @@ def timed_rlspeed(overrides: list[str], cwd: Path, run_dir: Path) -> dict[str, A
     return metrics
 
 
-def timed_script(config: dict[str, Any]) -> dict[str, Any]:
-    """The plain CleanRL-style script with ``config``'s DQN hyperparameters, whole process."""
-    start = time.perf_counter()
-    metrics = run_cleanrl_baseline(config, "CartPole-v1")
-    metrics["process_s"] = time.perf_counter() - start
-    return metrics
-
-
-def _median_row(
+def median_row(
     table: Table, case: str, variant: str, runs: list[dict[str, Any]], ratio: float
 ) -> None:
     seconds = statistics.median(run["process_s"] for run in runs)
@@ -111,7 +100,7 @@ def _median_row(
     )
 
 
-def _pairs(
+def interleaved(
     table: Table,
     case: str,
     variants: dict[str, Callable[[int], dict[str, Any]]],
@@ -128,14 +117,14 @@ def _pairs(
         ratios = [
             a["process_s"] / b["process_s"] for a, b in zip(results, runs[reference], strict=True)
         ]
-        _median_row(table, case, name, results, statistics.median(ratios))
+        median_row(table, case, name, results, statistics.median(ratios))
 
 
 def run(out_dir: Path, quick: bool, compose: Any) -> list[Path]:
     repeats = 1 if quick else 3
     table = Table(
         "overhead",
-        "Whole processes as users run them: tracking, many seeds, the torch loop",
+        "Whole processes as users run them: tracking and many seeds on the fused path",
         COLUMNS,
         notes=[
             "process_s: the rlspeed command from process start to exit (imports, config"
@@ -147,13 +136,9 @@ def run(out_dir: Path, quick: bool, compose: Any) -> list[Path]:
             "outside_compiled_s: process_s minus the time in the compiled chunk calls"
             " (metrics.json compiled_calls_s; the first call loads the cached program);"
             " outside_fraction: its share of process_s.",
-            "torch-dqn-cartpole: rlspeed's torch + gym-sync DQN at CartPole's defaults against"
-            " rlspeed/bench/cleanrl_dqn.py with the same hyperparameters (no evaluation or"
-            " tracking in the script).",
         ],
     )
     ppo_steps = "total_steps=102400" if quick else "total_steps=499712"
-    torch_steps = "total_steps=20000" if quick else "total_steps=100000"
     with tempfile.TemporaryDirectory(prefix="rlspeed-bench-overhead-") as tmp:
         folder = Path(tmp)
         cache = f"backend.compilation_cache={folder}/xla"
@@ -177,20 +162,13 @@ def run(out_dir: Path, quick: bool, compose: Any) -> list[Path]:
             tracked = rlspeed_variant([*overrides, "tracking=mlflow"])
             untracked = rlspeed_variant([*overrides, "tracking=none"])
             tracked(-1)  # warm-up: compiles and caches the program, creates the store
-            _pairs(table, case, {"tracking=mlflow": tracked, "tracking=none": untracked}, repeats)
-
-        torch = rlspeed_variant([*DQN_CARTPOLE_TORCH, torch_steps])
-        config = torch(-1)["config"]
-        _pairs(
-            table,
-            "torch-dqn-cartpole",
-            {"rlspeed (tracking=mlflow)": torch, "cleanrl_dqn.py": lambda _: timed_script(config)},
-            repeats,
-        )
-    return write_results(table, out_dir, _plot)
+            variants = {"tracking=mlflow": tracked, "tracking=none": untracked}
+            interleaved(table, case, variants, repeats)
+    return write_results(table, out_dir, plot_process_times)
 
 
-def _plot(table: Table, ax: Any) -> None:
+def plot_process_times(table: Table, ax: Any) -> None:
+    """Each row's whole process, and the part outside the compiled calls where known."""
     labels = [f"{row['case']}\n{row['variant']}" for row in table.rows]
     seconds = [row["process_s"] for row in table.rows]
     outside = [row["outside_compiled_s"] for row in table.rows]

@@ -49,9 +49,9 @@ BASELINE_ALGO_KEYS = (
 )
 
 
-def run_cleanrl_baseline(config: dict[str, Any], env_id: str) -> dict[str, Any]:
-    """Run ``rlspeed.bench.cleanrl_dqn`` in a fresh process with the hyperparameters of
-    the resolved rlspeed ``config`` (a DQN run) and return its final JSON line."""
+def cleanrl_baseline_args(config: dict[str, Any], env_id: str) -> list[str]:
+    """The arguments of ``rlspeed.bench.cleanrl_dqn`` that train with the hyperparameters
+    of the resolved rlspeed ``config`` (a DQN run) on ``env_id``."""
     args = [f"--env-id={env_id}", f"--seed={config['seed']}", f"--num-envs={config['num_envs']}"]
     args.append(f"--total-steps={config['total_steps']}")
     for key in BASELINE_ALGO_KEYS:
@@ -62,6 +62,13 @@ def run_cleanrl_baseline(config: dict[str, Any], env_id: str) -> dict[str, Any]:
             args += [flag, *map(str, value)]
         else:
             args.append(f"{flag}={value}")
+    return args
+
+
+def run_cleanrl_baseline(config: dict[str, Any], env_id: str) -> dict[str, Any]:
+    """Run ``rlspeed.bench.cleanrl_dqn`` in a fresh process with the hyperparameters of
+    the resolved rlspeed ``config`` (a DQN run) and return its final JSON line."""
+    args = cleanrl_baseline_args(config, env_id)
     stdout = run_module("rlspeed.bench.cleanrl_dqn", args)
     metrics = json.loads(stdout.strip().splitlines()[-1])
     metrics["command"] = "python -m rlspeed.bench.cleanrl_dqn " + " ".join(args)

@@ -18,7 +18,6 @@ import logging
 import math
 import sys
 import time
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -47,71 +46,158 @@ def to_log_file(message: str) -> None:
             handler.handle(record)
 
 
-class SeedStream:
-    """Metrics of one seed: its episodes, evaluations and rate clock."""
+class SeedStreams:
+    """Metrics of every seed as arrays over seeds: episodes, evaluations, rate clocks. The
+    fused path hands over all seeds at once, so a chunk costs the host a few NumPy calls
+    whatever the number of seeds; a host loop hands over one seed at a time."""
 
-    def __init__(self, eval_every: int) -> None:
+    def __init__(self, num_seeds: int, eval_every: int) -> None:
         self.eval_every = eval_every
-        self.window: deque[tuple[float, int]] = deque(maxlen=ROLLING_EPISODES)
+        # The last ROLLING_EPISODES episodes of each seed (return, length), a ring per seed:
+        # ``window_head`` is the slot the next episode goes to; slots never written hold 0.
+        self.window = np.zeros((num_seeds, 2, ROLLING_EPISODES))
+        self.window_head = np.zeros(num_seeds, dtype=np.int64)
+        self.window_count = np.zeros(num_seeds, dtype=np.int64)
         # Finished episodes since the last log: count, total return, total length.
-        self.interval = np.zeros(3)
-        self.next_eval = eval_every
-        self.last_time, self.last_step, self.last_updates = time.perf_counter(), 0, 0
-        self.steps = self.updates = 0
-        self.score = math.nan
+        self.interval = np.zeros((num_seeds, 3))
+        self.next_eval = np.full(num_seeds, eval_every, dtype=np.int64)
+        self.last_time = np.full(num_seeds, time.perf_counter())
+        self.last_step = np.zeros(num_seeds, dtype=np.int64)
+        self.last_updates = np.zeros(num_seeds, dtype=np.int64)
+        self.steps = np.zeros(num_seeds, dtype=np.int64)
+        self.updates = np.zeros(num_seeds, dtype=np.int64)
+        self.score = np.full(num_seeds, math.nan)
 
-    def episodes(self, done: Any, episode_return: Any, episode_length: Any) -> None:
-        done = np.asarray(done)
-        if not done.any():
+    def episodes(self, seeds: np.ndarray, done: Any, episode_return: Any, length: Any) -> None:
+        """Record the episodes that ended: arrays [len(seeds), ...] in time order (the
+        iteration axis before the env axis), ``done`` as mask."""
+        k = len(seeds)
+        done = np.asarray(done, dtype=bool).reshape(k, -1)
+        counts = done.sum(axis=1)
+        if not counts.any():
             return
-        returns = np.asarray(episode_return)[done]
-        lengths = np.asarray(episode_length)[done]
-        self.interval += (len(returns), returns.sum(), lengths.sum())
-        # Fused chunks hand over many thousands of episodes; only the newest fit the window.
-        recent = slice(-ROLLING_EPISODES, None)
-        self.window.extend(zip(returns[recent].tolist(), lengths[recent].tolist(), strict=True))
+        returns = np.asarray(episode_return, dtype=np.float64).reshape(k, -1)
+        lengths = np.asarray(length, dtype=np.float64).reshape(k, -1)
+        sums = [np.where(done, returns, 0.0).sum(axis=1), np.where(done, lengths, 0.0).sum(axis=1)]
+        self.interval[seeds] += np.stack([counts, *sums], axis=1)
+        # Fused chunks hand over many thousands of episodes; only each seed's newest
+        # ROLLING_EPISODES fit its window. ``order``: an episode's place among its seed's.
+        row, column = np.nonzero(done)
+        order = np.arange(len(row)) - (np.cumsum(counts) - counts)[row]
+        dropped = np.maximum(counts - ROLLING_EPISODES, 0)
+        kept = order >= dropped[row]
+        row, column, order = row[kept], column[kept], order[kept] - dropped[row[kept]]
+        slot = (self.window_head[seeds][row] + order) % ROLLING_EPISODES
+        self.window[seeds[row], 0, slot] = returns[row, column]
+        self.window[seeds[row], 1, slot] = lengths[row, column]
+        added = np.minimum(counts, ROLLING_EPISODES)
+        self.window_head[seeds] = (self.window_head[seeds] + added) % ROLLING_EPISODES
+        self.window_count[seeds] = np.minimum(self.window_count[seeds] + added, ROLLING_EPISODES)
 
-    @property
-    def rolling_step_reward(self) -> float:
-        steps = sum(length for _, length in self.window)
-        return sum(r for r, _ in self.window) / steps if steps else math.nan
+    def _oldest_first(self, seeds: Any) -> np.ndarray:
+        """The seeds' windows [seeds, 2, ROLLING_EPISODES], oldest episode first (unwritten
+        slots, zeros, before them): sums then add in the same order after a resume."""
+        slots = (self.window_head[seeds, None] + np.arange(ROLLING_EPISODES)) % ROLLING_EPISODES
+        return np.take_along_axis(self.window[seeds], slots[:, None, :], axis=2)
 
-    @property
-    def recent_return(self) -> float:
-        recent = list(self.window)[-RECENT_EPISODES:]
-        return float(np.mean([r for r, _ in recent])) if recent else math.nan
+    def rolling_step_reward(self, seeds: Any = slice(None)) -> np.ndarray:
+        """Total reward / total steps over each seed's window (NaN before its first episode)."""
+        total_return, total_length = self._oldest_first(seeds).sum(axis=2).T
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(total_length > 0, total_return / total_length, math.nan)
 
-    def row(
+    def recent_return(self, seeds: Any = slice(None)) -> np.ndarray:
+        """Mean return of each seed's last RECENT_EPISODES episodes (NaN before the first)."""
+        recent = self._oldest_first(seeds)[:, 0, -RECENT_EPISODES:].sum(axis=1)
+        count = np.minimum(self.window_count[seeds], RECENT_EPISODES)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(count > 0, recent / count, math.nan)
+
+    def rows(
         self,
-        step: int,
-        updates: int,
-        metrics: dict[str, float],
+        seeds: np.ndarray,
+        steps: np.ndarray,
+        updates: np.ndarray,
+        metrics: dict[str, np.ndarray],
         total_steps: int,
-        evaluate: Callable[[], float],
-    ) -> dict[str, float]:
-        elapsed = max(time.perf_counter() - self.last_time, 1e-9)
-        row = {
-            "charts/SPS": (step - self.last_step) / elapsed,
-            "charts/updates_per_second": (updates - self.last_updates) / elapsed,
-            "charts/gradient_updates": float(updates),
+        evaluate: Callable[[], np.ndarray],
+    ) -> list[dict[str, float]]:
+        """The logged row of each seed in ``seeds`` at env steps ``steps`` (one per seed).
+        ``evaluate()``: the seeds' scores, called once if an evaluation is due for any."""
+        elapsed = np.maximum(time.perf_counter() - self.last_time[seeds], 1e-9)
+        columns = {
+            "charts/SPS": (steps - self.last_step[seeds]) / elapsed,
+            "charts/updates_per_second": (updates - self.last_updates[seeds]) / elapsed,
+            "charts/gradient_updates": updates.astype(np.float64),
             **metrics,
         }
-        count, total_return, total_length = self.interval
-        if count:
-            row["charts/episodic_return"] = float(total_return / count)
-            row["charts/episodic_length"] = float(total_length / count)
-            row["charts/rolling_step_reward"] = self.rolling_step_reward
-            row["charts/recent_return"] = self.recent_return
-        self.interval = np.zeros(3)
-        if step >= self.next_eval or step >= total_steps:
-            self.score = float(evaluate())
-            row["eval/score"] = self.score
-            while self.next_eval <= step:
-                self.next_eval += self.eval_every
-        self.steps, self.updates = step, updates
-        # Restart the rate clock after the evaluation so it counts training alone.
-        self.last_time, self.last_step, self.last_updates = time.perf_counter(), step, updates
-        return row
+        count, total_return, total_length = self.interval[seeds].T
+        episodes = count > 0
+        if episodes.any():
+            with np.errstate(divide="ignore", invalid="ignore"):
+                columns["charts/episodic_return"] = total_return / count
+                columns["charts/episodic_length"] = total_length / count
+            columns["charts/rolling_step_reward"] = self.rolling_step_reward(seeds)
+            columns["charts/recent_return"] = self.recent_return(seeds)
+        self.interval[seeds] = 0.0
+        next_eval = self.next_eval[seeds]
+        due = (steps >= next_eval) | (steps >= total_steps)
+        if due.any():
+            self.score[seeds[due]] = np.asarray(evaluate(), dtype=np.float64)[due]
+            columns["eval/score"] = self.score[seeds]
+            # The next multiple of eval_every after the step (next_eval is one).
+            passed = next_eval <= steps
+            later = (steps // self.eval_every + 1) * self.eval_every
+            self.next_eval[seeds] = np.where(passed, later, next_eval)
+        episodic = ("charts/episodic_return", "charts/episodic_length")
+        episodic += ("charts/rolling_step_reward", "charts/recent_return")
+        rows = []
+        for index in range(len(seeds)):
+            row = {}
+            for name, values in columns.items():
+                if name in episodic and not episodes[index]:
+                    continue
+                if name == "eval/score" and not due[index]:
+                    continue
+                row[name] = float(values[index])
+            rows.append(row)
+        self.steps[seeds], self.updates[seeds] = steps, updates
+        # Restart the rate clocks after the evaluation so they count training alone.
+        self.last_time[seeds] = time.perf_counter()
+        self.last_step[seeds], self.last_updates[seeds] = steps, updates
+        return rows
+
+    def state_dict(self) -> list[dict[str, Any]]:
+        """Per seed, as resume files have held it: the window as (return, length) pairs."""
+        windows = self._oldest_first(slice(None))
+        return [
+            {
+                "window": [
+                    (float(r), int(n))
+                    for r, n in windows[i, :, ROLLING_EPISODES - self.window_count[i] :].T
+                ],
+                "interval": self.interval[i].copy(),
+                "next_eval": int(self.next_eval[i]),
+                "steps": int(self.steps[i]),
+                "updates": int(self.updates[i]),
+                "score": float(self.score[i]),
+            }
+            for i in range(len(self.steps))
+        ]
+
+    def load_state_dict(self, streams: list[dict[str, Any]]) -> None:
+        for i, saved in enumerate(streams):
+            window = np.asarray(saved["window"], dtype=np.float64).reshape(-1, 2)
+            window = window[-ROLLING_EPISODES:]
+            self.window[i] = 0.0
+            self.window[i, :, : len(window)] = window.T
+            self.window_head[i] = len(window) % ROLLING_EPISODES
+            self.window_count[i] = len(window)
+            self.interval[i] = saved["interval"]
+            self.next_eval[i] = saved["next_eval"]
+            self.steps[i] = self.last_step[i] = saved["steps"]
+            self.updates[i] = self.last_updates[i] = saved["updates"]
+            self.score[i] = saved["score"]
 
 
 class RunMonitor:
@@ -138,7 +224,7 @@ class RunMonitor:
         # run (an Optuna trial reports here and raises optuna.TrialPruned).
         self._on_score = on_score
         self.num_seeds = num_seeds
-        self.streams = [SeedStream(eval_every) for _ in range(num_seeds)]
+        self.streams = SeedStreams(num_seeds, eval_every)
         self.history: list[dict[str, float]] = []
         # num_seeds > 1: each seed's own rows, what a run stopped before every seed logged a
         # step (Ctrl-C during seed 0 of a host-driven run) still has to show.
@@ -194,8 +280,14 @@ class RunMonitor:
             to_log_file(line)
 
     def episodes(self, done: Any, episode_return: Any, episode_length: Any, seed: int = 0) -> None:
-        """Record the episodes that ended: arrays of any shape, ``done`` as mask."""
-        self.streams[seed].episodes(done, episode_return, episode_length)
+        """Record seed ``seed``'s episodes that ended: arrays of any shape, ``done`` as mask."""
+        self.streams.episodes(
+            np.array([seed]), np.asarray(done)[None], episode_return, episode_length
+        )
+
+    def every_seed_episodes(self, done: Any, episode_return: Any, episode_length: Any) -> None:
+        """Record every seed's episodes that ended: arrays [num_seeds, ...] in time order."""
+        self.streams.episodes(np.arange(self.num_seeds), done, episode_return, episode_length)
 
     def log(
         self,
@@ -204,37 +296,63 @@ class RunMonitor:
         metrics: dict[str, float],
         policy: Policy,
         seed: int = 0,
-        score: Callable[[], float] | None = None,
     ) -> None:
-        """Log seed ``seed`` at env step ``step``. When an eval is due, ``score()`` is the
-        score if given (the fused path scores every seed in one program), else the task's
-        evaluation of ``policy``."""
-        for name, value in metrics.items():
-            if name.startswith("losses/") and not math.isfinite(value):
+        """Log seed ``seed`` at env step ``step``; when an evaluation is due, the task's
+        evaluation of ``policy`` is its score."""
+        self.log_seeds(
+            np.array([seed]),
+            np.array([step]),
+            np.array([updates]),
+            {name: np.array([value]) for name, value in metrics.items()},
+            lambda: np.array([self._evaluate(policy, seed)]),
+        )
+
+    def log_seeds(
+        self,
+        seeds: np.ndarray,
+        steps: np.ndarray,
+        updates: np.ndarray,
+        metrics: dict[str, np.ndarray],
+        scores: Callable[[], np.ndarray],
+    ) -> None:
+        """Log the seeds ``seeds`` at env steps ``steps``, with ``metrics`` one value per
+        seed; ``scores()`` gives their scores when an evaluation is due. All seeds at one
+        step (the fused path) go to the tracker in one call, their mean with them."""
+        for name, values in metrics.items():
+            bad = np.flatnonzero(~np.isfinite(values)) if name.startswith("losses/") else []
+            if len(bad):
+                seed = int(seeds[bad[0]])
                 raise DivergenceError(
-                    f"rlspeed: training diverged: {name}={value} at step {step}"
+                    f"rlspeed: training diverged: {name}={values[bad[0]]} at step "
+                    f"{steps[bad[0]]}"
                     + (f" (seed {seed})" if self.num_seeds > 1 else "")
                     + "; lower the algorithm's learning rate or check the task's rewards"
                 )
-        evaluate = score or (lambda: self._evaluate(policy, seed))
-        row = self.streams[seed].row(step, updates, metrics, self.total_steps, evaluate)
+        rows = self.streams.rows(seeds, steps, updates, metrics, self.total_steps, scores)
         if self.num_seeds == 1:
-            self._emit(step, row)
+            self._emit(int(steps[0]), rows[0])
             return
-        self.tracker.log_metrics({f"seed{seed}/{k}": v for k, v in row.items()}, step)
-        self.seed_history[seed].append({"step": float(step), **row})
-        rows = self._pending.setdefault(step, {})
-        rows[seed] = row
-        if len(rows) == self.num_seeds:
-            del self._pending[step]
-            self._emit(step, _mean_and_std(list(rows.values())))
-        else:
-            self._show(row)
+        for step in dict.fromkeys(steps.tolist()):  # each step once, in order
+            tracked: dict[str, float] = {}
+            pending = self._pending.setdefault(step, {})
+            for seed, at, row in zip(seeds.tolist(), steps.tolist(), rows, strict=True):
+                if at == step:
+                    tracked.update({f"seed{seed}/{k}": v for k, v in row.items()})
+                    self.seed_history[seed].append({"step": float(step), **row})
+                    pending[seed] = row
+            if len(pending) == self.num_seeds:
+                del self._pending[step]
+                self._emit(step, _mean_and_std(list(pending.values())), tracked)
+            else:
+                self.tracker.log_metrics(tracked, step)
+                self._show(rows[-1])
 
-    def _emit(self, step: int, row: dict[str, float]) -> None:
+    def _emit(self, step: int, row: dict[str, float], seed_rows: dict | None = None) -> None:
+        """Log the run's row at ``step`` (the mean over seeds where there are several, sent
+        with ``seed_rows``, their own rows), show it and report its score."""
         if "eval/score" in row:
             self.score = row["eval/score"]
-        self.tracker.log_metrics(row, step)
+        self.tracker.log_metrics({**(seed_rows or {}), **row}, step)
         self.history.append({"step": float(step), **row})
         self._show(row)
         if "eval/score" in row and self._on_score is not None:
@@ -243,19 +361,32 @@ class RunMonitor:
     @property
     def steps(self) -> int:
         """Env steps taken, summed over seeds (agent-steps)."""
-        return sum(s.steps for s in self.streams)
+        return int(self.streams.steps.sum())
 
     @property
     def updates(self) -> int:
-        return sum(s.updates for s in self.streams)
+        return int(self.streams.updates.sum())
 
     @property
     def rolling_step_reward(self) -> float:
-        return float(np.mean([s.rolling_step_reward for s in self.streams]))
+        return float(np.mean(self.streams.rolling_step_reward()))
 
     @property
     def recent_return(self) -> float:
-        return float(np.mean([s.recent_return for s in self.streams]))
+        return float(np.mean(self.streams.recent_return()))
+
+    def seed_summaries(self) -> list[dict[str, Any]]:
+        """Each seed's score, training metrics and env steps (metrics.json's ``seeds``)."""
+        rolling, recent = self.streams.rolling_step_reward(), self.streams.recent_return()
+        return [
+            {
+                "score": float(self.streams.score[i]),
+                "rolling_step_reward": float(rolling[i]),
+                "recent_return": float(recent[i]),
+                "env_steps": int(self.streams.steps[i]),
+            }
+            for i in range(self.num_seeds)
+        ]
 
     def _eta(self) -> str:
         """Time left at the rate trained since this process's first log ("-" until known)."""
@@ -301,19 +432,8 @@ class RunMonitor:
     def state_dict(self) -> dict[str, Any]:
         """What a resumed run continues from: every seed's counters, episode window and
         next evaluation, the rows logged so far and the training time spent."""
-        streams = [
-            {
-                "window": list(s.window),
-                "interval": s.interval.copy(),
-                "next_eval": s.next_eval,
-                "steps": s.steps,
-                "updates": s.updates,
-                "score": s.score,
-            }
-            for s in self.streams
-        ]
         return {
-            "streams": streams,
+            "streams": self.streams.state_dict(),
             "history": self.history,
             "seed_history": self.seed_history,
             "pending": self._pending,
@@ -323,13 +443,7 @@ class RunMonitor:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        for stream, saved in zip(self.streams, state["streams"], strict=True):
-            stream.window.extend(saved["window"])
-            stream.interval = saved["interval"].copy()
-            stream.next_eval = saved["next_eval"]
-            stream.steps = stream.last_step = saved["steps"]
-            stream.updates = stream.last_updates = saved["updates"]
-            stream.score = saved["score"]
+        self.streams.load_state_dict(state["streams"])
         self.history = list(state["history"])
         self.seed_history = [list(rows) for rows in state["seed_history"]]
         self._pending = dict(state["pending"])

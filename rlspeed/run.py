@@ -328,15 +328,12 @@ def _write_metrics(
     if monitor.num_seeds > 1:
         summary["seeds"] = [
             {
-                "score": stream.score,
-                "rolling_step_reward": stream.rolling_step_reward,
-                "recent_return": stream.recent_return,
-                "env_steps": stream.steps,
+                **seed,
                 "final": rows[-1] if rows else None,
                 # Logged to the tracker as seed<i>/<name>.
                 "history": rows,
             }
-            for stream, rows in zip(monitor.streams, monitor.seed_history, strict=True)
+            for seed, rows in zip(monitor.seed_summaries(), monitor.seed_history, strict=True)
         ]
     return _write_text(path, json.dumps(summary, indent=2, allow_nan=True))
 

@@ -144,27 +144,56 @@ class JaxVmapEngine:
         self._state = None
 
 
+def greedy_episodes(
+    func_env: Any,
+    states: Any,
+    act: Callable[[jax.Array], jax.Array],
+    max_steps: int,
+    key: jax.Array | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    """One episode from each of the batched start ``states`` of a functional env, acted on
+    by ``act`` (observations -> actions, traceable), to its end or ``max_steps`` at most:
+    (returns [B], lengths [B]). ``key``: the transitions' random stream, for an env whose
+    transition draws (``transition_uses_rng``). Traceable and vmappable (over agents'
+    parameters), so the fused path scores every seed in one program."""
+    observe = jax.vmap(func_env.observation)
+    transition, reward = jax.vmap(func_env.transition), jax.vmap(func_env.reward)
+    terminal = jax.vmap(func_env.terminal)
+    batch = len(jax.tree.leaves(states)[0])
+
+    def running(carry: tuple[Any, ...]) -> jax.Array:
+        return carry[1].any() & (carry[4] < max_steps)
+
+    def step(carry: tuple[Any, ...]) -> tuple[Any, ...]:
+        state, alive, returns, lengths, t = carry
+        actions = act(observe(state))
+        keys = None
+        if key is not None and getattr(func_env, "transition_uses_rng", True):
+            keys = jax.random.split(jax.random.fold_in(key, t), batch)
+        following = transition(state, actions, keys)
+        rewards = reward(state, actions, following, None).astype(jnp.float32)
+        returns = returns + jnp.where(alive, rewards, 0.0)
+        lengths = lengths + alive
+        state = jax.tree.map(
+            lambda n, s: jnp.where(alive.reshape(-1, *[1] * (n.ndim - 1)), n, s), following, state
+        )
+        return state, alive & ~terminal(following), returns, lengths, t + 1
+
+    alive = jnp.ones(batch, dtype=bool)
+    start = (states, alive, jnp.zeros(batch), jnp.zeros(batch, dtype=jnp.int32), 0)
+    _, _, returns, lengths, _ = jax.lax.while_loop(running, step, start)
+    return returns, lengths
+
+
 def mean_greedy_return(
     env: VmapEnv, act: Callable[[jax.Array], jax.Array], key: jax.Array
 ) -> jax.Array:
-    """Mean return of one episode per env of ``env``, started from ``env.init(key)`` and
-    acted on by ``act`` (observations -> actions, traceable); an env's return stops counting
-    when its episode ends, at its time limit at the latest. Traceable and vmappable (over
-    agents' parameters and keys), so the fused path scores every seed in one program."""
-
-    def running(carry: tuple[VmapState, jax.Array, jax.Array]) -> jax.Array:
-        return carry[2].any()
-
-    def step(
-        carry: tuple[VmapState, jax.Array, jax.Array],
-    ) -> tuple[VmapState, jax.Array, jax.Array]:
-        state, returns, alive = carry
-        state, result = env.step(state, act(state.obs))
-        returns = returns + jnp.where(alive, result.reward, 0.0)
-        return state, returns, alive & ~(result.terminated | result.truncated)
-
-    start = (env.init(key), jnp.zeros(env.num_envs), jnp.ones(env.num_envs, dtype=bool))
-    _, returns, _ = jax.lax.while_loop(running, step, start)
+    """Mean return of one episode per env of ``env``, from the start states of
+    ``env.init(key)``, each to its end or the env's time limit (``greedy_episodes``)."""
+    start = env.init(key)
+    returns, _ = greedy_episodes(
+        env.func_env, start.env_state, act, env.max_episode_steps, start.key
+    )
     return returns.mean()
 
 

@@ -73,6 +73,17 @@ def evaluate(cfg: Any, policy: Policy, seed: int) -> float:
     return _greedy_episode(cfg, policy)[1]
 
 
+def evaluate_on_device(cfg: Any, act: Any, key: Any) -> Any:
+    """``evaluate`` on the JAX twin: the greedy episode from the start."""
+    import jax.numpy as jnp
+
+    from rlspeed.envs.vmap import greedy_episodes
+
+    env = make_functional(cfg)
+    returns, _ = greedy_episodes(env, jnp.asarray(env.initial())[None], act, STANDARD_MAX_STEPS)
+    return returns[0]
+
+
 def num_states(cfg: Any) -> int:
     return cfg.size * cfg.size
 
@@ -89,6 +100,7 @@ SPEC = TaskSpec(
     make_env=make_env,
     make_functional=make_functional,
     evaluate=evaluate,
+    evaluate_on_device=evaluate_on_device,
     # The cell index as int32.
     observation_bytes=lambda cfg: 4,
     network_inputs=num_states,  # the cell index, one-hot

@@ -26,6 +26,7 @@ from rlspeed.algos.loops.fused import (
     FusedTrainer,
     ReplayState,
     init_replay_state,
+    per_seed_sum,
     replay_step,
     saved_agent_policies,
     scan_iterations,
@@ -224,12 +225,13 @@ def make_train(cfg: Any, env: VmapEnv) -> FusedTrainer:
         )
         return ReplayState(agent, replay, env_state, key, step, state.updates + n_updates), stats
 
-    def summarize(stats: ChunkStats) -> dict[str, float]:
-        metrics = {"charts/epsilon": float(stats.epsilon[-1])}
-        n_updates = int(stats.n_updates.sum())
-        if n_updates:
-            metrics["losses/td_loss"] = float(stats.loss_sum.sum()) / n_updates
-            metrics["losses/q_values"] = float(stats.q_sum.sum()) / n_updates
+    def summarize(stats: ChunkStats) -> dict[str, np.ndarray]:
+        metrics = {"charts/epsilon": np.asarray(stats.epsilon[:, -1], dtype=np.float64)}
+        # Every seed follows the same update schedule: the counts are equal across seeds.
+        n_updates = per_seed_sum(stats.n_updates)
+        if n_updates.min() > 0:
+            metrics["losses/td_loss"] = per_seed_sum(stats.loss_sum) / n_updates
+            metrics["losses/q_values"] = per_seed_sum(stats.q_sum) / n_updates
         return metrics
 
     return FusedTrainer(

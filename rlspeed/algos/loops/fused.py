@@ -55,8 +55,9 @@ class FusedTrainer(NamedTuple):
     policy_params: Callable[[Any], Any]
     # (policy params, observations [B, ...]) -> greedy actions [B, ...].
     greedy: Callable[[Any, jax.Array], jax.Array]
-    # One seed's chunk stats, as NumPy -> the algorithm's metrics (losses/..., charts/...).
-    summarize: Callable[[Any], dict[str, float]]
+    # The seeds' chunk stats, as NumPy [seeds, ...] -> the algorithm's metrics (losses/...,
+    # charts/...), one value per seed each.
+    summarize: Callable[[Any], dict[str, np.ndarray]]
     # state -> the pytree saved as the checkpoint.
     checkpoint: Callable[[Any], Any] = lambda state: state.agent._asdict()
 
@@ -229,47 +230,48 @@ def device_score(task: TaskSpec, task_cfg: Any, policy: DevicePolicy, seed: int)
     return float(score(policy.params, jax_key(seed, Stream.EVAL)))
 
 
-def _seed_scores(
-    task: TaskSpec, cfg: Any, trainer: FusedTrainer
-) -> Callable[[Any], np.ndarray] | None:
-    """Every seed's score from the seeds' policy params, in one compiled call (one program
-    vmapped over seeds); None where the task is scored on the host."""
+def _seed_scores(ctx: RunContext, trainer: FusedTrainer) -> Callable[[Any], np.ndarray]:
+    """(the seeds' policy params, stacked where there are several) -> every seed's score:
+    on the task's JAX twin in one compiled call (vmapped over seeds); on the host, for a
+    task with no device evaluation, one evaluation per seed."""
+    cfg, task, seeds = ctx.cfg, ctx.task, ctx.cfg.num_seeds
     if task.evaluate_on_device is None:
-        return None
+        greedy = jax.jit(trainer.greedy)
+
+        def on_host(params: Any) -> np.ndarray:
+            def policy(index: int) -> Callable[[Any], np.ndarray]:
+                agent = params if seeds == 1 else jax.tree.map(lambda x: x[index], params)
+                return lambda obs: np.asarray(greedy(agent, obs))
+
+            return np.array(
+                [task.evaluate(cfg.task, policy(i), cfg.seed + i) for i in range(seeds)]
+            )
+
+        return on_host
     score = _scorer(task, cfg.task, trainer.greedy)
-    if cfg.num_seeds == 1:
+    if seeds == 1:  # as mode=eval scores it (device_score)
         one, key = jax.jit(score), jax_key(cfg.seed, Stream.EVAL)
         return lambda params: np.atleast_1d(np.asarray(one(params, key)))
     every = jax.jit(jax.vmap(score))
-    keys = jax_key(range(cfg.seed, cfg.seed + cfg.num_seeds), Stream.EVAL)
+    keys = jax_key(range(cfg.seed, cfg.seed + seeds), Stream.EVAL)
     return lambda params: np.asarray(every(params, keys))
 
 
-class _ChunkScores:
-    """The seeds' scores at the end of a chunk, computed when the first seed asks (only
-    when an evaluation is due)."""
-
-    def __init__(self, scores_of: Callable[[Any], np.ndarray], params: Any) -> None:
-        self._scores_of, self._params = scores_of, params
-        self._scores: np.ndarray | None = None
-
-    def of(self, index: int) -> Callable[[], float]:
-        def score() -> float:
-            if self._scores is None:
-                self._scores = self._scores_of(self._params)
-            return float(self._scores[index])
-
-        return score
+def first_iterations(stats: Any, count: int) -> Any:
+    """The chunk's stats [seeds, iterations, ...] of their first ``count`` iterations."""
+    return jax.tree.map(lambda x: x[:, :count] if x.ndim > 1 else x, stats)
 
 
-def first_iterations(stats: Any, count: int, axis: int) -> Any:
-    """The chunk's stats of its first ``count`` iterations: every array with an iteration
-    axis (at ``axis``, after the seed axis of several seeds) cut there; sums kept."""
+def per_seed_sum(values: Any) -> np.ndarray:
+    """Each seed's sum of a chunk's stat [seeds, ...] (every axis after the first), float64."""
+    values = np.asarray(values, dtype=np.float64)
+    return values.reshape(len(values), -1).sum(axis=1)
 
-    def cut(x: np.ndarray) -> np.ndarray:
-        return x[(slice(None),) * axis + (slice(count),)] if x.ndim > axis else x
 
-    return jax.tree.map(cut, stats)
+def per_seed_mean(values: Any) -> np.ndarray:
+    """Each seed's mean of a chunk's stat [seeds, ...], float64."""
+    values = np.asarray(values, dtype=np.float64)
+    return values.reshape(len(values), -1).mean(axis=1)
 
 
 def train_fused(ctx: RunContext, make_train: Callable[[Any, VmapEnv], FusedTrainer]) -> TrainResult:
@@ -278,7 +280,6 @@ def train_fused(ctx: RunContext, make_train: Callable[[Any, VmapEnv], FusedTrain
     # Until the first chunk returns, the time goes to compiling the whole program.
     ctx.run_monitor.compiling()
     trainer = make_train(cfg, make_vmap_env(ctx.task, cfg.task, cfg.num_envs))
-    greedy = jax.jit(trainer.greedy)
     policy_params = jax.jit(trainer.policy_params)
     chunk = min(
         max(1, math.ceil(cfg.log_every / trainer.steps_per_iteration)), trainer.total_iterations
@@ -305,18 +306,18 @@ def train_fused(ctx: RunContext, make_train: Callable[[Any, VmapEnv], FusedTrain
     if seeds == 1:
         state = jax.jit(trainer.init, compiler_options=RUN_ONCE)(jax_keys(cfg.seed))
 
-        def of_seed(tree: Any, index: int) -> Any:
-            return tree
+        def with_seed_axis(tree: Any) -> Any:
+            return jax.tree.map(lambda x: np.asarray(x)[None], tree)
     else:
         # Agent i gets the keys of a single run with seed + i.
         keys = jax_keys(range(cfg.seed, cfg.seed + seeds))
         state = jax.jit(jax.vmap(trainer.init), compiler_options=RUN_ONCE)(keys)
 
-        def of_seed(tree: Any, index: int) -> Any:
-            return jax.tree.map(lambda x: x[index], tree)
+        def with_seed_axis(tree: Any) -> Any:
+            return tree
 
-    iteration_axis = 0 if seeds == 1 else 1  # of the stats
-    scores_of = _seed_scores(ctx.task, cfg, trainer)
+    scores_of = _seed_scores(ctx, trainer)
+    every_seed = np.arange(seeds)
 
     ctx.all_seeds = True
     done_iterations = 0
@@ -338,28 +339,23 @@ def train_fused(ctx: RunContext, make_train: Callable[[Any, VmapEnv], FusedTrain
             called = time.perf_counter()
             state, stats = run(state, iterations)
             done_iterations += iterations
-            stats, steps, updates = jax.device_get((stats, state.step, state.updates))
+            # One transfer; from here on every seed is a row of the same arrays.
+            fetched = jax.device_get((stats, state.step, state.updates))
+            stats, steps, updates = with_seed_axis(fetched)
             monitor.compiled_calls_s = (monitor.compiled_calls_s or 0.0) + (
                 time.perf_counter() - called
             )
             if masked and iterations < chunk:
-                stats = first_iterations(stats, iterations, iteration_axis)
-            params = policy_params(state)
-            scores = _ChunkScores(scores_of, params) if scores_of is not None else None
-            for index in range(seeds):
-                seed_stats = of_seed(stats, index)
-                monitor.episodes(
-                    seed_stats.done, seed_stats.episode_return, seed_stats.episode_length, index
-                )
-                monitor.log(
-                    int(np.ravel(steps)[index]),
-                    int(np.ravel(updates)[index]),
-                    trainer.summarize(seed_stats),
-                    # Only a task scored on the host calls it (sliced then).
-                    lambda obs, i=index, p=params: np.asarray(greedy(of_seed(p, i), obs)),
-                    index,
-                    score=scores.of(index) if scores is not None else None,
-                )
+                stats = first_iterations(stats, iterations)
+            monitor.every_seed_episodes(stats.done, stats.episode_return, stats.episode_length)
+            monitor.log_seeds(
+                every_seed,
+                steps,
+                updates,
+                trainer.summarize(stats),
+                # Called only when an evaluation is due.
+                lambda state=state: scores_of(policy_params(state)),
+            )
             latest.update(state=state, iterations=done_iterations)
             check_interrupt()
     total_steps, total_updates = (

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rlspeed.algos.loops.fused import FusedTrainer, scan_iterations
+from rlspeed.algos.loops.fused import FusedTrainer, per_seed_mean, scan_iterations
 from rlspeed.algos.loops.jax_learner import JaxLearner
 from rlspeed.algos.loops.onpolicy import RolloutBatch, advantage_terms
 from rlspeed.engines import StepResult
@@ -174,8 +174,8 @@ def make_on_policy_train(cfg: Any, env: VmapEnv, fns: OnPolicyFunctions) -> Fuse
         updates = state.updates + fns.updates_per_batch
         return OnPolicyState(agent, env_state, key, step, updates), stats
 
-    def summarize(stats: ChunkStats) -> dict[str, float]:
-        return {name: float(np.mean(values)) for name, values in stats.metrics.items()}
+    def summarize(stats: ChunkStats) -> dict[str, np.ndarray]:
+        return {name: per_seed_mean(values) for name, values in stats.metrics.items()}
 
     return FusedTrainer(
         init=init,

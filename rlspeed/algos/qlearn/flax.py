@@ -21,6 +21,7 @@ import numpy as np
 from rlspeed.algos.loops.fused import (
     FusedTrainer,
     masked_scan,
+    per_seed_sum,
     save_pytree,
     saved_policies,
     scan_unroll,
@@ -204,12 +205,12 @@ def make_train(cfg: Any, env: VmapEnv) -> FusedTrainer:
         epsilon = epsilon_at(end.step - n, algo, cfg.total_steps, xp=jnp)
         return end, ChunkStats(*episodes, td_error_sum, q_values_sum, epsilon)
 
-    def summarize(stats: ChunkStats) -> dict[str, float]:
-        updates = len(stats.done)  # one per iteration
+    def summarize(stats: ChunkStats) -> dict[str, np.ndarray]:
+        updates = stats.done.shape[1]  # one per iteration
         return {
-            "charts/epsilon": float(stats.epsilon),
-            "losses/td_error": float(stats.td_error_sum) / updates,
-            "losses/q_values": float(stats.q_values_sum) / updates,
+            "charts/epsilon": per_seed_sum(stats.epsilon),
+            "losses/td_error": per_seed_sum(stats.td_error_sum) / updates,
+            "losses/q_values": per_seed_sum(stats.q_values_sum) / updates,
         }
 
     return FusedTrainer(

@@ -26,6 +26,7 @@ from rlspeed.algos.loops.fused import (
     FusedTrainer,
     ReplayState,
     init_replay_state,
+    per_seed_sum,
     replay_step,
     saved_agent_policies,
     scan_iterations,
@@ -277,13 +278,14 @@ def make_train(cfg: Any, env: VmapEnv) -> FusedTrainer:
         )
         return ReplayState(agent, replay, env_state, key, step, updates), stats
 
-    def summarize(stats: ChunkStats) -> dict[str, float]:
+    def summarize(stats: ChunkStats) -> dict[str, np.ndarray]:
+        # Every seed follows the same update schedule: the counts are equal across seeds.
         metrics = {}
-        counts = {"losses/actor_loss": int(stats.n_actor_updates.sum())}
+        counts = {"losses/actor_loss": per_seed_sum(stats.n_actor_updates)}
         for name, values in stats.loss_sums.items():
-            count = counts.get(name, int(stats.n_updates.sum()))
-            if count:
-                metrics[name] = float(values.sum()) / count
+            count = counts.get(name, per_seed_sum(stats.n_updates))
+            if count.min() > 0:
+                metrics[name] = per_seed_sum(values) / count
         return metrics
 
     return FusedTrainer(

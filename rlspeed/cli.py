@@ -35,7 +35,10 @@ def _task(cfg: DictConfig) -> float:
 
     from rlspeed.errors import RLSpeedError
     from rlspeed.run import run
+    from rlspeed.sweep import stop_with_sweep
 
+    if HydraConfig.get().mode == RunMode.MULTIRUN:
+        stop_with_sweep()
     try:
         score = run(cfg)
         if HydraConfig.get().mode == RunMode.RUN:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -11,7 +12,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from rlspeed.errors import ConfigError
+from rlspeed.errors import ConfigError, StoreUnreachable
 from rlspeed.registry import ALGOS, BACKENDS, ENGINES, TASKS, TRACKERS
 
 
@@ -166,7 +167,18 @@ def validate(cfg: DictConfig) -> None:
         )
     task.validate(cfg.task)
     algo.validate(cfg.algo, cfg)
-    TRACKERS.get(cfg.tracking.name).check(cfg.tracking)
+    try:
+        TRACKERS.get(cfg.tracking.name).check(cfg.tracking)
+    except StoreUnreachable as error:
+        if cfg.trial.number is None:
+            raise
+        # A trial of a sweep whose store answered when the sweep started: losing the
+        # store's copy beats losing the trial; the writer keeps trying to reach it.
+        logging.getLogger("rlspeed").warning(
+            "%s; trial %d trains anyway and keeps its records in its folder",
+            error,
+            cfg.trial.number,
+        )
     # After the sizes it reads are checked; before resume= compares the config with the
     # saved one, which holds the number its run picked.
     resolve_threads(cfg)

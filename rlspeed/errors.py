@@ -27,6 +27,12 @@ class ConfigError(RLSpeedError):
         return (type(self), (self.key, self.value, self.allowed))
 
 
+class StoreUnreachable(ConfigError):
+    """A tracking store that does not answer: a lone run is refused before it trains; a
+    trial of a running sweep (whose store answered when the sweep started) trains anyway
+    and keeps its records locally (``rlspeed.config.validate``)."""
+
+
 class DivergenceError(RLSpeedError):
     """Training produced a non-finite loss; stopping beats training on garbage."""
 

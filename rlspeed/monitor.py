@@ -67,6 +67,10 @@ class SeedStreams:
         self.steps = np.zeros(num_seeds, dtype=np.int64)
         self.updates = np.zeros(num_seeds, dtype=np.int64)
         self.score = np.full(num_seeds, math.nan)
+        # The windows' rolling step reward and recent return as of each seed's last log: a
+        # run's summary goes with the steps counted then, not with episodes seen since.
+        self.logged_rolling = np.full(num_seeds, math.nan)
+        self.logged_recent = np.full(num_seeds, math.nan)
 
     def episodes(self, seeds: np.ndarray, done: Any, episode_return: Any, length: Any) -> None:
         """Record the episodes that ended: arrays [len(seeds), ...] in time order (the
@@ -133,12 +137,14 @@ class SeedStreams:
         }
         count, total_return, total_length = self.interval[seeds].T
         episodes = count > 0
+        self.logged_rolling[seeds] = self.rolling_step_reward(seeds)
+        self.logged_recent[seeds] = self.recent_return(seeds)
         if episodes.any():
             with np.errstate(divide="ignore", invalid="ignore"):
                 columns["charts/episodic_return"] = total_return / count
                 columns["charts/episodic_length"] = total_length / count
-            columns["charts/rolling_step_reward"] = self.rolling_step_reward(seeds)
-            columns["charts/recent_return"] = self.recent_return(seeds)
+            columns["charts/rolling_step_reward"] = self.logged_rolling[seeds]
+            columns["charts/recent_return"] = self.logged_recent[seeds]
         self.interval[seeds] = 0.0
         next_eval = self.next_eval[seeds]
         due = (steps >= next_eval) | (steps >= total_steps)
@@ -181,6 +187,8 @@ class SeedStreams:
                 "steps": int(self.steps[i]),
                 "updates": int(self.updates[i]),
                 "score": float(self.score[i]),
+                "logged_rolling_step_reward": float(self.logged_rolling[i]),
+                "logged_recent_return": float(self.logged_recent[i]),
             }
             for i in range(len(self.steps))
         ]
@@ -198,6 +206,9 @@ class SeedStreams:
             self.steps[i] = self.last_step[i] = saved["steps"]
             self.updates[i] = self.last_updates[i] = saved["updates"]
             self.score[i] = saved["score"]
+            # Absent from resume files written before the summary used them.
+            self.logged_rolling[i] = saved.get("logged_rolling_step_reward", math.nan)
+            self.logged_recent[i] = saved.get("logged_recent_return", math.nan)
 
 
 class RunMonitor:
@@ -369,15 +380,18 @@ class RunMonitor:
 
     @property
     def rolling_step_reward(self) -> float:
-        return float(np.mean(self.streams.rolling_step_reward()))
+        """Mean over seeds of the rolling step reward as of their last logs."""
+        return float(np.mean(self.streams.logged_rolling))
 
     @property
     def recent_return(self) -> float:
-        return float(np.mean(self.streams.recent_return()))
+        """Mean over seeds of the last episodes' return as of their last logs."""
+        return float(np.mean(self.streams.logged_recent))
 
     def seed_summaries(self) -> list[dict[str, Any]]:
-        """Each seed's score, training metrics and env steps (metrics.json's ``seeds``)."""
-        rolling, recent = self.streams.rolling_step_reward(), self.streams.recent_return()
+        """Each seed's score, training metrics and env steps as of its last log
+        (metrics.json's ``seeds``)."""
+        rolling, recent = self.streams.logged_rolling, self.streams.logged_recent
         return [
             {
                 "score": float(self.streams.score[i]),

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from hydra.core.hydra_config import HydraConfig
@@ -227,19 +228,32 @@ def run(cfg: DictConfig) -> float:
             monitor.close()
             unrecorded = _finish(tracker, ctx, status)
             if unrecorded and status != "FINISHED":  # beside the error or interrupt on its way
-                print(unrecorded, file=sys.stderr)
+                print(unrecorded.line, file=sys.stderr)
     _summary(choices, result, tracker, ctx)
-    if unrecorded:
-        raise RLSpeedError(unrecorded)
+    if unrecorded and unrecorded.remote_only and ctx.cfg.trial.number is not None:
+        # The trial's results are all in its folder and go to the study; the sweep says
+        # at its end which trials the tracking store lost.
+        log.warning(unrecorded.line)
+    elif unrecorded:
+        raise RLSpeedError(unrecorded.line)
     return monitor.score
 
 
-def _finish(tracker: Tracker, ctx: RunContext, status: str) -> str | None:
+class Unrecorded(NamedTuple):
+    """What a run could not record: one line saying what, where and why."""
+
+    line: str
+    # Every file is in the run folder; only the tracking store lacks records.
+    remote_only: bool
+
+
+def _finish(tracker: Tracker, ctx: RunContext, status: str) -> Unrecorded | None:
     """Save the run's outputs and close the tracked run, however training ended.
 
     Each file is written on its own (atomically), so one that cannot be written, on a full
-    disk say, costs only itself. Returns one line saying what could not be recorded, where
-    and why (the run is then FAILED where it would have FINISHED), or None."""
+    disk say, costs only itself. Returns what could not be recorded (the run is then FAILED
+    where it would have FINISHED; a sweep's trial that lost only its tracking store's copy
+    stays FINISHED), or None."""
     out_dir, monitor = ctx.out_dir, ctx.run_monitor
     failed: dict[str, list[str]] = {}  # why -> the files that could not be written
 
@@ -268,7 +282,8 @@ def _finish(tracker: Tracker, ctx: RunContext, status: str) -> str | None:
         return lines
 
     def final_status() -> str:
-        return "FAILED" if status == "FINISHED" and problems() else status
+        lost = failed or (tracker.failure is not None and ctx.cfg.trial.number is None)
+        return "FAILED" if status == "FINISHED" and lost else status
 
     final = status
     try:
@@ -292,7 +307,7 @@ def _finish(tracker: Tracker, ctx: RunContext, status: str) -> str | None:
     finally:
         tracker.end(final)
     lines = problems()  # ending the tracked run may have failed too
-    return "rlspeed: " + "; ".join(lines) if lines else None
+    return Unrecorded("rlspeed: " + "; ".join(lines), not failed) if lines else None
 
 
 def _write_text(path: Path, text: str) -> Path:
@@ -335,7 +350,19 @@ def _write_metrics(
             }
             for seed, rows in zip(monitor.seed_summaries(), monitor.seed_history, strict=True)
         ]
-    return _write_text(path, json.dumps(summary, indent=2, allow_nan=True))
+    return _write_text(path, json.dumps(json_safe(summary), indent=2, allow_nan=False))
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with every float that is not finite as None: metrics.json is strict JSON
+    (a run stopped before its first evaluation has no score: null, not NaN)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: json_safe(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(item) for item in value]
+    return value
 
 
 def _curves(monitor: RunMonitor) -> list[tuple[str, list[dict[str, float]]]]:

@@ -19,6 +19,8 @@ import json
 import logging
 import os
 import shutil
+import signal
+import threading
 import time
 import warnings
 from collections.abc import Iterator
@@ -30,6 +32,11 @@ from rlspeed.errors import ConfigError, RLSpeedError
 
 log = logging.getLogger("rlspeed")
 
+# The sweep's process id, set by the Optuna sweeper before it launches jobs: a job in a
+# worker process of the sweep (hydra/launcher=joblib) stops when the sweep is gone.
+SWEEP_PID_VARIABLE = "RLSPEED_SWEEP_PID"
+# Whether this process watches its sweep already (a worker runs many jobs).
+_watching: list[bool] = []
 # Study system attribute holding the pruner's config (a dict with ``_target_``).
 PRUNER_ATTR = "rlspeed:pruner"
 JOURNAL_PREFIX = "journal:"
@@ -43,6 +50,25 @@ _JOURNAL_TAIL_BYTES = 1 << 20
 # Significant digits of the values a study records: equal scores that float noise made
 # differ (0.30000000000000004 and 0.3) tie, for the sampler, the pruner and best trials.
 SIGNIFICANT_DIGITS = 6
+
+
+def stop_with_sweep() -> None:
+    """In a worker process of a sweep, SIGTERM this process once the sweep's process is gone:
+    a SIGKILLed sweep tells nobody, and its trials would train on for no one. The trial then
+    stops as on a scheduler's SIGTERM (what it recorded is saved, its run is KILLED). Jobs
+    in the sweep's own process (the basic launcher) or on other machines (SLURM) have
+    another parent and are left alone."""
+    sweep = os.environ.get(SWEEP_PID_VARIABLE, "")
+    if _watching or not sweep.isdigit() or os.getppid() != int(sweep):
+        return
+    _watching.append(True)
+
+    def watch() -> None:
+        while os.getppid() == int(sweep):
+            time.sleep(1.0)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="rlspeed-sweep-watch", daemon=True).start()
 
 
 def study_value(value: float) -> float:

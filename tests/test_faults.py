@@ -1,6 +1,7 @@
 """Faults lose nothing (SPEC §9): a full disk when the run saves, an MLflow server killed
-mid-run, Ctrl-C in a multi-seed run, SIGTERM in a sweep. Each test drives the real CLI into
-the real fault and checks the one line, the exit code, the MLflow record and the files."""
+mid-run or mid-sweep, Ctrl-C in a multi-seed run, SIGTERM in a sweep. Each test drives the
+real CLI into the real fault and checks the one line, the exit code, the MLflow record and
+the files."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import optuna
 import pytest
 
 from tests.conftest import start_cli
@@ -204,3 +206,94 @@ def test_sigterm_in_a_sweep_stops_it_with_one_line_and_exit_143(tmp_path):
     assert {"config.yaml", "checkpoint.pt", "learning_curve.png", "metrics.json"} <= _names(jobs[0])
     metrics = json.loads((jobs[0] / "metrics.json").read_text())
     assert metrics["status"] == "KILLED" and metrics["final"]["step"] >= 1000
+
+
+def test_mlflow_server_killed_mid_sweep_costs_only_its_copy(tmp_path):
+    """SPEC §9 for sweeps: the server dies after the first trial; every later trial still
+    trains and keeps its results in its folder and the study, the sweep completes (exit 0),
+    and its last line says what MLflow did not get."""
+    storage = f"sqlite:///{tmp_path}/study.db"
+    sweep = [
+        "-m",
+        "hydra/sweeper=optuna",
+        "algo.alpha=interval(0.1, 0.9)",
+        "hydra.sweeper.n_trials=3",
+        "hydra.sweeper.study_name=dead-server",
+        f"hydra.sweeper.storage={storage}",
+        "algo=qlearn",
+        "task=gridworld",
+        "backend=torch",
+        "env=gym-sync",
+        "num_envs=1",
+        "total_steps=500",
+        "progress=plain",
+    ]
+    with mlflow_server(tmp_path) as (server, uri):
+        process = start_cli([*sweep, f"tracking.uri={uri}"], tmp_path, stderr=subprocess.STDOUT)
+        _wait_for(process, "Trial 0: COMPLETE")
+        os.killpg(server.pid, signal.SIGKILL)
+        output, _ = process.communicate(timeout=600)
+    assert process.returncode == 0, output
+    study = optuna.load_study(study_name="dead-server", storage=storage)
+    assert [t.state.name for t in study.trials] == ["COMPLETE"] * 3
+    for trial in study.trials:
+        metrics = json.loads((Path(trial.user_attrs["output_dir"]) / "metrics.json").read_text())
+        assert metrics["env_steps"] == 500 and metrics["status"] == "FINISHED"
+        assert bool(metrics["errors"]) == (trial.number > 0), metrics["errors"]
+    last = [line for line in output.splitlines() if line.strip()][-1]
+    assert "not everything reached MLflow" in last and "trial(s) 1, 2" in last, output
+    assert "parent run" in last and "Traceback" not in output
+
+
+def _children(pid: int, marker: str) -> list[int]:
+    """Processes whose parent is ``pid`` and whose command line holds ``marker``."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            command = (stat.parent / "cmdline").read_bytes().decode(errors="replace")
+        except (OSError, IndexError, ValueError):  # gone meanwhile
+            continue
+        if ppid == pid and marker in command:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    """Running (not gone, not a zombie nobody reaped)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def test_sigkill_of_a_joblib_sweep_stops_its_workers(tmp_path):
+    """Workers of a killed sweep die with it: the trials they train stop as on SIGTERM
+    (KILLED, with what they recorded) instead of training on for no one."""
+    args = [
+        "-m",
+        "hydra/sweeper=optuna",
+        "hydra/launcher=joblib",
+        "hydra.sweeper.n_jobs=2",
+        "hydra.sweeper.n_trials=2",
+        "algo.learning_rate=interval(0.0001, 0.001)",
+        *HOST_RUN,
+        "total_steps=10000000",
+        "tracking=none",
+    ]
+    process = start_cli(args, tmp_path, stderr=subprocess.STDOUT)
+    _wait_for(process, "step 1,000/")
+    workers = _children(process.pid, "popen_loky_posix")
+    assert workers, "no joblib worker found"
+    process.kill()
+    process.wait()
+    deadline = time.monotonic() + 120
+    while any(_alive(pid) for pid in workers):
+        assert time.monotonic() < deadline, "the workers outlived their sweep by 120 s"
+        time.sleep(1)
+    trials = list((tmp_path / "multirun").glob("*/*/*/metrics.json"))
+    trials += list((tmp_path / "outputs" / "multirun").glob("*/*/*/metrics.json"))
+    assert trials, "no trial saved its metrics"
+    for path in trials:
+        metrics = json.loads(path.read_text())
+        assert metrics["status"] == "KILLED" and metrics["final"]["step"] >= 1000, path

@@ -3,6 +3,7 @@ every seed's episodes and rows at once (the fused path)."""
 
 from __future__ import annotations
 
+import json
 import pickle
 
 import numpy as np
@@ -16,6 +17,7 @@ from rlspeed.monitor import (
     RunMonitor,
     SeedMonitor,
 )
+from rlspeed.run import _write_metrics
 from rlspeed.tracking.none import NoTracker
 
 
@@ -112,3 +114,14 @@ def test_all_seeds_log_in_one_tracker_call_with_their_mean():
     assert "seed1/charts/episodic_return" not in row and "charts/episodic_return" not in row
     assert monitor.score == 0.5 and [r["step"] for r in monitor.history] == [100]
     assert [len(rows) for rows in monitor.seed_history] == [1, 1]
+
+
+def test_a_run_stopped_before_its_first_log_writes_strict_json(tmp_path):
+    """metrics.json of a run stopped at step 0: no NaN (not JSON), and no episode
+    statistics beside env_steps 0 (the summary goes with the steps of the last log)."""
+    monitor = _monitor(1)
+    monitor.episodes(np.array([True, False]), np.array([3.0, 1.0]), np.array([10, 2]))
+    path = _write_metrics(monitor, tmp_path / "metrics.json", "KILLED", [], None)
+    summary = json.loads(path.read_text(), parse_constant=lambda word: pytest.fail(word))
+    assert summary["env_steps"] == 0 and summary["score"] is None
+    assert summary["rolling_step_reward"] is None and summary["recent_return"] is None

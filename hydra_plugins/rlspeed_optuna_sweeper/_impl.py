@@ -14,8 +14,9 @@ import contextlib
 import json
 import logging
 import math
+import os
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,7 @@ from hydra_plugins.rlspeed_optuna_sweeper._trials import (
 from rlspeed.errors import RLSpeedError
 from rlspeed.sweep import (
     PRUNER_ATTR,
+    SWEEP_PID_VARIABLE,
     check_storage,
     database_lock,
     normalize_storage,
@@ -85,6 +87,8 @@ class OptunaSweeperImpl:
         self.config: DictConfig | None = None
         self.launcher: Any = None
         self.hydra_context: HydraContext | None = None
+        # Trial number -> why its run's records did not all reach the tracking store.
+        self.unsent: dict[int, str] = {}
 
     def setup(
         self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig
@@ -130,6 +134,8 @@ class OptunaSweeperImpl:
         keeper = TrialKeeper(study, storage, node.heartbeat_s, node.grace_s)
         stale = keeper.fail_stale()
 
+        # Jobs in worker processes (hydra/launcher=joblib) stop when this process is gone.
+        os.environ[SWEEP_PID_VARIABLE] = str(os.getpid())
         sweep_dir = Path(config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(config, sweep_dir / "multirun.yaml")
@@ -164,7 +170,25 @@ class OptunaSweeperImpl:
             show_best(study)
             if parent is not None:
                 parent.finish(study, files, status)
+                self._say_unsent(parent, sweep_dir)
         return returns
+
+    def _say_unsent(self, parent: StudyRun, sweep_dir: Path) -> None:
+        """The sweep's last line when the tracking store lost records: which, and where
+        they are kept."""
+        lost = []
+        if self.unsent:
+            numbers = ", ".join(map(str, sorted(self.unsent)))
+            lost.append(f"trial(s) {numbers}: {next(iter(self.unsent.values()))}")
+        if parent.failure is not None:
+            lost.append(f"the study's parent run {parent.run_id}: {parent.failure}")
+        if lost:
+            log.warning(
+                "rlspeed: not everything reached MLflow (%s); every trial's results are in "
+                "the study and its folder under %s",
+                "; ".join(lost),
+                sweep_dir,
+            )
 
     def _run_trials(
         self,
@@ -294,6 +318,9 @@ class OptunaSweeperImpl:
             return 0
         if output_dir:
             trial.set_user_attr("output_dir", str(output_dir))
+            errors = _tracking_errors(Path(output_dir))
+            if errors:
+                self.unsent[trial.number] = errors[0]
         if ret.status == JobStatus.COMPLETED:
             values = _objective_values(
                 ret.return_value, setup.objectives, output_dir, len(setup.directions)
@@ -313,6 +340,14 @@ class OptunaSweeperImpl:
         _tell(study, trial, state=TrialState.FAIL)
         log.warning("Trial %d: FAIL: %s", trial.number, reason)
         return 1
+
+
+def _tracking_errors(output_dir: Path) -> list[str]:
+    """Why a finished run did not record everything (its metrics.json ``errors``)."""
+    try:
+        return list(json.loads((output_dir / "metrics.json").read_text()).get("errors") or [])
+    except (OSError, ValueError, AttributeError):  # no metrics.json: the trial says why
+        return []
 
 
 def _tell(study: Any, trial: Any, **kwargs: Any) -> None:
@@ -587,14 +622,17 @@ class StudyRun:
     def __init__(self, client: Any, run_id: str) -> None:
         self.client = client
         self.run_id = run_id
+        # Why something could not be sent to the parent run (None while all was).
+        self.failure: str | None = None
 
     @classmethod
     def open(
         cls, tracking: DictConfig, study: Any, study_id: int, storage: Any, storage_spec: str
     ) -> StudyRun:
-        from mlflow import MlflowClient
+        from rlspeed.tracking.mlflow import resolve_uri, use_mlflow_defaults
 
-        from rlspeed.tracking.mlflow import resolve_uri
+        use_mlflow_defaults()
+        from mlflow import MlflowClient
 
         uri = resolve_uri(tracking)
         client = MlflowClient(tracking_uri=uri)
@@ -634,10 +672,29 @@ class StudyRun:
         log.info("MLflow: study parent run %s", run.info.run_id)
         return cls(client, run.info.run_id)
 
+    def _try(self, what: str, send: Callable[[], None]) -> None:
+        """``send()``, or, if the tracking store fails, one warning: a store that dies
+        mid-sweep costs its copy of the results, not the sweep."""
+        from rlspeed.tracking import cause
+
+        try:
+            send()
+        except Exception as error:  # noqa: BLE001 - MLflow raises its own and requests' errors
+            if self.failure is None:
+                log.warning(
+                    "MLflow: could not %s (%s); the sweep goes on, its results are in the "
+                    "study and the sweep folder",
+                    what,
+                    cause(error),
+                )
+            self.failure = f"{what} ({cause(error)})"
+
     def fail_stale_children(self, numbers: list[int]) -> None:
         """Child runs of trials a killed sweep left running end FAILED, like their trials."""
-        if not numbers:
-            return
+        if numbers:
+            self._try("end stale trials' runs", lambda: self._fail_children(numbers))
+
+    def _fail_children(self, numbers: list[int]) -> None:
         run = self.client.get_run(self.run_id)
         children = self.client.search_runs(
             [run.info.experiment_id],
@@ -649,30 +706,32 @@ class StudyRun:
                 self.client.set_terminated(child.info.run_id, status="FAILED")
 
     def finish(self, study: Any, files: list[Path], status: str) -> None:
+        """The study's results and files into the parent run, which then ends."""
+        self._try("record the study's results", lambda: self._log_results(study, files))
+        self._try("end the study's run", lambda: self.client.set_terminated(self.run_id, status))
+
+    def _log_results(self, study: Any, files: list[Path]) -> None:
         client, run_id = self.client, self.run_id
-        try:
-            counts = _counts(study)
-            step = sum(counts.values())
-            for state, count in counts.items():
-                client.log_metric(run_id, f"trials_{state.lower()}", count, step=step)
-            best = _best_trials(study)
-            if best and len(study.directions) == 1:
-                trial = best[0]
-                client.log_metric(run_id, "best_value", trial.value, step=step)
-                client.set_tag(run_id, "best_trial", str(trial.number))
-                logged = client.get_run(run_id).data.params
-                for name, value in trial.params.items():
-                    key = f"best.{name}"
-                    if key not in logged:
-                        client.log_param(run_id, key, value)
-                    client.set_tag(run_id, key, str(value))
-            elif best:
-                client.set_tag(run_id, "pareto_front", ",".join(str(t.number) for t in best))
-            for path in files:
-                client.log_artifact(
-                    run_id,
-                    str(path),
-                    artifact_path="plots" if path.parent.name == "plots" else None,
-                )
-        finally:
-            client.set_terminated(run_id, status=status)
+        counts = _counts(study)
+        step = sum(counts.values())
+        for state, count in counts.items():
+            client.log_metric(run_id, f"trials_{state.lower()}", count, step=step)
+        best = _best_trials(study)
+        if best and len(study.directions) == 1:
+            trial = best[0]
+            client.log_metric(run_id, "best_value", trial.value, step=step)
+            client.set_tag(run_id, "best_trial", str(trial.number))
+            logged = client.get_run(run_id).data.params
+            for name, value in trial.params.items():
+                key = f"best.{name}"
+                if key not in logged:
+                    client.log_param(run_id, key, value)
+                client.set_tag(run_id, key, str(value))
+        elif best:
+            client.set_tag(run_id, "pareto_front", ",".join(str(t.number) for t in best))
+        for path in files:
+            client.log_artifact(
+                run_id,
+                str(path),
+                artifact_path="plots" if path.parent.name == "plots" else None,
+            )

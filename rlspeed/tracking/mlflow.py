@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from rlspeed.config import check_creatable, unreachable
-from rlspeed.errors import ConfigError
+from rlspeed.errors import ConfigError, StoreUnreachable
 from rlspeed.tracking import TrackerSpec, cause
 from rlspeed.tracking._writer import Row, WriterProcess
 
@@ -73,7 +73,7 @@ def check(cfg: Any) -> None:
                 pass
         except (urllib.error.URLError, OSError) as error:
             reason = getattr(error, "reason", error)
-            raise ConfigError(key, uri, f"a reachable MLflow server ({reason})") from None
+            raise StoreUnreachable(key, uri, f"a reachable MLflow server ({reason})") from None
     elif scheme.partition("+")[0] in _DATABASES:  # e.g. postgresql+psycopg2://
         _check_database(key, uri)
     elif scheme in ("", "file"):
@@ -100,7 +100,7 @@ def _check_database(key: str, uri: str) -> None:
     if url.get_backend_name() != "sqlite":  # a server: it must answer before the run starts
         problem = unreachable(uri)
         if problem is not None:
-            raise ConfigError(key, uri, f"a database server that answers ({problem})")
+            raise StoreUnreachable(key, uri, f"a database server that answers ({problem})")
         return
     if url.database in (None, "", ":memory:"):  # in memory: gone when the run ends
         raise ConfigError(
@@ -125,6 +125,15 @@ def _check_file_store(key: str, uri: str) -> None:
     check_creatable(key, uri, Path(path), "a folder rlspeed can create and write to")
 
 
+def use_mlflow_defaults() -> None:
+    """rlspeed's MLflow settings (``_MLFLOW_DEFAULTS``, unless the user set them) in this
+    process, before MLflow is used: a dead server costs seconds, not minutes of retries."""
+    for name, value in _MLFLOW_DEFAULTS.items():
+        os.environ.setdefault(name, value)
+    # urllib3 logs each retry; a server that stopped answering gets rlspeed's one line.
+    logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
+
+
 def _portable(uri: str) -> str:
     """``uri`` as it works from any folder and can be shown: a relative SQLite file or file
     store made absolute, a database server's password hidden."""
@@ -146,10 +155,7 @@ class MlflowStore:
     training. Every call raises on failure; the writer holds what failed and tries again."""
 
     def __init__(self, cfg: Any) -> None:
-        for name, value in _MLFLOW_DEFAULTS.items():
-            os.environ.setdefault(name, value)
-        # urllib3 logs each retry; a server that stopped answering gets rlspeed's one line.
-        logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
+        use_mlflow_defaults()
         import mlflow
         from mlflow.exceptions import MlflowException
         from sqlalchemy.exc import SQLAlchemyError

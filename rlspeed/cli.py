@@ -35,7 +35,7 @@ def _task(cfg: DictConfig) -> float:
 
     from rlspeed.errors import RLSpeedError
     from rlspeed.run import run
-    from rlspeed.sweep import stop_with_sweep
+    from rlspeed.sweep import exit_if_sweep_gone, stop_with_sweep
 
     if HydraConfig.get().mode == RunMode.MULTIRUN:
         stop_with_sweep()
@@ -50,6 +50,8 @@ def _task(cfg: DictConfig) -> float:
         # One line, not Hydra's three ("Error executing job with overrides: ...").
         print(error, file=sys.stderr)
         sys.exit(1)
+    finally:
+        exit_if_sweep_gone()
 
 
 # Config groups that are rlspeed's own plumbing, not choices for users: the typed schemas

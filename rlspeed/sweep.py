@@ -37,6 +37,8 @@ log = logging.getLogger("rlspeed")
 SWEEP_PID_VARIABLE = "RLSPEED_SWEEP_PID"
 # Whether this process watches its sweep already (a worker runs many jobs).
 _watching: list[bool] = []
+# Set once the sweep that launched this worker is gone.
+_sweep_gone = threading.Event()
 # Study system attribute holding the pruner's config (a dict with ``_target_``).
 PRUNER_ATTR = "rlspeed:pruner"
 JOURNAL_PREFIX = "journal:"
@@ -66,9 +68,18 @@ def stop_with_sweep() -> None:
     def watch() -> None:
         while os.getppid() == int(sweep):
             time.sleep(1.0)
+        _sweep_gone.set()
         os.kill(os.getpid(), signal.SIGTERM)
 
     threading.Thread(target=watch, name="rlspeed-sweep-watch", daemon=True).start()
+
+
+def exit_if_sweep_gone() -> None:
+    """End this worker, its trial saved, if its sweep is gone: no one will send it another
+    job, and a pool's worker would otherwise wait for one."""
+    if _sweep_gone.is_set():
+        logging.shutdown()
+        os._exit(128 + signal.SIGTERM)
 
 
 def study_value(value: float) -> float:

@@ -293,7 +293,7 @@ def test_sigkill_of_a_joblib_sweep_stops_its_workers(tmp_path):
         time.sleep(1)
     trials = list((tmp_path / "multirun").glob("*/*/*/metrics.json"))
     trials += list((tmp_path / "outputs" / "multirun").glob("*/*/*/metrics.json"))
-    assert trials, "no trial saved its metrics"
-    for path in trials:
-        metrics = json.loads(path.read_text())
-        assert metrics["status"] == "KILLED" and metrics["final"]["step"] >= 1000, path
+    saved = [json.loads(path.read_text()) for path in trials]
+    assert saved and all(metrics["status"] == "KILLED" for metrics in saved), saved
+    # The trial whose log line the test waited for kept its rows (the other may have had none).
+    assert max(m["final"]["step"] for m in saved if m["final"]) >= 1000

@@ -9,6 +9,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from rlspeed.engines import StepResult
+from rlspeed.engines.env_state import GET_STATE, SAVED_STATE, SET_STATE, with_state_access
 from rlspeed.seeding import env_seeds
 
 
@@ -55,6 +56,18 @@ class GymVectorEngine:
             episode_length,
         )
 
+    def state_dict(self) -> dict[str, Any]:
+        """Each env's state (``rlspeed.engines.env_state``), taken where it runs (the worker
+        processes on gym-async), and the returns and lengths of the episodes so far."""
+        envs = list(self.envs.call(GET_STATE))
+        return {"envs": envs, "returns": self._returns.copy(), "lengths": self._lengths.copy()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.envs.set_attr(SAVED_STATE, list(state["envs"]))  # each env's its own
+        self.envs.call(SET_STATE)
+        self._returns[:] = state["returns"]
+        self._lengths[:] = state["lengths"]
+
     def close(self) -> None:
         self.envs.close()
 
@@ -62,7 +75,7 @@ class GymVectorEngine:
 def make_vector_engine(
     task: Any, task_cfg: Any, engine_cfg: Any, num_envs: int, seed: int, asynchronous: bool
 ) -> GymVectorEngine:
-    env_fns = [lambda: task.make_env(task_cfg) for _ in range(num_envs)]
+    env_fns = [lambda: with_state_access(task.make_env(task_cfg)) for _ in range(num_envs)]
     if asynchronous:
         envs: gym.vector.VectorEnv = gym.vector.AsyncVectorEnv(
             env_fns, shared_memory=engine_cfg.shared_memory, autoreset_mode=AutoresetMode.SAME_STEP

@@ -76,9 +76,9 @@ class RunContext:
     # The tracker, whose run id is saved with the resume state: a requeued SLURM job
     # continues that run.
     tracker: Tracker | None = None
-    # The config as dotted keys (MLflow's params): its training keys are saved with the
-    # resume state, so resume= can tell a run's files from another's.
-    params: dict[str, Any] = field(default_factory=dict)
+    # The config's training keys (``training_keys``), saved with the resume state: resume=
+    # tells a run's files from another's by them.
+    training_config: dict[str, Any] = field(default_factory=dict)
 
     @property
     def seed(self) -> int:
@@ -110,7 +110,7 @@ class RunContext:
                 **resume_state(),
                 "monitor": self.run_monitor.state_dict(),
                 "tracked_run_id": self.tracker.run_id if self.tracker else None,
-                "config": training_keys(self.params),
+                "config": self.training_config,
             }
             return save_resume(state, path)
 
@@ -188,8 +188,7 @@ def run(cfg: DictConfig) -> float:
     elif resumed:
         tags["rlspeed.resumed_from"] = str(run_folder(cfg.resume).resolve())
     tracker = TRACKERS.get(cfg.tracking.name).make(cfg.tracking)
-    params = flatten(cfg)
-    tracker.start(run_name=run_name, params=params, tags=tags, run_id=tracked_run)
+    tracker.start(run_name=run_name, params=flatten(cfg), tags=tags, run_id=tracked_run)
     # The training loops read the config on every step: as the schema's dataclasses an
     # attribute costs ~30 ns, through DictConfig ~10 us (18% of a CartPole DQN run).
     plain_cfg = OmegaConf.to_object(cfg)
@@ -208,7 +207,14 @@ def run(cfg: DictConfig) -> float:
     if resumed:  # metrics continue from the saved step (every agent file holds them all)
         monitor.load_state_dict(resumed[min(resumed)]["monitor"])
     ctx = RunContext(
-        plain_cfg, task, engine, monitor, out_dir, resumed=resumed, tracker=tracker, params=params
+        plain_cfg,
+        task,
+        engine,
+        monitor,
+        out_dir,
+        resumed=resumed,
+        tracker=tracker,
+        training_config=training_keys(flatten(cfg)),
     )
     # optuna.TrialPruned for a trial run; () matches nothing, so other runs never import optuna.
     pruned_error = reporter.pruned_error if reporter is not None else ()

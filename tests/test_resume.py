@@ -60,14 +60,18 @@ def _metrics(folder: Path) -> dict:
     return json.loads((folder / "metrics.json").read_text())
 
 
-def _cut_after_first_log(args: list[str], cwd: Path) -> str:
-    """Start the CLI, SIGTERM it once its first progress line appears; returns its output."""
-    with start_cli(args, cwd, stderr=subprocess.STDOUT) as proc:
+def _cut_after_first_log(args: list[str], cwd: Path, group: bool = False) -> str:
+    """Start the CLI, SIGTERM it once its first progress line appears (``group``: every
+    process of it, env workers included, as a scheduler does); returns its output."""
+    with start_cli(args, cwd, stderr=subprocess.STDOUT, process_group=0) as proc:
         lines = []
         for line in proc.stdout:
             lines.append(line)
             if " - step " in line:
-                proc.send_signal(signal.SIGTERM)
+                if group:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                else:
+                    proc.send_signal(signal.SIGTERM)
                 break
         lines += proc.stdout.readlines()
         proc.wait(timeout=120)
@@ -80,7 +84,7 @@ def test_sigterm_then_resume_ends_like_an_uninterrupted_run(tmp_path, path):
     args = [*DQN, *PATHS[path], *LOGS]
     whole = run_cli([*args, "hydra.run.dir=whole"], tmp_path)
     assert whole.returncode == 0, whole.stderr[-2000:]
-    output = _cut_after_first_log([*args, "hydra.run.dir=cut"], tmp_path)
+    output = _cut_after_first_log([*args, "hydra.run.dir=cut"], tmp_path, "async" in path)
     cut = _metrics(tmp_path / "cut")
     assert cut["status"] == "KILLED", output[-2000:]
     total = int(PATHS[path][-1].partition("=")[2])
@@ -162,7 +166,7 @@ def test_resume_may_change_the_thread_count_but_not_what_it_trains(tmp_path, mak
 
     saved = make_cfg(["backend.threads=0"])
     OmegaConf.save(saved, tmp_path / "config.yaml")
-    state = {"step": 0, "updates": 0, "obs": None, "parts": {}, "monitor": {}}
+    state = {"state": [], "iterations": 0, "monitor": {}}  # the default: a fused run
     save_resume({**state, "config": training_keys(flatten(saved))}, tmp_path / RESUME_FILE)
     check_resume(make_cfg(["backend.threads=1", f"resume={tmp_path}"]))
     with pytest.raises(ConfigError, match=r"it ran with total_steps=\d+, this run has"):

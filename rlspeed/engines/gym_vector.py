@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import signal
+from functools import partial
 from typing import Any
 
 import gymnasium as gym
@@ -72,10 +75,21 @@ class GymVectorEngine:
         self.envs.close()
 
 
+def _make_env(task: Any, task_cfg: Any, main_pid: int) -> gym.Env:
+    """One env copy. In a gym-async worker, the stop signals that a terminal or a scheduler
+    sends every process of the job (Ctrl-C, SIGTERM, SIGUSR2) are ignored: the main process
+    stops at the end of an iteration, takes the envs' state from the workers, then closes
+    them (a worker stopped by the signal would take its env's state with it)."""
+    if os.getpid() != main_pid:
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2):
+            signal.signal(signum, signal.SIG_IGN)
+    return with_state_access(task.make_env(task_cfg))
+
+
 def make_vector_engine(
     task: Any, task_cfg: Any, engine_cfg: Any, num_envs: int, seed: int, asynchronous: bool
 ) -> GymVectorEngine:
-    env_fns = [lambda: with_state_access(task.make_env(task_cfg)) for _ in range(num_envs)]
+    env_fns = [partial(_make_env, task, task_cfg, os.getpid())] * num_envs
     if asynchronous:
         envs: gym.vector.VectorEnv = gym.vector.AsyncVectorEnv(
             env_fns, shared_memory=engine_cfg.shared_memory, autoreset_mode=AutoresetMode.SAME_STEP

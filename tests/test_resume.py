@@ -21,7 +21,7 @@ import mlflow
 import numpy as np
 import pytest
 
-from rlspeed.checkpoint import RESUME_FILE, deferred_interrupts, seed_file
+from rlspeed.checkpoint import RESUME_FILE, ResumePoint, deferred_interrupts, seed_file
 from rlspeed.errors import ConfigError
 from tests.conftest import (
     assert_one_line_error,
@@ -154,6 +154,23 @@ def test_a_signal_waits_for_the_end_of_the_iteration():
         assert signal.getsignal(signal.SIGTERM) is handler
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def test_a_state_that_cannot_be_taken_costs_the_resume_file_alone():
+    """An engine whose state cannot be taken (a gym-async worker that died): taking the
+    state on the way out does not raise (the engine still closes, the other files are
+    written); writing the resume file raises why."""
+
+    class DeadWorkers:
+        def state_dict(self) -> dict:
+            raise EOFError("the env worker is gone")
+
+        def load_state_dict(self, state: dict) -> None: ...
+
+    point = ResumePoint(engine=DeadWorkers())
+    point.freeze()
+    with pytest.raises(EOFError, match="the env worker is gone"):
+        point.state()
 
 
 def test_resume_may_change_the_thread_count_but_not_what_it_trains(tmp_path, make_cfg):

@@ -5,11 +5,17 @@ A run folder holds, per agent, two files:
 
 * ``checkpoint.pt`` (torch) or ``checkpoint.msgpack`` (flax): the agent's networks (and
   optimizer state on torch), the file ``mode=eval`` loads and users load themselves;
-* ``resume.pkl``: everything ``resume=`` needs to continue the run where it stopped, as of
+* ``resume.npz``: everything ``resume=`` needs to continue the run where it stopped, as of
   the end of the last whole iteration (the step and update counters, the learner's networks,
   optimizer and random generators, the replay buffer, the envs' state and latest
-  observations, and the metrics recorded so far). On the fused ``flax`` + ``jax-vmap`` path
-  it is the whole train state (buffer, envs, keys). It is a pickle: resume only runs you trust.
+  observations, the metrics recorded so far and the config's training keys). On the fused
+  ``flax`` + ``jax-vmap`` path it is the whole train state (buffer, envs, keys).
+
+Nothing read back can run code: resume state is a ``rlspeed.statefile`` archive (JSON and
+NumPy arrays, read with ``allow_pickle=False``), torch checkpoints are read with
+``weights_only=True`` and flax ones are msgpack. The ``resume.pkl`` pickles of older versions
+are refused, never read. Resume files are read, and checked against the run's config, when
+the config is checked: a damaged or foreign one is one line before any folder exists.
 
 With ``num_seeds`` > 1 on a host-driven path, each agent's files end in ``_seed<i>``.
 Every write goes to a temporary file in the same folder, is flushed to disk, then renamed
@@ -23,24 +29,29 @@ from __future__ import annotations
 
 import contextlib
 import os
-import pickle
 import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
 from omegaconf import OmegaConf
 
+from rlspeed import statefile
 from rlspeed.errors import ConfigError
 
-RESUME_FILE = "resume.pkl"
+RESUME_FILE = "resume.npz"
+# What versions before the resume.npz format wrote: pickles, refused unread.
+PICKLED_RESUME_FILES = "resume*.pkl"
 CONFIG_FILE = "config.yaml"
 AGENT_FILES = ("checkpoint.pt", "checkpoint.msgpack")
-# Bumped when what resume.pkl holds changes shape.
-FORMAT = 1
+# Bumped when what the resume file holds changes shape (1: resume.pkl).
+FORMAT = 2
+# Keys every rlspeed config.yaml has: one without them (an empty file) is not a run's.
+IDENTITY_KEYS = ("algo.name", "backend.name", "env.name", "task.name")
 # Keys a resumed run may change: where and how it reports, not what it trains. The thread
 # count and compile cache only set how fast (a run resumed on another machine, or one saved
 # before threads=auto resolved to a number, may use another count).
@@ -90,8 +101,7 @@ def save_pytree(tree: Any, path: Path) -> Path:
 
 
 def save_resume(state: dict[str, Any], path: Path) -> Path:
-    data = {"format": FORMAT, **state}
-    return atomic_write(path, lambda file: pickle.dump(data, file, pickle.HIGHEST_PROTOCOL))
+    return atomic_write(path, partial(statefile.dump, {"format": FORMAT, **state}))
 
 
 # ---------------------------------------------------------------- state of live objects
@@ -143,9 +153,10 @@ def capture(obj: Any) -> dict[str, Any]:
     """The state of ``obj``'s attributes that change during training, whatever generators
     and networks it holds: anything with ``state_dict`` (torch modules and optimizers,
     IntervalMetrics), torch generators and tensors, NumPy generators and arrays, pytrees of
-    JAX arrays (parameters, optimizer states, keys), Gymnasium SyncVectorEnv's envs and
-    numbers. Configs, functions and compiled programs are rebuilt by the run itself. An
-    object with a ``state_dict`` of its own says what its state is."""
+    JAX arrays (parameters, optimizer states, keys) and numbers. Configs, functions and
+    compiled programs are rebuilt by the run itself. An object with a ``state_dict`` of its
+    own says what its state is (a Gymnasium engine: its envs', see
+    ``rlspeed.engines.env_state``)."""
     if _has_state_dict(obj):
         return obj.state_dict()
     torch = sys.modules.get("torch")
@@ -163,9 +174,6 @@ def capture(obj: Any) -> dict[str, Any]:
             state[name] = value.copy()
         elif isinstance(value, (bool, int, float)):
             state[name] = value
-        elif _is_sync_vector_env(value):
-            # The envs themselves (positions, time-limit counters, their np_random streams).
-            state[name] = pickle.dumps(value.envs)
         elif (leaves := _jax_leaves(value)) is not None:
             state[name] = tree_to_host(leaves)
     return state
@@ -190,10 +198,6 @@ def restore(obj: Any, state: dict[str, Any]) -> None:
             value.bit_generator.state = saved
         elif isinstance(value, np.ndarray):
             value[...] = saved
-        elif _is_sync_vector_env(value):
-            for env in value.envs:
-                env.close()
-            value.envs = pickle.loads(saved)
         elif isinstance(saved, list) and _jax_leaves(value) is not None:
             setattr(obj, name, tree_from_host(value, saved))
         else:
@@ -202,11 +206,6 @@ def restore(obj: Any, state: dict[str, Any]) -> None:
 
 def _has_state_dict(value: Any) -> bool:
     return hasattr(value, "state_dict") and hasattr(value, "load_state_dict")
-
-
-def _is_sync_vector_env(value: Any) -> bool:
-    gym = sys.modules.get("gymnasium")
-    return gym is not None and isinstance(value, gym.vector.SyncVectorEnv)
 
 
 class ResumePoint:
@@ -218,7 +217,7 @@ class ResumePoint:
         self.parts = parts
         self.step = self.updates = 0
         self.obs: Any = None
-        self._frozen: dict[str, Any] | None = None
+        self._frozen: dict[str, Any] | Exception | None = None
 
     def start(self, saved: dict[str, Any] | None, reset: Callable[[], Any]) -> tuple[Any, int, int]:
         """(observations, step, updates) to start the loop from: ``reset()``'s for a new
@@ -234,10 +233,17 @@ class ResumePoint:
         self.step, self.updates, self.obs = step, updates, obs
 
     def freeze(self) -> None:
-        """Take the parts' state now (before the engine closes, which drops its state)."""
-        self._frozen = {name: capture(part) for name, part in self.parts.items()}
+        """Take the parts' state now (before the engine closes, which drops its state). Where
+        it cannot be taken (a gym-async worker that died), ``state()`` raises why: the run's
+        other files are still written."""
+        try:
+            self._frozen = {name: capture(part) for name, part in self.parts.items()}
+        except Exception as error:  # reported as the resume file's, by whoever saves it
+            self._frozen = error
 
     def state(self) -> dict[str, Any]:
+        if isinstance(self._frozen, Exception):
+            raise self._frozen
         parts = self._frozen or {name: capture(part) for name, part in self.parts.items()}
         obs = np.asarray(self.obs)
         return {"step": self.step, "updates": self.updates, "obs": obs, "parts": parts}
@@ -306,8 +312,9 @@ def resume_files(folder: Path) -> dict[int, Path]:
     files = {}
     if (folder / RESUME_FILE).is_file():
         files[0] = folder / RESUME_FILE
-    for path in folder.glob("resume_seed*.pkl"):
-        index = path.stem.removeprefix("resume_seed")
+    name = Path(RESUME_FILE)
+    for path in folder.glob(f"{name.stem}_seed*{name.suffix}"):
+        index = path.stem.removeprefix(f"{name.stem}_seed")
         if index.isdigit():
             files[int(index)] = path
     return files
@@ -319,28 +326,11 @@ def seed_file(path: Path, index: int) -> Path:
 
 
 def load_resume(cfg: Any) -> dict[int, dict[str, Any]]:
-    """Seed index -> that agent's saved state, from ``cfg.resume``'s folder; one ConfigError
-    line for a damaged file. Only the files a run of ``cfg`` writes are read: ``resume.pkl``
-    (one seed, or every seed of a fused run), else ``resume_seed<i>.pkl`` for its seeds; a
-    file dropped beside them is never unpickled."""
-    from rlspeed.algos.loops import is_fused
-
-    value, folder = cfg.resume, run_folder(cfg.resume)
-    if cfg.num_seeds == 1 or is_fused(cfg):
-        paths = {0: folder / RESUME_FILE}
-    else:
-        paths = {i: seed_file(folder / RESUME_FILE, i) for i in range(cfg.num_seeds)}
-    states = {}
-    for index, path in paths.items():
-        if not path.is_file():  # a host-driven seed the run had not reached
-            continue
-        try:
-            states[index] = pickle.loads(path.read_bytes())
-        except Exception as error:  # truncated, not a pickle, classes that are gone
-            reason = f"{type(error).__name__}: {error}"
-            raise ConfigError("resume", value, f"a readable {path.name} ({reason})") from None
-        if states[index].get("format") != FORMAT:
-            raise ConfigError("resume", value, f"a {path.name} of format {FORMAT}")
+    """Seed index -> that agent's saved state, from ``cfg.resume``'s folder, checked as
+    ``check_resume`` does (which has read the files already when the config was checked in
+    this process: they are not read again)."""
+    states = check_resume(cfg)
+    _last_read.clear()  # the run holds them from here on
     return states
 
 
@@ -348,40 +338,120 @@ def saved_config(folder: Path) -> Any:
     return OmegaConf.load(folder / CONFIG_FILE)
 
 
-def _flat(cfg: Any) -> dict[str, Any]:
-    from rlspeed.config import flatten
-
+def training_keys(flat: dict[str, Any]) -> dict[str, Any]:
+    """The keys of a flattened config (``rlspeed.config.flatten``) a resumed run must share."""
     return {
         key: value
-        for key, value in flatten(cfg).items()
+        for key, value in flat.items()
         if not any(key == free or key.startswith(free) for free in FREE_KEYS)
     }
 
 
-def check_resume(cfg: Any) -> None:
-    """``resume=PATH``: a run folder (or a file in one) with resume state, written by a run
-    of this config. One ConfigError line otherwise."""
+def check_resume(cfg: Any) -> dict[int, dict[str, Any]]:
+    """``resume=PATH``: a run folder (or a file in one) whose ``config.yaml`` and resume
+    files a run of this config wrote, whole. Returns seed index -> that agent's saved state;
+    one ConfigError line otherwise. Only the files a run of ``cfg`` writes are read:
+    ``resume.npz`` (one seed, or every seed of a fused run), else ``resume_seed<i>.npz`` for
+    the seeds it reached."""
+    from rlspeed.algos.loops import is_fused
+    from rlspeed.config import flatten
+
     value = cfg.resume
     folder = run_folder(value)
     if not Path(value).expanduser().exists():
         raise ConfigError("resume", value, "an existing run folder or checkpoint file")
-    if not resume_files(folder) or not (folder / CONFIG_FILE).is_file():
+    saved_files, pickled = resume_files(folder), sorted(folder.glob(PICKLED_RESUME_FILES))
+    if pickled and not saved_files:
+        raise ConfigError(
+            "resume",
+            value,
+            f"a run folder with {RESUME_FILE}: its {pickled[0].name} was saved by an older "
+            "rlspeed in a format that is not read, for safety (reading a pickle can run "
+            "code); start that run anew",
+        )
+    if not saved_files or not (folder / CONFIG_FILE).is_file():
         raise ConfigError(
             "resume",
             value,
             f"a run folder (or a file in one) with {RESUME_FILE} and {CONFIG_FILE}, "
             "as rlspeed runs write",
         )
-    saved, current = _flat(saved_config(folder)), _flat(cfg)
+    current = training_keys(flatten(cfg))
+    try:
+        saved = training_keys(flatten(saved_config(folder)))
+    except Exception as error:  # not YAML, not a mapping, interpolations that do not resolve
+        raise ConfigError("resume", value, f"a readable {CONFIG_FILE} ({_why(error)})") from None
+    if missing := [key for key in IDENTITY_KEYS if key not in saved]:
+        raise ConfigError(
+            "resume", value, f"a {CONFIG_FILE} as rlspeed runs write (it has no {missing[0]})"
+        )
+    _same_config(value, saved, current, "it ran with")
+    fused = is_fused(cfg)
+    resume = folder / RESUME_FILE
+    if cfg.num_seeds == 1 or fused:
+        wanted = {0: resume}
+    else:
+        wanted = {i: seed_file(resume, i) for i in range(cfg.num_seeds)}
+    # A host-driven seed the run had not reached has no file.
+    paths = {index: path for index, path in wanted.items() if path.is_file()}
+    if not paths:
+        names = ", ".join(path.name for path in wanted.values())
+        raise ConfigError("resume", value, f"a run folder with this config's {names}")
+    states = _read(value, paths)
+    for path, state in zip(paths.values(), states.values(), strict=True):
+        _same_config(value, training_keys(state["config"]), current, f"its {path.name} has")
+        if missing := [key for key in STATE_KEYS[fused] if key not in state]:
+            kind = "fused" if fused else "host-driven"
+            raise ConfigError(
+                "resume", value, f"a {path.name} of a {kind} run (it has no {missing[0]})"
+            )
+    return states
+
+
+def _why(error: Exception) -> str:
+    return f"{type(error).__name__}: {' '.join(str(error).split())}"
+
+
+def _same_config(value: str, saved: dict[str, Any], current: dict[str, Any], ran: str) -> None:
     # Keys both have: a key added to rlspeed since that run has its default there.
     for key in sorted(saved.keys() & current.keys()):
-        if saved.get(key) != current.get(key):
+        if saved[key] != current[key]:
             raise ConfigError(
                 "resume",
                 value,
-                f"a run of this config (it ran with {key}={saved.get(key)}, "
-                f"this run has {key}={current.get(key)}); repeat that run's settings",
+                f"a run of this config ({ran} {key}={saved[key]}, this run has "
+                f"{key}={current[key]}); repeat that run's settings",
             )
+
+
+# What a host-driven (False) and a fused (True) run's resume files hold beside the format,
+# the config's training keys, the monitor's state and the tracked run's id.
+STATE_KEYS = {False: ("step", "updates", "obs", "parts"), True: ("state", "iterations")}
+# The states ``_read`` read last, by (file, modification time, size): the CLI checks the
+# config, then the run checks it again and loads the files, all in one process.
+_last_read: dict[tuple[Any, ...], dict[int, dict[str, Any]]] = {}
+
+
+def _read(value: str, paths: dict[int, Path]) -> dict[int, dict[str, Any]]:
+    """Seed index -> the state saved in that path (read once while the files are unchanged);
+    one ConfigError line for a file that is damaged or of another format."""
+    key = tuple((p.resolve(), p.stat().st_mtime_ns, p.stat().st_size) for p in paths.values())
+    if key not in _last_read:
+        states = {}
+        for index, path in paths.items():
+            try:
+                state = statefile.load(path)
+            except Exception as error:  # truncated, corrupt, a pickle, an object array
+                reason = f"a readable {path.name} ({_why(error)})"
+                raise ConfigError("resume", value, reason) from None
+            if not (isinstance(state, dict) and state.get("format") == FORMAT):
+                raise ConfigError("resume", value, f"a {path.name} of format {FORMAT}")
+            if not isinstance(state.get("config"), dict):
+                raise ConfigError("resume", value, f"a {path.name} with its run's config")
+            states[index] = state
+        _last_read.clear()
+        _last_read[key] = states
+    return _last_read[key]
 
 
 def agent_files(value: str) -> list[Path]:

@@ -121,10 +121,12 @@ def main() -> None:
         out_dir = getattr(stop, "out_dir", None)
         line = f"rlspeed: interrupted by {signal.Signals(signum).name}"
         if out_dir is not None:
+            from rlspeed.checkpoint import resume_files  # loaded already by the run
+
             line += f"; the run is marked KILLED, what it recorded is in {out_dir}"
             if getattr(stop, "requeued", False):
                 line += "; its SLURM job is requeued and will continue it"
-            elif any(out_dir.glob("resume*.pkl")):
+            elif resume_files(out_dir):
                 line += f" (continue it with resume={out_dir})"
         print(line, file=sys.stderr)
         sys.exit(128 + signum)

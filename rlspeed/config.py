@@ -182,7 +182,7 @@ def validate(cfg: DictConfig) -> None:
     # After the sizes it reads are checked; before resume= compares the config with the
     # saved one, which holds the number its run picked.
     resolve_threads(cfg)
-    # Reads run folders (NumPy, pickles): loaded only once every setting above is checked.
+    # Reads run folders (whole resume files): loaded only once every setting above is checked.
     from rlspeed.checkpoint import check_modes
 
     check_modes(cfg)

@@ -27,6 +27,7 @@ from rlspeed.checkpoint import (
     run_folder,
     save_resume,
     seed_file,
+    training_keys,
 )
 from rlspeed.config import RunConfig, flatten, to_yaml, validate
 from rlspeed.engines import Engine, EngineSpec
@@ -76,6 +77,9 @@ class RunContext:
     # The tracker, whose run id is saved with the resume state: a requeued SLURM job
     # continues that run.
     tracker: Tracker | None = None
+    # The config's training keys (``training_keys``), saved with the resume state: resume=
+    # tells a run's files from another's by them.
+    training_config: dict[str, Any] = field(default_factory=dict)
 
     @property
     def seed(self) -> int:
@@ -97,7 +101,7 @@ class RunContext:
     ) -> None:
         """Register ``save(path)`` as this agent's checkpoint, file ``name`` in the run folder
         (``<stem>_seed<i><suffix>`` when agents of several seeds are saved one by one), and
-        ``resume_state()`` as what ``resume=`` continues from (``resume.pkl``, same naming)."""
+        ``resume_state()`` as what ``resume=`` continues from (``RESUME_FILE``, same naming)."""
         path, resume_path = self.out_dir / name, self.out_dir / RESUME_FILE
         if self.cfg.num_seeds > 1 and not self.all_seeds:
             path, resume_path = (seed_file(p, self.seed_index) for p in (path, resume_path))
@@ -107,6 +111,7 @@ class RunContext:
                 **resume_state(),
                 "monitor": self.run_monitor.state_dict(),
                 "tracked_run_id": self.tracker.run_id if self.tracker else None,
+                "config": self.training_config,
             }
             return save_resume(state, path)
 
@@ -155,6 +160,7 @@ def run(cfg: DictConfig) -> float:
         from rlspeed.evaluate import evaluate_checkpoint
 
         return evaluate_checkpoint(cfg)
+    resumed = load_resume(cfg) if cfg.resume else {}  # as validate read it: nothing new
     task, engine = TASKS.get(cfg.task.name), ENGINES.get(cfg.env.name)
     BACKENDS.get(cfg.backend.name).setup(cfg.backend, cfg.seed)
 
@@ -176,7 +182,6 @@ def run(cfg: DictConfig) -> float:
     if reporter is not None:
         run_name += f"-trial{cfg.trial.number}"
         tags.update({"optuna.study": cfg.trial.study_name, "optuna.trial": str(cfg.trial.number)})
-    resumed = load_resume(cfg) if cfg.resume else {}
     tracked_run = None
     if continued is not None:  # the same tracked run as the attempt it continues
         tags["rlspeed.slurm_restarts"] = str(slurm.restarts())
@@ -202,7 +207,16 @@ def run(cfg: DictConfig) -> float:
     )
     if resumed:  # metrics continue from the saved step (every agent file holds them all)
         monitor.load_state_dict(resumed[min(resumed)]["monitor"])
-    ctx = RunContext(plain_cfg, task, engine, monitor, out_dir, resumed=resumed, tracker=tracker)
+    ctx = RunContext(
+        plain_cfg,
+        task,
+        engine,
+        monitor,
+        out_dir,
+        resumed=resumed,
+        tracker=tracker,
+        training_config=training_keys(flatten(cfg)),
+    )
     # optuna.TrialPruned for a trial run; () matches nothing, so other runs never import optuna.
     pruned_error = reporter.pruned_error if reporter is not None else ()
     status = "FAILED"

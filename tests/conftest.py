@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import atexit
 import os
-import pickle
 import shutil
 import signal
 import socket
@@ -19,6 +18,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
+from rlspeed import statefile
+from rlspeed.checkpoint import RESUME_FILE
 from rlspeed.cli import CONF_DIR
 from rlspeed.config import BackendConfig, register_configs
 
@@ -59,7 +60,7 @@ def without_rates(row: dict[str, float]) -> dict[str, float]:
 
 def logged_rows(folder: Path) -> list[dict[str, float]]:
     """Every row a run logged (its resume state keeps them all), rates aside."""
-    history = pickle.loads((folder / "resume.pkl").read_bytes())["monitor"]["history"]
+    history = statefile.load(folder / RESUME_FILE)["monitor"]["history"]
     return [without_rates(row) for row in history]
 
 

@@ -124,7 +124,7 @@ BAD = [
     ),
     # resume=, mode=eval, checkpoint= and video=
     (["resume=nowhere"], ["invalid resume=nowhere: expected an existing run folder"]),
-    (["resume=."], ["invalid resume=.: expected a run folder (or a file in one) with resume.pkl"]),
+    (["resume=."], ["invalid resume=.: expected a run folder (or a file in one) with resume.npz"]),
     (["mode=eval"], ["invalid checkpoint=None: expected a run folder or a checkpoint file"]),
     (["mode=eval", "checkpoint=."], ["invalid checkpoint=.: expected a run folder"]),
     (["mode=test"], ["invalid mode=test: expected one of train, eval"]),

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from rlspeed import statefile
 from rlspeed.envs.doors import AGENT
 from rlspeed.registry import ENGINES, TASKS
 from rlspeed.seeding import env_seeds
@@ -75,3 +76,43 @@ def test_engine_steps_every_copy_like_a_reference_env(engine_name, make_cfg):
         engine.close()
         for env in references:
             env.close()
+
+
+@pytest.mark.parametrize(
+    ("engine_name", "task_name"),
+    [
+        ("gym-sync", "cartpole"),
+        ("gym-sync", "pendulum"),
+        ("gym-sync", "halfcheetah"),
+        ("gym-async", "doors"),
+        ("gym-async", "cartpole"),
+    ],
+)
+def test_an_engine_restored_from_a_resume_file_steps_on_as_the_original(
+    engine_name, task_name, make_cfg, tmp_path
+):
+    """The envs' state taken mid-episode (in the worker processes on gym-async), through a
+    resume file and put back into a new engine: both then step alike, bit for bit, through
+    terminations, truncations and auto-resets."""
+    cfg = make_cfg([f"env={engine_name}", f"task={task_name}", "task.max_steps=15"])
+    task, num_envs, path = TASKS.get(task_name), 3, tmp_path / "state.npz"
+    space = task.make_env(cfg.task).action_space
+    space.seed(0)
+    actions = [np.stack([space.sample() for _ in range(num_envs)]) for _ in range(60)]
+    make = ENGINES.get(engine_name).make
+    original, restored = (make(task, cfg.task, cfg.env, num_envs, SEED) for _ in range(2))
+    try:
+        original.reset()
+        for step in actions[:20]:
+            original.step(step)
+        with open(path, "wb") as file:
+            statefile.dump(original.state_dict(), file)
+        restored.reset()
+        restored.load_state_dict(statefile.load(path))
+        for step in actions[20:]:
+            a, b = original.step(step), restored.step(step)
+            for name, x, y in zip(a._fields, a, b, strict=True):
+                np.testing.assert_array_equal(x, y, err_msg=name, strict=True)
+    finally:
+        original.close()
+        restored.close()

@@ -4,12 +4,12 @@ every seed's episodes and rows at once (the fused path)."""
 from __future__ import annotations
 
 import json
-import pickle
 
 import numpy as np
 import pytest
 import torch
 
+from rlspeed import statefile
 from rlspeed.monitor import (
     RECENT_EPISODES,
     ROLLING_EPISODES,
@@ -46,7 +46,7 @@ def _reference_window(episodes: list[tuple[float, int]]) -> tuple[float, float]:
     return sum(r for r, _ in window) / sum(n for _, n in window), float(np.mean(recent))
 
 
-def test_every_seed_episodes_keep_each_seeds_newest_in_order_across_a_resume():
+def test_every_seed_episodes_keep_each_seeds_newest_in_order_across_a_resume(tmp_path):
     """All seeds' chunk stats at once (the fused path) keep what one stream per seed kept:
     each seed's episodes in time order, its newest ROLLING_EPISODES, the same again after
     the state goes through a resume file."""
@@ -63,7 +63,9 @@ def test_every_seed_episodes_keep_each_seeds_newest_in_order_across_a_resume():
             ended = returns[s][done[s]].tolist(), lengths[s][done[s]].tolist()
             seen[s] += list(zip(*ended, strict=True))
         if chunk == 1:  # resume from here
-            state = pickle.loads(pickle.dumps(monitor.state_dict()))
+            with open(tmp_path / "state.npz", "wb") as file:
+                statefile.dump(monitor.state_dict(), file)
+            state = statefile.load(tmp_path / "state.npz")
             monitor = _monitor(seeds)
             monitor.load_state_dict(state)
         streams = monitor.streams

@@ -8,16 +8,20 @@ end of the iteration, so the checkpoint holds a whole one wherever that is.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import pickle
+import shutil
 import signal
 import subprocess
 from pathlib import Path
 
 import mlflow
+import numpy as np
 import pytest
 
-from rlspeed.checkpoint import deferred_interrupts
+from rlspeed.checkpoint import RESUME_FILE, ResumePoint, deferred_interrupts, seed_file
 from rlspeed.errors import ConfigError
 from tests.conftest import (
     assert_one_line_error,
@@ -42,6 +46,8 @@ DQN = [
 ]
 PATHS = {
     "torch-gym-sync": ["backend=torch", "env=gym-sync", "num_envs=4", "total_steps=3000"],
+    # The envs live in worker processes: their state is taken and put back there.
+    "torch-gym-async": ["backend=torch", "env=gym-async", "num_envs=4", "total_steps=3000"],
     # Every chunk logs and evaluates, so the run lasts well past its first progress line.
     "flax-jax-vmap": ["backend=flax", "env=jax-vmap", "num_envs=8", "total_steps=24000"],
 }
@@ -54,14 +60,18 @@ def _metrics(folder: Path) -> dict:
     return json.loads((folder / "metrics.json").read_text())
 
 
-def _cut_after_first_log(args: list[str], cwd: Path) -> str:
-    """Start the CLI, SIGTERM it once its first progress line appears; returns its output."""
-    with start_cli(args, cwd, stderr=subprocess.STDOUT) as proc:
+def _cut_after_first_log(args: list[str], cwd: Path, group: bool = False) -> str:
+    """Start the CLI, SIGTERM it once its first progress line appears (``group``: every
+    process of it, env workers included, as a scheduler does); returns its output."""
+    with start_cli(args, cwd, stderr=subprocess.STDOUT, process_group=0) as proc:
         lines = []
         for line in proc.stdout:
             lines.append(line)
             if " - step " in line:
-                proc.send_signal(signal.SIGTERM)
+                if group:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                else:
+                    proc.send_signal(signal.SIGTERM)
                 break
         lines += proc.stdout.readlines()
         proc.wait(timeout=120)
@@ -74,7 +84,7 @@ def test_sigterm_then_resume_ends_like_an_uninterrupted_run(tmp_path, path):
     args = [*DQN, *PATHS[path], *LOGS]
     whole = run_cli([*args, "hydra.run.dir=whole"], tmp_path)
     assert whole.returncode == 0, whole.stderr[-2000:]
-    output = _cut_after_first_log([*args, "hydra.run.dir=cut"], tmp_path)
+    output = _cut_after_first_log([*args, "hydra.run.dir=cut"], tmp_path, "async" in path)
     cut = _metrics(tmp_path / "cut")
     assert cut["status"] == "KILLED", output[-2000:]
     total = int(PATHS[path][-1].partition("=")[2])
@@ -146,18 +156,47 @@ def test_a_signal_waits_for_the_end_of_the_iteration():
         signal.signal(signal.SIGTERM, previous)
 
 
+def test_a_state_that_cannot_be_taken_costs_the_resume_file_alone():
+    """An engine whose state cannot be taken (a gym-async worker that died): taking the
+    state on the way out does not raise (the engine still closes, the other files are
+    written); writing the resume file raises why."""
+
+    class DeadWorkers:
+        def state_dict(self) -> dict:
+            raise EOFError("the env worker is gone")
+
+        def load_state_dict(self, state: dict) -> None: ...
+
+    point = ResumePoint(engine=DeadWorkers())
+    point.freeze()
+    with pytest.raises(EOFError, match="the env worker is gone"):
+        point.state()
+
+
 def test_resume_may_change_the_thread_count_but_not_what_it_trains(tmp_path, make_cfg):
     """A run saved with one thread count (another machine, or before threads=auto chose
     one) resumes with any other; a key that changes training still refuses it."""
     from omegaconf import OmegaConf
 
-    from rlspeed.checkpoint import check_resume
+    from rlspeed.checkpoint import check_resume, save_resume, training_keys
+    from rlspeed.config import flatten
 
-    (tmp_path / "resume.pkl").write_bytes(b"")
-    OmegaConf.save(make_cfg(["backend.threads=0"]), tmp_path / "config.yaml")
+    saved = make_cfg(["backend.threads=0"])
+    OmegaConf.save(saved, tmp_path / "config.yaml")
+    state = {"state": [], "iterations": 0, "monitor": {}}  # the default: a fused run
+    save_resume({**state, "config": training_keys(flatten(saved))}, tmp_path / RESUME_FILE)
     check_resume(make_cfg(["backend.threads=1", f"resume={tmp_path}"]))
     with pytest.raises(ConfigError, match=r"it ran with total_steps=\d+, this run has"):
         check_resume(make_cfg(["total_steps=123", f"resume={tmp_path}"]))
+
+
+# ---------------------------------------------------------------- run folders not to trust
+
+# Tiny Q-learning runs, one of each kind: host-driven (torch) and fused (flax).
+QUICK = ["algo=qlearn", "task=gridworld", "num_envs=2", "total_steps=200", "log_every=100"]
+QUICK += ["eval_every=200", "tracking=none", "progress=none"]
+TORCH = [*QUICK, "backend=torch", "env=gym-sync"]
+FLAX = [*QUICK, "backend=flax", "env=jax-vmap"]
 
 
 class _MakesFolder:
@@ -170,24 +209,131 @@ class _MakesFolder:
         return (os.mkdir, (str(self.path),))
 
 
-def test_resume_reads_only_the_files_its_run_writes(tmp_path, make_cfg, monkeypatch):
-    """A one-seed run's resume reads its resume.pkl alone: a resume_seed7.pkl dropped into
-    the folder is never unpickled (it would have run code)."""
-    import pickle
-
+@pytest.fixture(scope="module")
+def saved_runs(tmp_path_factory, make_cfg) -> dict[str, Path]:
+    """The folder of a finished run of each kind, run in-process."""
     from rlspeed.run import run
 
-    quick = ["algo=qlearn", "task=gridworld", "backend=torch", "env=gym-sync", "num_envs=2"]
-    quick += ["total_steps=200", "log_every=100", "eval_every=200", "tracking=none"]
-    quick += ["progress=none"]
-    first, marker = tmp_path / "first", tmp_path / "code-ran"
-    first.mkdir()
-    monkeypatch.chdir(first)
-    run(make_cfg(quick))
-    (folder,) = {path.parent for path in first.rglob("resume.pkl")}
-    (folder / "resume_seed7.pkl").write_bytes(pickle.dumps(_MakesFolder(marker)))
+    folders = {}
+    for name, args in {"torch": TORCH, "flax": FLAX}.items():
+        folders[name] = tmp_path_factory.mktemp(name)
+        with contextlib.chdir(folders[name]):
+            run(make_cfg(args))
+    return folders
+
+
+def _hostile_archive(path: Path, marker: Path) -> None:
+    """A resume file whose tree names an array that is a pickle (an object array)."""
+    tree = np.frombuffer(b'{"format":2,"obs":{"$array":0}}', dtype=np.uint8)
+    np.savez(path, tree=tree, **{"0": np.array([_MakesFolder(marker)], dtype=object)})
+
+
+def _write_pickle(path: Path, marker: Path) -> None:
+    path.write_bytes(pickle.dumps(_MakesFolder(marker)))
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def _flip_a_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[data.index(b'"monitor"') + 1] ^= 0x20  # in the tree: its checksum no longer matches
+    path.write_bytes(bytes(data))
+
+
+def _old_format(folder: Path, marker: Path) -> None:
+    (folder / RESUME_FILE).unlink()
+    _write_pickle(folder / "resume.pkl", marker)
+
+
+# What is done to a copy of the torch run's folder -> a fragment of the one line.
+DAMAGED = {
+    "config.yaml unparseable": (
+        lambda folder, runs, marker: (folder / "config.yaml").write_text("algo: [dqn\n"),
+        "expected a readable config.yaml (",
+    ),
+    "config.yaml empty": (
+        lambda folder, runs, marker: (folder / "config.yaml").write_text(""),
+        "expected a config.yaml as rlspeed runs write (it has no algo.name)",
+    ),
+    "resume file truncated": (
+        lambda folder, runs, marker: _truncate(folder / RESUME_FILE),
+        f"expected a readable {RESUME_FILE} (BadZipFile",
+    ),
+    "resume file corrupt": (
+        lambda folder, runs, marker: _flip_a_byte(folder / RESUME_FILE),
+        f"expected a readable {RESUME_FILE} (BadZipFile: Bad CRC-32",
+    ),
+    "resume file a pickle": (
+        lambda folder, runs, marker: _write_pickle(folder / RESUME_FILE, marker),
+        f"expected a readable {RESUME_FILE} (ValueError: not an .npz archive)",
+    ),
+    "resume file with an object array": (
+        lambda folder, runs, marker: _hostile_archive(folder / RESUME_FILE, marker),
+        f"expected a readable {RESUME_FILE} (ValueError: Object arrays cannot be loaded",
+    ),
+    "a flax run's resume file": (
+        lambda folder, runs, marker: shutil.copy(runs["flax"] / RESUME_FILE, folder),
+        f"expected a run of this config (its {RESUME_FILE} has backend.name=flax, this run "
+        "has backend.name=torch)",
+    ),
+    "resume.pkl of an older rlspeed": (
+        lambda folder, runs, marker: _old_format(folder, marker),
+        f"expected a run folder with {RESUME_FILE}: its resume.pkl was saved by an older "
+        "rlspeed in a format that is not read, for safety",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(DAMAGED))
+def test_a_damaged_run_folder_is_one_line_before_anything_is_created(
+    case, saved_runs, tmp_path, monkeypatch, capsys
+):
+    """The check the command runs before Hydra starts (in-process here) reads the resume
+    files whole: a damaged or foreign one is one line, exit 2, nothing created, no code run."""
+    from rlspeed.cli import check_command_line
+
+    damage, fragment = DAMAGED[case]
+    marker = tmp_path / "code-ran"
+    shutil.copytree(saved_runs["torch"], tmp_path / "run")
+    damage(tmp_path / "run", saved_runs, marker)
+    monkeypatch.chdir(tmp_path)
+    before = sorted(tmp_path.rglob("*"))
+    with pytest.raises(SystemExit) as stop:
+        check_command_line([*TORCH, "resume=run"])
+    stderr = capsys.readouterr().err
+    assert stop.value.code == 2, stderr
+    (line,) = [line for line in stderr.splitlines() if line.strip()]
+    assert line.startswith("rlspeed: invalid resume=run: ") and fragment in line, line
+    assert sorted(tmp_path.rglob("*")) == before and not marker.exists()
+
+
+def test_the_command_never_runs_code_from_a_run_folder(saved_runs, tmp_path):
+    """Through the real command: a pickle where the resume file should be, and the
+    resume.pkl of an older version, are refused unread; no folder is created."""
+    marker = tmp_path / "code-ran"
+    for case in ("resume file a pickle", "resume.pkl of an older rlspeed"):
+        folder = tmp_path / case.replace(" ", "-")
+        shutil.copytree(saved_runs["torch"], folder)
+        damage, fragment = DAMAGED[case]
+        damage(folder, saved_runs, marker)
+        result = run_cli([*TORCH, f"resume={folder.name}", "hydra.run.dir=new"], tmp_path)
+        assert_one_line_error(result, f"rlspeed: invalid resume={folder.name}: ", fragment)
+        assert not (tmp_path / "new").exists() and not marker.exists()
+
+
+def test_resume_reads_only_the_files_its_run_writes(saved_runs, tmp_path, make_cfg):
+    """A one-seed run's resume reads its resume file alone: a resume_seed7 file or an older
+    version's resume.pkl dropped into the folder is never read (a pickle would run code)."""
+    from rlspeed.run import run
+
+    folder, marker = tmp_path / "run", tmp_path / "code-ran"
+    shutil.copytree(saved_runs["torch"], folder)
+    _write_pickle(folder / "resume.pkl", marker)
+    _write_pickle(seed_file(folder / RESUME_FILE, 7), marker)
     (tmp_path / "again").mkdir()
-    monkeypatch.chdir(tmp_path / "again")
-    run(make_cfg([*quick, f"resume={folder}"]))
-    assert not marker.exists(), "a file the run did not write was unpickled"
-    assert list((tmp_path / "again").rglob("metrics.json"))
+    with contextlib.chdir(tmp_path / "again"):
+        run(make_cfg([*TORCH, f"resume={folder}"]))
+    assert not marker.exists(), "a file the run did not write was read"
+    assert (tmp_path / "again" / "metrics.json").is_file()

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import signal
+from functools import partial
 from typing import Any
 
 import gymnasium as gym
@@ -9,6 +12,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from rlspeed.engines import StepResult
+from rlspeed.engines.env_state import GET_STATE, SAVED_STATE, SET_STATE, with_state_access
 from rlspeed.seeding import env_seeds
 
 
@@ -55,14 +59,37 @@ class GymVectorEngine:
             episode_length,
         )
 
+    def state_dict(self) -> dict[str, Any]:
+        """Each env's state (``rlspeed.engines.env_state``), taken where it runs (the worker
+        processes on gym-async), and the returns and lengths of the episodes so far."""
+        envs = list(self.envs.call(GET_STATE))
+        return {"envs": envs, "returns": self._returns.copy(), "lengths": self._lengths.copy()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.envs.set_attr(SAVED_STATE, list(state["envs"]))  # each env's its own
+        self.envs.call(SET_STATE)
+        self._returns[:] = state["returns"]
+        self._lengths[:] = state["lengths"]
+
     def close(self) -> None:
         self.envs.close()
+
+
+def _make_env(task: Any, task_cfg: Any, main_pid: int) -> gym.Env:
+    """One env copy. In a gym-async worker, the stop signals that a terminal or a scheduler
+    sends every process of the job (Ctrl-C, SIGTERM, SIGUSR2) are ignored: the main process
+    stops at the end of an iteration, takes the envs' state from the workers, then closes
+    them (a worker stopped by the signal would take its env's state with it)."""
+    if os.getpid() != main_pid:
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2):
+            signal.signal(signum, signal.SIG_IGN)
+    return with_state_access(task.make_env(task_cfg))
 
 
 def make_vector_engine(
     task: Any, task_cfg: Any, engine_cfg: Any, num_envs: int, seed: int, asynchronous: bool
 ) -> GymVectorEngine:
-    env_fns = [lambda: task.make_env(task_cfg) for _ in range(num_envs)]
+    env_fns = [partial(_make_env, task, task_cfg, os.getpid())] * num_envs
     if asynchronous:
         envs: gym.vector.VectorEnv = gym.vector.AsyncVectorEnv(
             env_fns, shared_memory=engine_cfg.shared_memory, autoreset_mode=AutoresetMode.SAME_STEP

@@ -14,6 +14,7 @@ import contextlib
 import json
 import logging
 import math
+import os
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -34,6 +35,7 @@ from hydra_plugins.rlspeed_optuna_sweeper._trials import (
     counted,
     is_surplus,
 )
+from rlspeed import secrets
 from rlspeed.errors import RLSpeedError
 from rlspeed.sweep import (
     PRUNER_ATTR,
@@ -100,6 +102,7 @@ class OptunaSweeperImpl:
     def sweep(self, arguments: list[str], legal: Any) -> list[Sequence[JobReturn]]:
         """``legal(overrides)`` raises if a job's overrides cannot be composed."""
         assert self.config is not None and self.launcher is not None
+        secrets.install()  # the storage URL and the jobs' overrides are logged
         config = self.config
         node = config.hydra.sweeper
         setup = build(node, config, list(arguments))
@@ -132,7 +135,7 @@ class OptunaSweeperImpl:
 
         sweep_dir = Path(config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
-        OmegaConf.save(config, sweep_dir / "multirun.yaml")
+        (sweep_dir / "multirun.yaml").write_text(secrets.mask(OmegaConf.to_yaml(config)))
         trials = counted(study.get_trials(deepcopy=False))
         running = sum(t.state == TrialState.RUNNING for t in trials)
         log.info(
@@ -417,7 +420,7 @@ def write_results(study: Any, storage_spec: str, sweep_dir: Path) -> list[Path]:
     results: dict[str, Any] = {
         "name": "optuna",
         "study_name": study.study_name,
-        "storage": storage_spec,
+        "storage": secrets.mask(storage_spec),
         "directions": [d.name.lower() for d in study.directions],
         "objectives": study.metric_names,
         "trials": _counts(study),
@@ -594,10 +597,12 @@ class StudyRun:
     ) -> StudyRun:
         from mlflow import MlflowClient
 
-        from rlspeed.tracking.mlflow import resolve_uri
+        from rlspeed.tracking.mlflow import resolve_uri, server_credentials
 
         uri = resolve_uri(tracking)
-        client = MlflowClient(tracking_uri=uri)
+        bare_uri, credentials = server_credentials(uri)
+        os.environ.update(credentials)  # where MLflow reads a server's user and password
+        client = MlflowClient(tracking_uri=bare_uri)
         experiment = client.get_experiment_by_name(tracking.experiment)
         if experiment is None:
             try:
@@ -606,7 +611,8 @@ class StudyRun:
                 experiment_id = client.get_experiment_by_name(tracking.experiment).experiment_id
         else:
             experiment_id = experiment.experiment_id
-        where = {"uri": uri or "", "experiment": tracking.experiment}
+        # Recorded in the study: the password of a database URI masked.
+        where = {"uri": secrets.mask(uri or ""), "experiment": tracking.experiment}
         known = storage.get_study_system_attrs(study_id).get(PARENT_ATTR)
         if known and {k: known.get(k) for k in where} == where:
             try:
@@ -624,7 +630,7 @@ class StudyRun:
             run_name=study.study_name,
             tags={
                 "optuna.study": study.study_name,
-                "optuna.storage": storage_spec,
+                "optuna.storage": secrets.mask(storage_spec),
                 "optuna.sampler": sampler,
                 "optuna.pruner": pruner,
                 "optuna.directions": ",".join(d.name.lower() for d in study.directions),

@@ -67,6 +67,8 @@ class _MaskedStream:
         return len(text)
 
     def __getattr__(self, name: str) -> Any:
+        if name == "_stream":  # not set yet (a copy in the making): no endless recursion
+            raise AttributeError(name)
         return getattr(self._stream, name)
 
 

@@ -113,6 +113,14 @@ def test_a_refused_url_shows_its_password_masked(tmp_path, args, env, fragments)
     assert PASSWORD not in result.stdout + result.stderr
 
 
+def test_hydra_shows_the_config_with_the_password_masked(tmp_path):
+    uri = f"postgresql://user:{PASSWORD}@127.0.0.1:1/mlflow"
+    result = run_cli(["--cfg", "job", "tracking=none", f"tracking.uri={uri}"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "uri: postgresql://user:***@127.0.0.1:1/mlflow" in result.stdout
+    assert PASSWORD not in result.stdout + result.stderr
+
+
 def _files_holding(folder: Path, text: str) -> list[Path]:
     return [p for p in folder.rglob("*") if p.is_file() and text.encode() in p.read_bytes()]
 
@@ -125,10 +133,11 @@ def _assert_no_password_in_mlflow(client: MlflowClient, run) -> None:
 
 @pytest.mark.slow
 def test_a_run_reaches_a_server_through_user_and_password_and_stores_neither(tmp_path):
+    """A run, then a grid sweep of one job (Hydra's basic sweeper writes multirun.yaml)."""
+    args = [*SMALL, "total_steps=2000", "backend=torch", "env=gym-sync", "num_envs=2"]
     with mlflow_server(tmp_path) as (_, uri):
         port = uri.rsplit(":", 1)[1]
         secret_uri = f"http://user:{PASSWORD}@127.0.0.1:{port}"
-        args = [*SMALL, "total_steps=2000", "backend=torch", "env=gym-sync", "num_envs=2"]
         result = run_cli([*args, f"tracking.uri={secret_uri}"], cwd=tmp_path)
         assert result.returncode == 0, result.stderr[-3000:]
         client = MlflowClient(tracking_uri=uri)
@@ -139,10 +148,18 @@ def test_a_run_reaches_a_server_through_user_and_password_and_stores_neither(tmp
         _assert_no_password_in_mlflow(client, run)
         # Linked without the user and password.
         assert f"{uri}/#/experiments/{experiment.experiment_id}/runs/" in result.stdout
-    assert PASSWORD not in result.stdout + result.stderr
-    run_dir = next((tmp_path / "outputs").glob("*/*"))
+        swept = run_cli(["-m", "seed=2", *args, f"tracking.uri={secret_uri}"], cwd=tmp_path)
+        assert swept.returncode == 0, swept.stderr[-3000:]
+        runs = client.search_runs([experiment.experiment_id])
+        assert len(runs) == 2
+        for run in runs:
+            _assert_no_password_in_mlflow(client, run)
+    for shown in (result, swept):
+        assert PASSWORD not in shown.stdout + shown.stderr
+    run_dir = next((tmp_path / "outputs").glob("20*/*"))
     assert (run_dir / ".hydra" / "overrides.yaml").is_file()
     assert (run_dir / "rlspeed.log").is_file()
+    assert len(list((tmp_path / "outputs" / "multirun").glob("*/*/multirun.yaml"))) == 1
     assert _files_holding(tmp_path / "outputs", PASSWORD) == []
     assert _files_holding(tmp_path / "mlartifacts", PASSWORD) == []  # the server's copies
 

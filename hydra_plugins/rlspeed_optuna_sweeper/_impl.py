@@ -611,8 +611,8 @@ class StudyRun:
                 experiment_id = client.get_experiment_by_name(tracking.experiment).experiment_id
         else:
             experiment_id = experiment.experiment_id
-        # Recorded in the study: the password of a database URI masked.
-        where = {"uri": secrets.mask(uri or ""), "experiment": tracking.experiment}
+        # Recorded in the study: without a server's user and password, a database's masked.
+        where = {"uri": secrets.mask(bare_uri or ""), "experiment": tracking.experiment}
         known = storage.get_study_system_attrs(study_id).get(PARENT_ATTR)
         if known and {k: known.get(k) for k in where} == where:
             try:

@@ -84,9 +84,13 @@ def _masking_factory(make: Any) -> Any:
             message = record.getMessage()
         except Exception:  # noqa: BLE001 - a bad format string: logging reports it as usual
             return record
-        record.msg, record.args = mask(message), None
-        if record.exc_info and not record.exc_text:  # a formatter reuses exc_text as given
-            record.exc_text = mask(logging.Formatter().formatException(record.exc_info))
+        masked = mask(message)
+        if masked != message:  # else the record stays as made (msg may be an object)
+            record.msg, record.args = masked, None
+        if record.exc_info and not record.exc_text:
+            text = logging.Formatter().formatException(record.exc_info)
+            if mask(text) != text:  # a formatter uses exc_text as given
+                record.exc_text = mask(text)
         return record
 
     factory.masks_secrets = True  # type: ignore[attr-defined]

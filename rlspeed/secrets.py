@@ -19,9 +19,9 @@ from typing import Any, TextIO
 MASK = "***"
 # scheme://user:password@: the password runs to the authority's last @ (a raw @ in it is
 # common in pasted URLs), never past the end of the authority (/, ?, #), whitespace or a
-# quote around the URL.
+# quote around the URL. Hydra shows an override's colons escaped (http\://user\:pw@host).
 _USERINFO = re.compile(
-    r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*://[^\s/?#@:'\"]*:)(?P<password>[^\s/?#'\"]+)@"
+    r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*\\?://[^\s/?#@:'\"\\]*\\?:)(?P<password>[^\s/?#'\"]+)@"
 )
 
 

@@ -39,6 +39,7 @@ SWEEP = [
         ("https://u:p@ss@host/x?a=b", "https://u:***@host/x?a=b"),  # a raw @ in the password
         ("uri='http://u:pw@h:5000': refused", "uri='http://u:***@h:5000': refused"),
         ("a http://u:1@h b https://v:2@k", "a http://u:***@h b https://v:***@k"),
+        (r"#0 : tracking.uri=http\://u\:pw@h\:1", r"#0 : tracking.uri=http\://u\:***@h\:1"),
         ("postgresql://user@host/db", "postgresql://user@host/db"),  # no password
         ("http://host:5000/path", "http://host:5000/path"),
         ("sqlite:////tmp/x.db and user:pw@host", "sqlite:////tmp/x.db and user:pw@host"),

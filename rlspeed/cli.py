@@ -33,10 +33,13 @@ def _task(cfg: DictConfig) -> float:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
+    from rlspeed import secrets
     from rlspeed.errors import RLSpeedError
     from rlspeed.run import run
     from rlspeed.sweep import exit_if_sweep_gone, stop_with_sweep
 
+    secrets.install()  # a job in a process of its own (hydra/launcher=joblib, submitit)
+    _mask_hydra_files()
     if HydraConfig.get().mode == RunMode.MULTIRUN:
         stop_with_sweep()
     try:
@@ -52,6 +55,33 @@ def _task(cfg: DictConfig) -> float:
         sys.exit(1)
     finally:
         exit_if_sweep_gone()
+
+
+def _mask_hydra_files() -> None:
+    """Mask the passwords in the files Hydra wrote as the job started (the job's config,
+    Hydra's and the overrides in ``.hydra/``; a sweep's ``multirun.yaml``): they hold the
+    command line's URLs as given."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    from rlspeed.checkpoint import atomic_write
+    from rlspeed.secrets import mask
+
+    hydra = HydraConfig.get()
+    files = []
+    if hydra.output_subdir is not None:
+        folder = Path(hydra.runtime.output_dir) / hydra.output_subdir
+        files += [folder / name for name in ("config.yaml", "hydra.yaml", "overrides.yaml")]
+    if hydra.mode == RunMode.MULTIRUN:
+        files.append(Path(hydra.sweep.dir) / "multirun.yaml")
+    for path in files:
+        try:
+            text = path.read_text()
+        except FileNotFoundError:  # written by another launcher, or not at all
+            continue
+        masked = mask(text)
+        if masked != text:
+            atomic_write(path, lambda file, masked=masked: file.write(masked.encode()))
 
 
 # Config groups that are rlspeed's own plumbing, not choices for users: the typed schemas
@@ -101,7 +131,12 @@ def main() -> None:
         print(_version())
         sys.exit(0)
     try:
+        from rlspeed import secrets
         from rlspeed.errors import interrupt
+
+        # Hydra prints the command line's overrides (--cfg, a failed job's line) and logs
+        # them (a sweep's jobs): passwords in URLs are masked in all that.
+        secrets.install()
 
         # Ctrl-C and SIGTERM stop the command wherever they land with one line (a signal the
         # caller ignores, as a shell does SIGINT for a background job, stays ignored).

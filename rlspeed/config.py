@@ -14,6 +14,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from rlspeed.errors import ConfigError, StoreUnreachable
 from rlspeed.registry import ALGOS, BACKENDS, ENGINES, TASKS, TRACKERS
+from rlspeed.secrets import mask, mask_value
 
 
 @dataclass
@@ -240,11 +241,13 @@ def resolve_threads(cfg: DictConfig) -> None:
 
 
 def to_yaml(cfg: DictConfig) -> str:
-    return OmegaConf.to_yaml(cfg, resolve=True)
+    """The run's config.yaml, passwords in URLs masked."""
+    return mask(OmegaConf.to_yaml(cfg, resolve=True))
 
 
 def flatten(cfg: DictConfig) -> dict[str, Any]:
-    """Dotted keys to leaf values, as MLflow params."""
+    """Dotted keys to leaf values, as MLflow params; passwords in URLs masked, as in the
+    saved config.yaml this is compared with (resume=)."""
     flat: dict[str, Any] = {}
 
     def walk(node: Any, prefix: str) -> None:
@@ -252,7 +255,7 @@ def flatten(cfg: DictConfig) -> dict[str, Any]:
             for key, value in node.items():
                 walk(value, f"{prefix}{key}.")
         else:
-            flat[prefix[:-1]] = node
+            flat[prefix[:-1]] = mask_value(node)
 
     walk(OmegaConf.to_container(cfg, resolve=True), "")
     return flat

@@ -7,17 +7,24 @@ from pathlib import Path
 
 from hydra.errors import CompactHydraException
 
+from rlspeed.secrets import mask, mask_value
+
 
 class RLSpeedError(CompactHydraException):
-    """An error Hydra prints as its message alone (no traceback), exit code 1."""
+    """An error Hydra prints as its message alone (no traceback), exit code 1. A password
+    in a URL it names is masked: the message is printed, logged, sent back from the job's
+    process and recorded (metrics.json, the study's failed trials)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(mask(message))
 
 
 class ConfigError(RLSpeedError):
     """A config value that is not allowed: names the key, the value and what is allowed."""
 
     def __init__(self, key: str, value: object, allowed: str) -> None:
-        self.key, self.value, self.allowed = key, value, allowed
-        shown = str(value)
+        self.key, self.value, self.allowed = key, mask_value(value), mask(allowed)
+        shown = str(self.value)  # masked before it is cut: a cut URL would no longer match
         if len(shown) > 60:  # a 400-digit number or a pasted file stays one readable line
             shown = f"{shown[:30]}... ({len(shown)} characters)"
         super().__init__(f"rlspeed: invalid {key}={shown}: expected {allowed}")

@@ -35,6 +35,7 @@ from hydra_plugins.rlspeed_optuna_sweeper._trials import (
     counted,
     is_surplus,
 )
+from rlspeed import secrets
 from rlspeed.errors import RLSpeedError
 from rlspeed.sweep import (
     PRUNER_ATTR,
@@ -104,6 +105,7 @@ class OptunaSweeperImpl:
     def sweep(self, arguments: list[str], legal: Any) -> list[Sequence[JobReturn]]:
         """``legal(overrides)`` raises if a job's overrides cannot be composed."""
         assert self.config is not None and self.launcher is not None
+        secrets.install()  # the storage URL and the jobs' overrides are logged
         config = self.config
         node = config.hydra.sweeper
         setup = build(node, config, list(arguments))
@@ -138,7 +140,7 @@ class OptunaSweeperImpl:
         os.environ[SWEEP_PID_VARIABLE] = str(os.getpid())
         sweep_dir = Path(config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
-        OmegaConf.save(config, sweep_dir / "multirun.yaml")
+        (sweep_dir / "multirun.yaml").write_text(secrets.mask(OmegaConf.to_yaml(config)))
         trials = counted(study.get_trials(deepcopy=False))
         running = sum(t.state == TrialState.RUNNING for t in trials)
         log.info(
@@ -452,7 +454,7 @@ def write_results(study: Any, storage_spec: str, sweep_dir: Path) -> list[Path]:
     results: dict[str, Any] = {
         "name": "optuna",
         "study_name": study.study_name,
-        "storage": storage_spec,
+        "storage": secrets.mask(storage_spec),
         "directions": [d.name.lower() for d in study.directions],
         "objectives": study.metric_names,
         "trials": _counts(study),
@@ -629,13 +631,15 @@ class StudyRun:
     def open(
         cls, tracking: DictConfig, study: Any, study_id: int, storage: Any, storage_spec: str
     ) -> StudyRun:
-        from rlspeed.tracking.mlflow import resolve_uri, use_mlflow_defaults
+        from rlspeed.tracking.mlflow import resolve_uri, server_credentials, use_mlflow_defaults
 
         use_mlflow_defaults()
         from mlflow import MlflowClient
 
         uri = resolve_uri(tracking)
-        client = MlflowClient(tracking_uri=uri)
+        bare_uri, credentials = server_credentials(uri)
+        os.environ.update(credentials)  # where MLflow reads a server's user and password
+        client = MlflowClient(tracking_uri=bare_uri)
         experiment = client.get_experiment_by_name(tracking.experiment)
         if experiment is None:
             try:
@@ -644,7 +648,8 @@ class StudyRun:
                 experiment_id = client.get_experiment_by_name(tracking.experiment).experiment_id
         else:
             experiment_id = experiment.experiment_id
-        where = {"uri": uri or "", "experiment": tracking.experiment}
+        # Recorded in the study: without a server's user and password, a database's masked.
+        where = {"uri": secrets.mask(bare_uri or ""), "experiment": tracking.experiment}
         known = storage.get_study_system_attrs(study_id).get(PARENT_ATTR)
         if known and {k: known.get(k) for k in where} == where:
             try:
@@ -662,7 +667,7 @@ class StudyRun:
             run_name=study.study_name,
             tags={
                 "optuna.study": study.study_name,
-                "optuna.storage": storage_spec,
+                "optuna.storage": secrets.mask(storage_spec),
                 "optuna.sampler": sampler,
                 "optuna.pruner": pruner,
                 "optuna.directions": ",".join(d.name.lower() for d in study.directions),

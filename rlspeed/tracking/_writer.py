@@ -11,9 +11,10 @@ nothing: the writer keeps every record it could not write, in order, tries again
 ``RETRY_SECONDS``, and a store that answers again gets them all. ``flush`` and ``end`` try at
 once and wait for the outcome.
 
-The two processes speak JSON lines: parent -> child ``{"start"|"rows"|"artifact"|"tags"|
-"flush"|"end": ...}``; child -> parent ``{"log": level, "message"}`` and, after a flush or
-the end, ``{"done": n, "failure", "run_id", "links"}``. Nothing read is ever executed.
+The two processes speak JSON lines: parent -> child the store's settings, then
+``{"start"|"rows"|"artifact"|"tags"|"flush"|"end": ...}``; child -> parent ``{"log": level,
+"message"}`` and, after a flush or the end, ``{"done": n, "failure", "run_id", "links"}``.
+Nothing read is ever executed.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, NamedTuple, Protocol
+
+from rlspeed import secrets
 
 log = logging.getLogger("rlspeed")
 
@@ -207,11 +210,12 @@ class _ToParent(logging.Handler):
         self._send({"log": record.levelname, "message": record.getMessage()})
 
 
-def child_main(module: str, cfg_json: str) -> None:
-    """The child: read the parent's records from stdin until ``end`` (or the parent is gone:
-    then the run ends KILLED with everything it was given)."""
+def child_main(module: str) -> None:
+    """The child: read the store's settings, then the parent's records, from stdin until
+    ``end`` (or the parent is gone: then the run ends KILLED with everything it was given)."""
     if module not in STORE_MODULES:
         raise SystemExit(f"rlspeed: no tracking store in {module!r}")
+    secrets.install()  # what the store's library logs or prints (its stderr is the run's)
     # The parent's channel is the stdout this process was given; what libraries print there
     # (MLflow prints "View run ... at: URL" when a run ends) goes nowhere instead.
     channel = os.fdopen(os.dup(sys.stdout.fileno()), "w")
@@ -226,14 +230,16 @@ def child_main(module: str, cfg_json: str) -> None:
     log.addHandler(_ToParent(send))
     log.setLevel(logging.INFO)
     log.propagate = False
-    cfg = SimpleNamespace(**json.loads(cfg_json))
+    cfg = SimpleNamespace(**json.loads(sys.stdin.readline()))
     writer = StoreWriter(lambda: importlib.import_module(module).make_store(cfg))
 
     def done(index: int) -> None:
         store = writer.store
         run_id = store.run_id if store is not None else None
         links = store.links() if store is not None and run_id is not None else {}
-        send({"done": index, "failure": writer.failure, "run_id": run_id, "links": links})
+        # The failure is recorded (metrics.json): an error naming a database URI is masked.
+        failure = secrets.mask_value(writer.failure)
+        send({"done": index, "failure": failure, "run_id": run_id, "links": links})
 
     status = "KILLED"  # unless the parent says how the run ended
     for line in sys.stdin:
@@ -274,8 +280,13 @@ class WriterProcess:
     except in ``flush``, ``end`` and the run id (known once the child has started the run).
     ``failure``: why some records are not in the store (None while all are)."""
 
-    def __init__(self, module: str, cfg: dict[str, Any]) -> None:
-        self._args = [sys.executable, "-m", "rlspeed.tracking._writer", module, json.dumps(cfg)]
+    def __init__(self, module: str, cfg: dict[str, Any], env: dict[str, str] | None = None) -> None:
+        self._args = [sys.executable, "-m", "rlspeed.tracking._writer", module]
+        # The store's settings go on the child's stdin, not its command line, which every
+        # user of the machine can read (ps): a database URI may hold a password. ``env``:
+        # variables for the child alone (a server's user and password).
+        self._settings = json.dumps(cfg)
+        self._env = env or {}
         self._process: subprocess.Popen[str] | None = None
         # Lines for the child, written by a thread: a full pipe never blocks training.
         self._outbox: queue.SimpleQueue[str | None] = queue.SimpleQueue()
@@ -297,8 +308,9 @@ class WriterProcess:
             stdout=subprocess.PIPE,
             text=True,
             start_new_session=True,
-            env={**os.environ, "PYTHONWARNINGS": "ignore"},
+            env={**os.environ, "PYTHONWARNINGS": "ignore", **self._env},
         )
+        self._outbox.put(self._settings)
         threading.Thread(target=self._send_lines, name="rlspeed-tracking-out", daemon=True).start()
         threading.Thread(target=self._read_answers, name="rlspeed-tracking-in", daemon=True).start()
         start = {"run_name": run_name, "params": {k: str(v) for k, v in params.items()}}
@@ -384,4 +396,4 @@ def _now_ms() -> int:
 
 
 if __name__ == "__main__":
-    child_main(sys.argv[1], sys.argv[2])
+    child_main(sys.argv[1])

@@ -1,11 +1,14 @@
 """``tracking=mlflow``: params, metrics, tags and artifacts of each run in an MLflow store.
 
 The store is ``tracking.uri`` if set, else ``MLFLOW_TRACKING_URI``, else MLflow's
-default local store (``sqlite:///mlflow.db`` in the working directory).
+default local store (``sqlite:///mlflow.db`` in the working directory). A server's
+``http(s)://user:password@host`` is reached as ``http(s)://host`` with the user and password
+in MLflow's variables (``server_credentials``); nothing shown or stored holds the password.
 """
 
 from __future__ import annotations
 
+import base64
 import logging
 import os
 import urllib.error
@@ -16,6 +19,7 @@ from typing import Any
 
 from rlspeed.config import check_creatable, unreachable
 from rlspeed.errors import ConfigError, StoreUnreachable
+from rlspeed.secrets import mask, split_credentials
 from rlspeed.tracking import TrackerSpec, cause
 from rlspeed.tracking._writer import Row, WriterProcess
 
@@ -52,6 +56,21 @@ def resolve_uri(cfg: Any) -> str | None:
     return cfg.uri or os.environ.get("MLFLOW_TRACKING_URI") or None
 
 
+# Where MLflow reads a server's user and password (it sends them as HTTP basic auth).
+_CREDENTIAL_VARIABLES = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")
+
+
+def server_credentials(uri: str | None) -> tuple[str | None, dict[str, str]]:
+    """An MLflow server's URI without its ``user:password@``, and the variables that carry
+    them to MLflow instead ({} when it has none, or is no server's). In the URI they would
+    show in the run's links and messages, and urllib takes them for part of the host."""
+    if uri is None or urllib.parse.urlparse(uri).scheme.lower() not in ("http", "https"):
+        return uri, {}
+    bare, user, password = split_credentials(uri)
+    values = (user, password)
+    return bare, {name: v for name, v in zip(_CREDENTIAL_VARIABLES, values, strict=True) if v}
+
+
 def check(cfg: Any) -> None:
     """Fail fast on a store that cannot record, before any training: a server that does not
     answer, a database whose Python driver is missing, a SQLite URI without a file, a folder
@@ -68,8 +87,13 @@ def check(cfg: Any) -> None:
     key = "tracking.uri" if cfg.uri else "MLFLOW_TRACKING_URI"
     scheme = urllib.parse.urlparse(uri).scheme.lower()
     if scheme in ("http", "https"):
+        bare, credentials = server_credentials(uri)
+        request = urllib.request.Request(bare.rstrip("/") + "/health")
+        if len(credentials) == 2:  # MLflow's own auth leaves /health open; a proxy may not
+            pair = ":".join(credentials[name] for name in _CREDENTIAL_VARIABLES)
+            request.add_header("Authorization", f"Basic {base64.b64encode(pair.encode()).decode()}")
         try:
-            with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=5):
+            with urllib.request.urlopen(request, timeout=5):
                 pass
         except (urllib.error.URLError, OSError) as error:
             reason = getattr(error, "reason", error)
@@ -249,9 +273,11 @@ class MlflowStore:
         return {"MLflow UI": ui, "MLflow run": f"http://127.0.0.1:5000/{page} (with mlflow ui)"}
 
     def lost(self, error: BaseException) -> str:
+        # Recorded in metrics.json and shown: a database URI's password masked.
+        where = mask(self._uri)
         if urllib.parse.urlparse(self._uri).scheme in ("http", "https"):
-            return f"the MLflow server at {self._uri} stopped answering ({cause(error)})"
-        return f"the MLflow store at {self._uri} failed ({cause(error)})"
+            return f"the MLflow server at {where} stopped answering ({cause(error)})"
+        return f"the MLflow store at {where} failed ({cause(error)})"
 
 
 def make_store(cfg: Any) -> MlflowStore:
@@ -260,9 +286,11 @@ def make_store(cfg: Any) -> MlflowStore:
 
 
 def make_tracker(cfg: Any) -> WriterProcess:
-    """The run's tracker: MLflow written by a process of its own, off training's path."""
-    settings = {key: cfg[key] for key in ("uri", "experiment", "parent_run_id")}
-    return WriterProcess(__name__, settings)
+    """The run's tracker: MLflow written by a process of its own, off training's path; a
+    server's user and password go to it in its environment (server_credentials)."""
+    uri, credentials = server_credentials(resolve_uri(cfg))
+    settings = {"uri": uri, "experiment": cfg.experiment, "parent_run_id": cfg.parent_run_id}
+    return WriterProcess(__name__, settings, env=credentials)
 
 
 SPEC = TrackerSpec(name="mlflow", make=make_tracker, check=check)

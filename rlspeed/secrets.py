@@ -1,0 +1,108 @@
+"""Passwords in URLs (``scheme://user:password@host``) are never shown, logged or written.
+
+rlspeed takes URLs that may hold a password (``tracking.uri``, ``MLFLOW_TRACKING_URI``,
+``hydra.sweeper.storage``, the ``trial.storage`` the Optuna sweeper hands its jobs). The
+process that connects needs the password; everything shown or stored gets it as
+``user:***@host`` instead: ``mask`` for a string (a URL, or a line or file holding one),
+``install`` for everything the process logs and prints. A password can stay out of the
+command line altogether: see README, "Passwords".
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+import urllib.parse
+from typing import Any, TextIO
+
+MASK = "***"
+# scheme://user:password@: the password runs to the authority's last @ (a raw @ in it is
+# common in pasted URLs), never past the end of the authority (/, ?, #), whitespace or a
+# quote around the URL. Hydra shows an override's colons escaped (http\://user\:pw@host).
+_USERINFO = re.compile(
+    r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*\\?://[^\s/?#@:'\"\\]*\\?:)(?P<password>[^\s/?#'\"]+)@"
+)
+
+
+def mask(text: str) -> str:
+    """``text`` with the password of every URL in it replaced by ``***``."""
+    if "://" not in text:  # the common case, without a regex
+        return text
+    return _USERINFO.sub(rf"\g<head>{MASK}@", text)
+
+
+def mask_value(value: Any) -> Any:
+    """``value`` with ``mask`` applied to every string in it (dicts and lists walked)."""
+    if isinstance(value, str):
+        return mask(value)
+    if isinstance(value, dict):
+        return {key: mask_value(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(mask_value(item) for item in value)
+    return value
+
+
+def split_credentials(url: str) -> tuple[str, str | None, str | None]:
+    """``url`` without its ``user:password@``, and the user and password (decoded from
+    percent-encoding; None where absent)."""
+    parts = urllib.parse.urlsplit(url)
+    if "@" not in parts.netloc:
+        return url, None, None
+    userinfo, _, host = parts.netloc.rpartition("@")
+    user, has_password, password = userinfo.partition(":")
+    bare = urllib.parse.urlunsplit(parts._replace(netloc=host))
+    decoded_password = urllib.parse.unquote(password) if has_password else None
+    return bare, urllib.parse.unquote(user) or None, decoded_password
+
+
+class _MaskedStream:
+    """A text stream whose writes are masked; everything else is the stream's own."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        self._stream.write(mask(text))
+        return len(text)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "_stream":  # not set yet (a copy in the making): no endless recursion
+            raise AttributeError(name)
+        return getattr(self._stream, name)
+
+
+def _masking_factory(make: Any) -> Any:
+    """A log record factory: ``make``'s records with their message (and traceback) masked.
+
+    At the record, not a handler: Hydra replaces the handlers at every job (the console and
+    the job's ``rlspeed.log``), and libraries add their own."""
+
+    def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = make(*args, **kwargs)
+        try:
+            message = record.getMessage()
+        except Exception:  # noqa: BLE001 - a bad format string: logging reports it as usual
+            return record
+        masked = mask(message)
+        if masked != message:  # else the record stays as made (msg may be an object)
+            record.msg, record.args = masked, None
+        if record.exc_info and not record.exc_text:
+            text = logging.Formatter().formatException(record.exc_info)
+            if mask(text) != text:  # a formatter uses exc_text as given
+                record.exc_text = mask(text)
+        return record
+
+    factory.masks_secrets = True  # type: ignore[attr-defined]
+    return factory
+
+
+def install() -> None:
+    """Mask passwords in everything this process logs or prints from now on (its log
+    records, ``sys.stdout`` and ``sys.stderr``). Idempotent."""
+    if not getattr(logging.getLogRecordFactory(), "masks_secrets", False):
+        logging.setLogRecordFactory(_masking_factory(logging.getLogRecordFactory()))
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if stream is not None and not isinstance(stream, _MaskedStream):
+            setattr(sys, name, _MaskedStream(stream))

@@ -1,0 +1,191 @@
+"""Passwords in URLs are never printed, logged, written to files or sent to MLflow or Optuna,
+and an MLflow server's ``http://user:password@host`` URI works (SPEC, Reliability: security).
+
+Refusals run the real command; a run and a sweep record to a real ``mlflow server`` on
+loopback through a URI with a password, and then every file they left is searched for it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+import pytest
+from mlflow.tracking import MlflowClient
+
+from rlspeed.config import flatten, to_yaml
+from rlspeed.errors import ConfigError, RLSpeedError
+from rlspeed.secrets import mask, mask_value, split_credentials
+from rlspeed.sweep import open_storage
+from rlspeed.tracking.mlflow import make_tracker, server_credentials
+from tests.conftest import SMALL, assert_one_line_error, free_port, run_cli
+from tests.test_tracking import mlflow_server
+
+PASSWORD = "secret"
+
+# A tiny Optuna sweep: tabular Q-learning on GridWorld, a few hundred steps per trial.
+SWEEP = [
+    "-m", "hydra/sweeper=optuna", "algo.alpha=interval(0.1, 0.9)", "algo=qlearn",
+    "task=gridworld", "backend=torch", "env=gym-sync", "num_envs=1", "total_steps=500",
+    "log_every=250", "eval_every=250", "progress=plain",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("text", "masked"),
+    [
+        ("postgresql://user:secret@127.0.0.1:1/db", "postgresql://user:***@127.0.0.1:1/db"),
+        ("postgresql+psycopg://u:p%40ss@h/db", "postgresql+psycopg://u:***@h/db"),
+        ("https://u:p@ss@host/x?a=b", "https://u:***@host/x?a=b"),  # a raw @ in the password
+        ("uri='http://u:pw@h:5000': refused", "uri='http://u:***@h:5000': refused"),
+        ("a http://u:1@h b https://v:2@k", "a http://u:***@h b https://v:***@k"),
+        (r"#0 : tracking.uri=http\://u\:pw@h\:1", r"#0 : tracking.uri=http\://u\:***@h\:1"),
+        ("postgresql://user@host/db", "postgresql://user@host/db"),  # no password
+        ("http://host:5000/path", "http://host:5000/path"),
+        ("sqlite:////tmp/x.db and user:pw@host", "sqlite:////tmp/x.db and user:pw@host"),
+    ],
+)
+def test_mask_hides_every_password_in_a_string(text, masked):
+    assert mask(text) == masked
+
+
+def test_mask_value_and_split_credentials():
+    value = {"uri": "http://u:secret@h", "list": ["mysql://a:secret@b/c", 3], "n": None}
+    masked = {"uri": "http://u:***@h", "list": ["mysql://a:***@b/c", 3], "n": None}
+    assert mask_value(value) == masked
+    assert split_credentials("https://u%40x:p%3Aw@host:8/p") == ("https://host:8/p", "u@x", "p:w")
+    assert split_credentials("https://host:8/p") == ("https://host:8/p", None, None)
+
+
+def test_errors_never_hold_a_password():
+    # Cut to a readable length after masking: the cut URL would no longer be recognized.
+    long_uri = f"postgresql://user:{PASSWORD}@{'db.example.org' * 5}:5432/optuna"
+    error = ConfigError("hydra.sweeper.storage", long_uri, f"a server that answers ({long_uri})")
+    assert PASSWORD not in str(error) and "user:***@" in str(error)
+    assert PASSWORD not in str(error.__reduce__())  # what a joblib job sends back
+    assert PASSWORD not in str(RLSpeedError(f"rlspeed: study in {long_uri} failed"))
+
+
+def test_config_yaml_and_mlflow_params_are_masked(make_cfg):
+    uri = f"http://user:{PASSWORD}@127.0.0.1:5000"
+    cfg = make_cfg([f"tracking.uri={uri}"])
+    assert PASSWORD not in to_yaml(cfg)
+    assert flatten(cfg)["tracking.uri"] == "http://user:***@127.0.0.1:5000"
+
+
+def test_server_credentials_go_to_mlflow_variables_not_the_writer_command_line(make_cfg):
+    uri, variables = server_credentials(f"https://user:{PASSWORD}@mlflow.example.org/prefix")
+    assert uri == "https://mlflow.example.org/prefix"
+    assert variables == {"MLFLOW_TRACKING_USERNAME": "user", "MLFLOW_TRACKING_PASSWORD": PASSWORD}
+    database = f"postgresql://user:{PASSWORD}@db/mlflow"
+    assert server_credentials(database) == (database, {})  # libpq takes it from the URL
+    # The writer's command line is visible to every user (ps): no settings on it.
+    for tracking_uri in (f"http://user:{PASSWORD}@127.0.0.1:1", database):
+        tracker = make_tracker(make_cfg([f"tracking.uri={tracking_uri}"]).tracking)
+        assert all(PASSWORD not in arg for arg in tracker._args)
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "fragments"),
+    [
+        (
+            [f"tracking.uri=postgresql://user:{PASSWORD}@127.0.0.1:1/mlflow"],
+            {},
+            ["invalid tracking.uri=postgresql://user:***@127.0.0.1:1/mlflow", "answers"],
+        ),
+        (
+            [],
+            {"MLFLOW_TRACKING_URI": f"http://user:{PASSWORD}@127.0.0.1:{{port}}"},
+            ["invalid MLFLOW_TRACKING_URI=http://user:***@127.0.0.1:", "Connection refused"],
+        ),
+        (
+            [*SWEEP, f"hydra.sweeper.storage=postgresql://user:{PASSWORD}@127.0.0.1:1/db"],
+            {},
+            ["invalid hydra.sweeper.storage=postgresql://user:***@127.0.0.1:1/db"],
+        ),
+    ],
+    ids=["tracking.uri", "MLFLOW_TRACKING_URI", "hydra.sweeper.storage"],
+)
+def test_a_refused_url_shows_its_password_masked(tmp_path, args, env, fragments):
+    env = {key: value.format(port=free_port()) for key, value in env.items()}
+    result = run_cli(args, cwd=tmp_path, env=env)
+    # An HTTP URI with user:password@ is tried as a server (no "Name or service not known").
+    assert_one_line_error(result, *fragments)
+    assert PASSWORD not in result.stdout + result.stderr
+
+
+def test_hydra_shows_the_config_with_the_password_masked(tmp_path):
+    uri = f"postgresql://user:{PASSWORD}@127.0.0.1:1/mlflow"
+    result = run_cli(["--cfg", "job", "tracking=none", f"tracking.uri={uri}"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "uri: postgresql://user:***@127.0.0.1:1/mlflow" in result.stdout
+    assert PASSWORD not in result.stdout + result.stderr
+
+
+def _files_holding(folder: Path, text: str) -> list[Path]:
+    return [p for p in folder.rglob("*") if p.is_file() and text.encode() in p.read_bytes()]
+
+
+def _assert_no_password_in_mlflow(client: MlflowClient, run) -> None:
+    run = client.get_run(run.info.run_id)
+    for key, value in {**run.data.params, **run.data.tags}.items():
+        assert PASSWORD not in value, key
+
+
+@pytest.mark.slow
+def test_a_run_reaches_a_server_through_user_and_password_and_stores_neither(tmp_path):
+    """A run, then a grid sweep of one job (Hydra's basic sweeper writes multirun.yaml)."""
+    args = [*SMALL, "total_steps=2000", "backend=torch", "env=gym-sync", "num_envs=2"]
+    with mlflow_server(tmp_path) as (_, uri):
+        port = uri.rsplit(":", 1)[1]
+        secret_uri = f"http://user:{PASSWORD}@127.0.0.1:{port}"
+        result = run_cli([*args, f"tracking.uri={secret_uri}"], cwd=tmp_path)
+        assert result.returncode == 0, result.stderr[-3000:]
+        client = MlflowClient(tracking_uri=uri)
+        experiment = client.get_experiment_by_name("rlspeed")
+        (run,) = client.search_runs([experiment.experiment_id])
+        assert run.info.status == "FINISHED" and "eval/score" in run.data.metrics
+        assert run.data.params["tracking.uri"] == f"http://user:***@127.0.0.1:{port}"
+        _assert_no_password_in_mlflow(client, run)
+        # Linked without the user and password.
+        assert f"{uri}/#/experiments/{experiment.experiment_id}/runs/" in result.stdout
+        swept = run_cli(["-m", "seed=2", *args, f"tracking.uri={secret_uri}"], cwd=tmp_path)
+        assert swept.returncode == 0, swept.stderr[-3000:]
+        runs = client.search_runs([experiment.experiment_id])
+        assert len(runs) == 2
+        for run in runs:
+            _assert_no_password_in_mlflow(client, run)
+    for shown in (result, swept):
+        assert PASSWORD not in shown.stdout + shown.stderr
+    run_dir = next((tmp_path / "outputs").glob("20*/*"))
+    assert (run_dir / ".hydra" / "overrides.yaml").is_file()
+    assert (run_dir / "rlspeed.log").is_file()
+    assert len(list((tmp_path / "outputs" / "multirun").glob("*/*/multirun.yaml"))) == 1
+    assert _files_holding(tmp_path / "outputs", PASSWORD) == []
+    assert _files_holding(tmp_path / "mlartifacts", PASSWORD) == []  # the server's copies
+
+
+@pytest.mark.slow
+def test_a_sweep_records_no_password_in_its_study_folders_or_mlflow(tmp_path):
+    with mlflow_server(tmp_path) as (_, uri):
+        secret_uri = uri.replace("http://", f"http://user:{PASSWORD}@")
+        args = [*SWEEP, "hydra.sweeper.n_trials=2", f"tracking.uri={secret_uri}"]
+        result = run_cli(args, cwd=tmp_path)
+        assert result.returncode == 0, result.stderr[-3000:]
+        client = MlflowClient(tracking_uri=uri)
+        experiment = client.get_experiment_by_name("rlspeed")
+        runs = client.search_runs([experiment.experiment_id])
+        assert len(runs) == 3  # the study's parent run and one per trial
+        for run in runs:
+            _assert_no_password_in_mlflow(client, run)
+    assert PASSWORD not in result.stdout + result.stderr
+    journal = tmp_path / "outputs" / "optuna" / "qlearn_gridworld.journal"
+    storage = open_storage(str(journal))
+    study = optuna.load_study(study_name="qlearn_gridworld", storage=storage)
+    assert [t.state.name for t in study.trials] == ["COMPLETE", "COMPLETE"]
+    recorded = [storage.get_study_system_attrs(study._study_id), study.user_attrs]
+    recorded += [(t.user_attrs, t.system_attrs, t.params) for t in study.trials]
+    assert PASSWORD not in str(recorded)
+    # Every file: the sweep's multirun.yaml and results, each trial's .hydra/, config.yaml,
+    # rlspeed.log and metrics.json, the study's journal.
+    assert _files_holding(tmp_path / "outputs", PASSWORD) == []

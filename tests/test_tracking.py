@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.conftest import SMALL, free_port, run_cli
+from tests.conftest import SMALL, free_port, run_cli, start_cli
 
 
 def _only_run(uri: str):
@@ -69,6 +69,24 @@ def test_finished_run_has_params_metrics_tags_and_artifacts(tmp_path):
     assert metrics["score"] == run.data.metrics["eval/score"]
     assert metrics["status"] == "FINISHED" and metrics["env_steps"] >= 4000
     assert assert_every_row_in_mlflow(client, run.info.run_id, out_dir) >= 4 * 5
+
+
+@pytest.mark.slow
+def test_runs_started_together_in_a_new_folder_share_one_new_store(tmp_path):
+    """Four runs create the same new SQLite store at once: MLflow creates and upgrades its
+    tables as it opens a store, and runs doing that together broke it for all of them."""
+    uri = f"sqlite:///{tmp_path}/new.db"
+    args = ["algo=qlearn", "task=gridworld", "backend=torch", "env=gym-sync", "num_envs=1"]
+    args += ["total_steps=500", f"tracking.uri={uri}", "progress=none"]
+    runs = [start_cli([*args, f"hydra.run.dir={tmp_path}/run{i}"], tmp_path) for i in range(4)]
+    for run in runs:
+        _, stderr = run.communicate(timeout=300)
+        assert run.returncode == 0, stderr
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name("rlspeed")
+    found = client.search_runs([experiment.experiment_id])
+    assert [r.info.status for r in found] == ["FINISHED"] * 4
+    assert all("eval/score" in r.data.metrics for r in found)
 
 
 @pytest.mark.slow

@@ -631,15 +631,20 @@ class StudyRun:
     def open(
         cls, tracking: DictConfig, study: Any, study_id: int, storage: Any, storage_spec: str
     ) -> StudyRun:
-        from rlspeed.tracking.mlflow import resolve_uri, server_credentials, use_mlflow_defaults
+        from rlspeed.tracking.mlflow import (
+            mlflow_client,
+            resolve_uri,
+            server_credentials,
+            use_mlflow_defaults,
+        )
 
         use_mlflow_defaults()
-        from mlflow import MlflowClient
+        import mlflow
 
         uri = resolve_uri(tracking)
         bare_uri, credentials = server_credentials(uri)
         os.environ.update(credentials)  # where MLflow reads a server's user and password
-        client = MlflowClient(tracking_uri=bare_uri)
+        client = mlflow_client(bare_uri or mlflow.get_tracking_uri())
         experiment = client.get_experiment_by_name(tracking.experiment)
         if experiment is None:
             try:

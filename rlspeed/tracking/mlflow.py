@@ -9,6 +9,7 @@ in MLflow's variables (``server_credentials``); nothing shown or stored holds th
 from __future__ import annotations
 
 import base64
+import fcntl
 import logging
 import os
 import urllib.error
@@ -149,6 +150,28 @@ def _check_file_store(key: str, uri: str) -> None:
     check_creatable(key, uri, Path(path), "a folder rlspeed can create and write to")
 
 
+def mlflow_client(uri: str) -> Any:
+    """An ``MlflowClient`` of ``uri``. Opening a SQLite store creates or upgrades its tables,
+    and processes doing that at once (runs started together in a new folder) left the
+    database broken for all of them; here they take turns, under a lock on its folder."""
+    import mlflow
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        url = make_url(uri)
+    except ArgumentError:  # a server or file store: nothing to create here
+        return mlflow.MlflowClient(tracking_uri=uri)
+    if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):
+        return mlflow.MlflowClient(tracking_uri=uri)
+    folder = os.open(Path(url.database).resolve().parent, os.O_RDONLY)
+    try:
+        fcntl.flock(folder, fcntl.LOCK_EX)
+        return mlflow.MlflowClient(tracking_uri=uri)
+    finally:
+        os.close(folder)  # and the lock with it
+
+
 def use_mlflow_defaults() -> None:
     """rlspeed's MLflow settings (``_MLFLOW_DEFAULTS``, unless the user set them) in this
     process, before MLflow is used: a dead server costs seconds, not minutes of retries."""
@@ -190,7 +213,7 @@ class MlflowStore:
         self._uri = resolve_uri(cfg) or mlflow.get_tracking_uri()
         # The client API, not the fluent one: no run is "active" in this process, so no exit
         # hook ends it behind rlspeed's back and the thread that writes does not matter.
-        self._client = mlflow.MlflowClient(tracking_uri=self._uri)
+        self._client = mlflow_client(self._uri)
         self._experiment = cfg.experiment
         self._experiment_id: str | None = None
         self._parent_run_id = cfg.parent_run_id

@@ -377,14 +377,7 @@ def check_resume(cfg: Any) -> dict[int, dict[str, Any]]:
             "as rlspeed runs write",
         )
     current = training_keys(flatten(cfg))
-    try:
-        saved = training_keys(flatten(saved_config(folder)))
-    except Exception as error:  # not YAML, not a mapping, interpolations that do not resolve
-        raise ConfigError("resume", value, f"a readable {CONFIG_FILE} ({_why(error)})") from None
-    if missing := [key for key in IDENTITY_KEYS if key not in saved]:
-        raise ConfigError(
-            "resume", value, f"a {CONFIG_FILE} as rlspeed runs write (it has no {missing[0]})"
-        )
+    saved = training_keys(flatten(readable_config("resume", value, folder)))
     _same_config(value, saved, current, "it ran with")
     fused = is_fused(cfg)
     resume = folder / RESUME_FILE
@@ -408,8 +401,34 @@ def check_resume(cfg: Any) -> dict[int, dict[str, Any]]:
     return states
 
 
-def _why(error: Exception) -> str:
-    return f"{type(error).__name__}: {' '.join(str(error).split())}"
+def readable_config(key: str, value: str, folder: Path) -> Any:
+    """The ``config.yaml`` in ``folder`` (of ``key=value``: resume, checkpoint), as rlspeed
+    runs write it; one ConfigError line for one that is not."""
+    from rlspeed.config import flatten
+
+    try:
+        saved = saved_config(folder)
+        flat = flatten(saved)
+    except Exception as error:  # not YAML, not a mapping, interpolations that do not resolve
+        raise ConfigError(key, value, f"a readable {CONFIG_FILE} ({why(error)})") from None
+    if missing := [name for name in IDENTITY_KEYS if name not in flat]:
+        raise ConfigError(
+            key, value, f"a {CONFIG_FILE} as rlspeed runs write (it has no {missing[0]})"
+        )
+    return saved
+
+
+def why(error: Exception) -> str:
+    """An exception in one short line: its type and the start of its message (torch's
+    run to paragraphs)."""
+    message = " ".join(str(error).split())
+    if len(message) > WHY_LENGTH:
+        message = message[:WHY_LENGTH].rsplit(" ", 1)[0] + " ..."
+    return f"{type(error).__name__}: {message}"
+
+
+# Characters of an exception's message that ``why`` keeps.
+WHY_LENGTH = 160
 
 
 def _same_config(value: str, saved: dict[str, Any], current: dict[str, Any], ran: str) -> None:
@@ -442,7 +461,7 @@ def _read(value: str, paths: dict[int, Path]) -> dict[int, dict[str, Any]]:
             try:
                 state = statefile.load(path)
             except Exception as error:  # truncated, corrupt, a pickle, an object array
-                reason = f"a readable {path.name} ({_why(error)})"
+                reason = f"a readable {path.name} ({why(error)})"
                 raise ConfigError("resume", value, reason) from None
             if not (isinstance(state, dict) and state.get("format") == FORMAT):
                 raise ConfigError("resume", value, f"a {path.name} of format {FORMAT}")
@@ -504,8 +523,9 @@ def check_modes(cfg: Any) -> None:
             "a run folder or a checkpoint file in one (checkpoint.pt, checkpoint.msgpack, "
             f"checkpoint_seed<i>.*) with its {CONFIG_FILE}",
         )
+    saved = readable_config("checkpoint", cfg.checkpoint, paths[0].parent)
     if cfg.video is not None:
-        check_video(cfg.video, saved_config(paths[0].parent))
+        check_video(cfg.video, saved)
 
 
 def check_video(value: str, saved: Any) -> None:

@@ -187,6 +187,10 @@ def validate(cfg: DictConfig) -> None:
     from rlspeed.checkpoint import check_modes
 
     check_modes(cfg)
+    if cfg.mode == "eval":  # every agent read back now: a damaged file is one line
+        from rlspeed.evaluate import load_agents
+
+        load_agents(cfg.checkpoint)
 
 
 # backend.threads=auto: below this many multiply-adds in the run's largest matrix product,

@@ -9,6 +9,7 @@ backend built the agent; each algorithm's backend module reads its checkpoint ba
 from __future__ import annotations
 
 import logging
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,8 @@ import numpy as np
 from omegaconf import DictConfig
 
 from rlspeed.algos.loops import is_fused
-from rlspeed.checkpoint import agent_files, render_mode, saved_config
+from rlspeed.checkpoint import agent_files, render_mode, saved_config, why
+from rlspeed.errors import ConfigError
 from rlspeed.registry import ALGOS, BACKENDS, TASKS
 from rlspeed.seeding import eval_seeds
 from rlspeed.tasks import Policy
@@ -34,20 +36,49 @@ COLORS = {
 OTHER = (220, 120, 40)
 
 
+# (seed, greedy policy, file) of each agent a checkpoint holds.
+Agents = list[tuple[int, Policy, Path]]
+# What load_agents read last, by (file, modification time, size): the CLI checks the config,
+# then the run checks it again and scores the agents, all in one process.
+_last_loaded: dict[tuple[Any, ...], tuple[Any, Agents]] = {}
+
+
+def load_agents(value: str) -> tuple[Any, Agents]:
+    """The saved config of ``checkpoint=value`` (a run folder or an agent file in one) and
+    its agents, each with the evaluation seed training gave it; one ConfigError line for
+    files that cannot be read back (checked before anything is created)."""
+    paths = agent_files(value)  # not empty, and config.yaml readable: check_modes
+    key = tuple((p.resolve(), p.stat().st_mtime_ns, p.stat().st_size) for p in paths)
+    if key in _last_loaded:
+        return _last_loaded[key]
+    saved = saved_config(paths[0].parent)
+    try:
+        with warnings.catch_warnings():
+            # A file that is not what it should be can make a loader warn before it fails.
+            warnings.simplefilter("ignore")
+            task = TASKS.get(saved.task.name)
+            BACKENDS.get(saved.backend.name).setup(saved.backend, saved.seed)
+            env = task.make_env(saved.task)
+            agents: Agents = []
+            for path in paths:
+                first = saved.seed + _seed_index(path)
+                policies = _load_policies(saved, path, env.observation_space, env.action_space)
+                agents += [(first + i, policy, path) for i, policy in enumerate(policies)]
+            env.close()
+    except Exception as error:  # damaged, cut short, of another run, of another version
+        run = f"algo={saved.algo.name} backend={saved.backend.name} task={saved.task.name}"
+        raise ConfigError(
+            "checkpoint", value, f"agent files that a run of its {run} wrote, whole ({why(error)})"
+        ) from None
+    _last_loaded.clear()
+    _last_loaded[key] = (saved, agents)
+    return saved, agents
+
+
 def evaluate_checkpoint(cfg: DictConfig) -> float:
     """Score every agent of the checkpoint; print and return their mean score."""
-    paths = agent_files(cfg.checkpoint)  # not empty: checked before the run started
-    saved = saved_config(paths[0].parent)
+    saved, agents = load_agents(cfg.checkpoint)
     task = TASKS.get(saved.task.name)
-    BACKENDS.get(saved.backend.name).setup(saved.backend, saved.seed)
-    env = task.make_env(saved.task)
-    # (seed, policy) per agent: each is scored with the evaluation seed training gave it.
-    agents = []
-    for path in paths:
-        first = saved.seed + _seed_index(path)
-        policies = _load_policies(saved, path, env.observation_space, env.action_space)
-        agents += [(first + i, policy, path) for i, policy in enumerate(policies)]
-    env.close()
     scores = []
     on_device = task.evaluate_on_device is not None and is_fused(saved)
     for seed, policy, path in agents:

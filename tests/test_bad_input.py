@@ -7,8 +7,10 @@ before Hydra starts a job); three cases also run through the real command."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -262,11 +264,24 @@ def _files(folder: Path) -> list[Path]:
     return sorted(folder.rglob("*"))
 
 
+@pytest.fixture(scope="module")
+def saved_run(tmp_path_factory, make_cfg) -> Path:
+    """The folder of a finished torch DQN run on CartPole (run in-process, a few steps)."""
+    from rlspeed.run import run
+
+    folder = tmp_path_factory.mktemp("cartpole")
+    args = ["backend=torch", "env=gym-sync", "task=cartpole", "num_envs=1", "total_steps=100"]
+    args += ["algo.learning_starts=50", "tracking=none", "progress=none"]
+    with contextlib.chdir(folder):
+        run(make_cfg(args))
+    return folder
+
+
 @pytest.fixture
-def refusal(tmp_path, monkeypatch, capsys):
+def refusal(tmp_path, monkeypatch, capsys, saved_run):
     """The line the command answers ``args`` with, checked in-process: exit code 2, that one
     stderr line, nothing created in the working folder. The working folder holds ``run/``,
-    a run folder as far as the checks look (its files are not read before a run); ``conf/``
+    a finished run's folder (mode=eval reads it back before anything runs); ``conf/``
     beside it holds OWN_SEARCHES, passed as --config-dir."""
     conf = tmp_path / "conf" / "hparams"
     conf.mkdir(parents=True)
@@ -276,9 +291,7 @@ def refusal(tmp_path, monkeypatch, capsys):
             f"hydra:\n  sweeper:\n    params:\n      {entry}\n"
         )
     work = tmp_path / "work"
-    (work / "run").mkdir(parents=True)
-    (work / "run" / "config.yaml").write_text("task: {name: cartpole, max_steps: 500}\n")
-    (work / "run" / "checkpoint.pt").write_bytes(b"")
+    shutil.copytree(saved_run, work / "run")
     monkeypatch.chdir(work)
     # The tests choose their own MLflow store; the caller's must not leak in.
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)

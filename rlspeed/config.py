@@ -68,6 +68,9 @@ class TrialConfig:
     storage: str | None = None
     study_name: str | None = None
     number: int | None = None
+    # Whether the trial keeps its resume state once it has finished (the sweeper's
+    # keep_resume): only an interrupted run continues from it.
+    keep_resume: bool = False
 
 
 @dataclass

@@ -54,6 +54,8 @@ class OutputFile:
     path: Path
     write: Callable[[Path], object]
     artifact: bool = True
+    # What resume= continues from (not needed once the run has finished).
+    resume_state: bool = False
 
 
 @dataclass
@@ -118,7 +120,7 @@ class RunContext:
         # The resume state stays in the run folder: it holds the replay buffer (large).
         self.checkpointers[self.seed_index] = [
             OutputFile(path, save),
-            OutputFile(resume_path, save_state, artifact=False),
+            OutputFile(resume_path, save_state, artifact=False, resume_state=True),
         ]
 
     def resume_state(self) -> dict[str, Any] | None:
@@ -303,7 +305,13 @@ def _finish(tracker: Tracker, ctx: RunContext, status: str) -> Unrecorded | None
     try:
         # Every agent's files on disk first, uploads after: a preempted job has seconds before
         # SLURM kills it, and its requeued attempt continues from these files.
-        saved = [output for files in ctx.checkpointers.values() for output in files if save(output)]
+        outputs = [output for files in ctx.checkpointers.values() for output in files]
+        trial = ctx.cfg.trial
+        if status == "FINISHED" and trial.number is not None and not trial.keep_resume:
+            # A finished trial keeps its agent and metrics; its resume state (the replay
+            # buffer) could only continue a run that has nothing left to do.
+            outputs = [output for output in outputs if not output.resume_state]
+        saved = [output for output in outputs if save(output)]
         tracker.log_artifact(out_dir / "config.yaml")
         for output in saved:
             if output.artifact:

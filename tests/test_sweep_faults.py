@@ -12,6 +12,7 @@ import sqlite3
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import optuna
 import pytest
@@ -201,3 +202,20 @@ def test_only_a_broken_last_journal_record_is_dropped(tmp_path, damage):
     last_record = whole.rstrip(b"\n").rfind(b"\n") + 1
     assert journal.read_bytes() == (whole if damage == "zeros" else whole[:last_record])
     assert [p.read_bytes() for p in tmp_path.glob("study.journal.*.broken")] == [broken]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("keep", [False, True])
+def test_finished_trials_drop_their_resume_state_unless_asked_to_keep_it(tmp_path, keep):
+    """A finished trial keeps its agent and metrics; its resume state (on Doors the replay
+    buffer, ~25 MB a trial) goes unless hydra.sweeper.keep_resume=true."""
+    spec = f"sqlite:///{tmp_path}/study.db"
+    args = [*SWEEP, "hydra.sweeper.n_trials=2", f"hydra.sweeper.storage={spec}"]
+    result = run_cli([*args, f"hydra.sweeper.keep_resume={str(keep).lower()}"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    folders = [Path(t.user_attrs["output_dir"]) for t in _trials(spec)]
+    assert len(folders) == 2
+    for folder in folders:
+        names = {path.name for path in folder.iterdir()}
+        assert {"checkpoint.pt", "metrics.json", "config.yaml"} <= names, names
+        assert ("resume.npz" in names) == keep, names

@@ -216,6 +216,7 @@ class OptunaSweeperImpl:
             extra += [
                 f"trial.storage={quote(storage_spec)}",
                 f"trial.study_name={quote(study.study_name)}",
+                f"trial.keep_resume={str(node.keep_resume).lower()}",
             ]
         if parent is not None:
             extra.append(f"tracking.parent_run_id={quote(parent.run_id)}")

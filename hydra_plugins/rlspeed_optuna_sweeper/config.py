@@ -178,6 +178,9 @@ class OptunaSweeperConf:
     # (Optuna's RDBStorage heartbeats), a journal file a trial attribute.
     heartbeat_s: int = 30
     grace_s: int = 300
+    # Whether a trial that finished keeps its resume state (the replay buffer, tens of MB on
+    # Doors): only an interrupted trial can continue from it, so by default it goes.
+    keep_resume: bool = False
 
 
 def register() -> None:

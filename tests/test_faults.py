@@ -19,6 +19,7 @@ import optuna
 import pytest
 
 from tests.conftest import start_cli
+from tests.test_sweep_faults import STUDY, SWEEP
 from tests.test_tracking import _only_run, assert_every_row_in_mlflow, mlflow_server
 
 # Fault injection: each test kills, fills or signals a real run.
@@ -213,28 +214,15 @@ def test_mlflow_server_killed_mid_sweep_costs_only_its_copy(tmp_path):
     trains and keeps its results in its folder and the study, the sweep completes (exit 0),
     and its last line says what MLflow did not get."""
     storage = f"sqlite:///{tmp_path}/study.db"
-    sweep = [
-        "-m",
-        "hydra/sweeper=optuna",
-        "algo.alpha=interval(0.1, 0.9)",
-        "hydra.sweeper.n_trials=3",
-        "hydra.sweeper.study_name=dead-server",
-        f"hydra.sweeper.storage={storage}",
-        "algo=qlearn",
-        "task=gridworld",
-        "backend=torch",
-        "env=gym-sync",
-        "num_envs=1",
-        "total_steps=500",
-        "progress=plain",
-    ]
+    sweep = [arg for arg in SWEEP if arg != "tracking=none"]
+    sweep += ["hydra.sweeper.n_trials=3", f"hydra.sweeper.storage={storage}"]
     with mlflow_server(tmp_path) as (server, uri):
         process = start_cli([*sweep, f"tracking.uri={uri}"], tmp_path, stderr=subprocess.STDOUT)
         _wait_for(process, "Trial 0: COMPLETE")
         os.killpg(server.pid, signal.SIGKILL)
         output, _ = process.communicate(timeout=600)
     assert process.returncode == 0, output
-    study = optuna.load_study(study_name="dead-server", storage=storage)
+    study = optuna.load_study(study_name=STUDY, storage=storage)
     assert [t.state.name for t in study.trials] == ["COMPLETE"] * 3
     for trial in study.trials:
         metrics = json.loads((Path(trial.user_attrs["output_dir"]) / "metrics.json").read_text())

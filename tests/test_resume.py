@@ -247,8 +247,9 @@ def _old_format(folder: Path, marker: Path) -> None:
     _write_pickle(folder / "resume.pkl", marker)
 
 
-# What is done to a copy of the torch run's folder -> a fragment of the one line.
-DAMAGED = {
+# Damage to a copy of the torch run's folder -> a fragment of the one line, for resume= and
+# mode=eval alike.
+DAMAGED_CONFIG = {
     "config.yaml unparseable": (
         lambda folder, runs, marker: (folder / "config.yaml").write_text("algo: [dqn\n"),
         "expected a readable config.yaml (",
@@ -257,6 +258,10 @@ DAMAGED = {
         lambda folder, runs, marker: (folder / "config.yaml").write_text(""),
         "expected a config.yaml as rlspeed runs write (it has no algo.name)",
     ),
+}
+# What is done to a copy of the torch run's folder -> a fragment of resume='s one line.
+DAMAGED = {
+    **DAMAGED_CONFIG,
     "resume file truncated": (
         lambda folder, runs, marker: _truncate(folder / RESUME_FILE),
         f"expected a readable {RESUME_FILE} (BadZipFile",
@@ -286,26 +291,59 @@ DAMAGED = {
 }
 
 
-@pytest.mark.parametrize("case", list(DAMAGED))
+def _cut(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[:300])
+
+
+# What is done to a copy of the torch run's folder -> a fragment of mode=eval's one line.
+DAMAGED_AGENTS = {
+    **DAMAGED_CONFIG,
+    "checkpoint cut short": (
+        lambda folder, runs, marker: _cut(folder / "checkpoint.pt"),
+        "expected agent files that a run of its algo=qlearn backend=torch task=gridworld wrote",
+    ),
+    "checkpoint a pickle that runs code": (
+        lambda folder, runs, marker: _write_pickle(folder / "checkpoint.pt", marker),
+        "whole (UnpicklingError: Weights only load failed.",
+    ),
+    "a flax run's config": (
+        lambda folder, runs, marker: shutil.copy(runs["flax"] / "config.yaml", folder),
+        "a run of its algo=qlearn backend=flax task=gridworld wrote, whole",
+    ),
+    "an unknown algorithm": (
+        lambda folder, runs, marker: (folder / "config.yaml").write_text(
+            (folder / "config.yaml").read_text().replace("name: qlearn", "name: nosuch")
+        ),
+        "a run of its algo=nosuch backend=torch",
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("key", "args", "case"),
+    [("resume", [*TORCH, "resume=run"], case) for case in DAMAGED]
+    + [("checkpoint", ["mode=eval", "checkpoint=run"], case) for case in DAMAGED_AGENTS],
+)
 def test_a_damaged_run_folder_is_one_line_before_anything_is_created(
-    case, saved_runs, tmp_path, monkeypatch, capsys
+    key, args, case, saved_runs, tmp_path, monkeypatch, capsys
 ):
-    """The check the command runs before Hydra starts (in-process here) reads the resume
-    files whole: a damaged or foreign one is one line, exit 2, nothing created, no code run."""
+    """The check the command runs before Hydra starts (in-process here) reads the run
+    folder's files whole (resume=: its config and resume files; mode=eval: its config and
+    every agent): a damaged or foreign one is one line, exit 2, nothing created, no code run."""
     from rlspeed.cli import check_command_line
 
-    damage, fragment = DAMAGED[case]
+    damage, fragment = (DAMAGED if key == "resume" else DAMAGED_AGENTS)[case]
     marker = tmp_path / "code-ran"
     shutil.copytree(saved_runs["torch"], tmp_path / "run")
     damage(tmp_path / "run", saved_runs, marker)
     monkeypatch.chdir(tmp_path)
     before = sorted(tmp_path.rglob("*"))
     with pytest.raises(SystemExit) as stop:
-        check_command_line([*TORCH, "resume=run"])
+        check_command_line(args)
     stderr = capsys.readouterr().err
     assert stop.value.code == 2, stderr
     (line,) = [line for line in stderr.splitlines() if line.strip()]
-    assert line.startswith("rlspeed: invalid resume=run: ") and fragment in line, line
+    assert line.startswith(f"rlspeed: invalid {key}=run: ") and fragment in line, line
     assert sorted(tmp_path.rglob("*")) == before and not marker.exists()
 
 
@@ -337,61 +375,3 @@ def test_resume_reads_only_the_files_its_run_writes(saved_runs, tmp_path, make_c
         run(make_cfg([*TORCH, f"resume={folder}"]))
     assert not marker.exists(), "a file the run did not write was read"
     assert (tmp_path / "again" / "metrics.json").is_file()
-
-
-def _cut(path: Path) -> None:
-    path.write_bytes(path.read_bytes()[:300])
-
-
-# What is done to a copy of the torch run's folder -> a fragment of mode=eval's one line.
-DAMAGED_AGENTS = {
-    "config.yaml unparseable": (
-        lambda folder, runs, marker: (folder / "config.yaml").write_text("algo: [dqn\n"),
-        "expected a readable config.yaml (",
-    ),
-    "config.yaml empty": (
-        lambda folder, runs, marker: (folder / "config.yaml").write_text(""),
-        "expected a config.yaml as rlspeed runs write (it has no algo.name)",
-    ),
-    "checkpoint cut short": (
-        lambda folder, runs, marker: _cut(folder / "checkpoint.pt"),
-        "expected agent files that a run of its algo=qlearn backend=torch task=gridworld wrote",
-    ),
-    "checkpoint a pickle that runs code": (
-        lambda folder, runs, marker: _write_pickle(folder / "checkpoint.pt", marker),
-        "whole (UnpicklingError: Weights only load failed.",
-    ),
-    "a flax run's config": (
-        lambda folder, runs, marker: shutil.copy(runs["flax"] / "config.yaml", folder),
-        "a run of its algo=qlearn backend=flax task=gridworld wrote, whole",
-    ),
-    "an unknown algorithm": (
-        lambda folder, runs, marker: (folder / "config.yaml").write_text(
-            (folder / "config.yaml").read_text().replace("name: qlearn", "name: nosuch")
-        ),
-        "a run of its algo=nosuch backend=torch",
-    ),
-}
-
-
-@pytest.mark.parametrize("case", list(DAMAGED_AGENTS))
-def test_mode_eval_of_a_damaged_folder_is_one_line_before_anything_is_created(
-    case, saved_runs, tmp_path, monkeypatch, capsys
-):
-    """mode=eval reads the saved config and every agent back while the command line is
-    checked: a damaged or mismatched folder is one line, exit 2, nothing created, no code run."""
-    from rlspeed.cli import check_command_line
-
-    damage, fragment = DAMAGED_AGENTS[case]
-    marker = tmp_path / "code-ran"
-    shutil.copytree(saved_runs["torch"], tmp_path / "run")
-    damage(tmp_path / "run", saved_runs, marker)
-    monkeypatch.chdir(tmp_path)
-    before = sorted(tmp_path.rglob("*"))
-    with pytest.raises(SystemExit) as stop:
-        check_command_line(["mode=eval", "checkpoint=run"])
-    stderr = capsys.readouterr().err
-    assert stop.value.code == 2, stderr
-    (line,) = [line for line in stderr.splitlines() if line.strip()]
-    assert line.startswith("rlspeed: invalid checkpoint=run: ") and fragment in line, line
-    assert sorted(tmp_path.rglob("*")) == before and not marker.exists()

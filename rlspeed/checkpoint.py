@@ -32,7 +32,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 from pathlib import Path
 from typing import IO, Any
@@ -451,10 +451,16 @@ STATE_KEYS = {False: ("step", "updates", "obs", "parts"), True: ("state", "itera
 _last_read: dict[tuple[Any, ...], dict[int, dict[str, Any]]] = {}
 
 
+def files_key(paths: Iterable[Path]) -> tuple[Any, ...]:
+    """Which files these are and in which version (path, modification time, size): what a
+    read made once while the command line was checked is kept under it for the run."""
+    return tuple((p.resolve(), p.stat().st_mtime_ns, p.stat().st_size) for p in paths)
+
+
 def _read(value: str, paths: dict[int, Path]) -> dict[int, dict[str, Any]]:
     """Seed index -> the state saved in that path (read once while the files are unchanged);
     one ConfigError line for a file that is damaged or of another format."""
-    key = tuple((p.resolve(), p.stat().st_mtime_ns, p.stat().st_size) for p in paths.values())
+    key = files_key(paths.values())
     if key not in _last_read:
         states = {}
         for index, path in paths.items():

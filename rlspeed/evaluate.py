@@ -17,7 +17,7 @@ import numpy as np
 from omegaconf import DictConfig
 
 from rlspeed.algos.loops import is_fused
-from rlspeed.checkpoint import agent_files, render_mode, saved_config, why
+from rlspeed.checkpoint import agent_files, files_key, render_mode, saved_config, why
 from rlspeed.errors import ConfigError
 from rlspeed.registry import ALGOS, BACKENDS, TASKS
 from rlspeed.seeding import eval_seeds
@@ -48,7 +48,7 @@ def load_agents(value: str) -> tuple[Any, Agents]:
     its agents, each with the evaluation seed training gave it; one ConfigError line for
     files that cannot be read back (checked before anything is created)."""
     paths = agent_files(value)  # not empty, and config.yaml readable: check_modes
-    key = tuple((p.resolve(), p.stat().st_mtime_ns, p.stat().st_size) for p in paths)
+    key = files_key(paths)
     if key in _last_loaded:
         return _last_loaded[key]
     saved = saved_config(paths[0].parent)

@@ -123,6 +123,60 @@ def test_update_draws_a_fresh_order_per_epoch_from_its_key():
     assert not np.allclose(kernels[0], kernels[2])
 
 
+def _tail_replaced(batch, valid: int, rng: np.random.Generator):
+    """``batch`` with every sample from ``valid`` on replaced by other numbers."""
+    return jax.tree.map(
+        lambda x: np.concatenate([x[:valid], rng.permutation(x)[valid:] * 3 + 1]), batch
+    )
+
+
+@pytest.mark.parametrize("size", [50, 3], ids=["remainder", "fewer-than-minibatches"])
+def test_a_short_last_batch_updates_alike_on_every_path(size):
+    """A run's last batch, cut short to end at total_steps, can have any size: 50 splits
+    into 4 minibatches of 12 (2 sit the pass out), 3 lends one sample to each of 4. Torch
+    and the host flax learner split it alike; the fused update keeps the whole batch's
+    shape with ``valid=size`` and computes the same update, whatever the samples past
+    ``size`` hold, with given or drawn orders."""
+    algo = OmegaConf.structured(
+        PPOConfig(hidden_sizes=[32], learning_rate=3e-3, update_epochs=2, num_minibatches=4)
+    )
+    cfg = learner_cfg(algo, total_steps=256, num_envs=2)
+    rng = np.random.default_rng(1)
+    obs_space, action_space, batch = _doors_batch(rng, 64)
+    short = jax.tree.map(lambda x: x[:size], batch)
+    flax_learner = FlaxLearner(obs_space, action_space, cfg, seed=0)
+    torch_learner = TorchLearner(obs_space, action_space, cfg, seed=0)
+    _copy_flax_to_torch(flax_learner, torch_learner)
+    update = jax.jit(functions(cfg, obs_space, action_space).update)
+    agent, key = flax_learner.agent, jax.random.key(0)
+
+    orders = np.stack([rng.permutation(size) for _ in range(algo.update_epochs)])
+    host, host_metrics = update(agent, short, key, jnp.asarray(orders))
+    torch_metrics = torch_learner.update(short, orders)
+    for name, value in host_metrics.items():
+        np.testing.assert_allclose(float(value), float(torch_metrics[name]), rtol=1e-4, atol=1e-5)
+    torch_weights = _torch_weights(torch_learner.policy)
+    for a, b in zip(_flax_weights(host.policy_params), torch_weights, strict=True):
+        np.testing.assert_allclose(a, b, atol=2e-5)
+
+    # The fused order: the valid samples first, in the host's order, then the rest.
+    rest = np.stack([size + rng.permutation(64 - size) for _ in range(algo.update_epochs)])
+    whole_orders = jnp.asarray(np.concatenate([orders, rest], axis=1))
+    masked, masked_metrics = update(agent, batch, key, whole_orders, valid=size)
+    for name, value in host_metrics.items():
+        np.testing.assert_allclose(float(masked_metrics[name]), float(value), rtol=1e-5, atol=1e-6)
+    host_weights = _flax_weights(host.policy_params)
+    for a, b in zip(_flax_weights(masked.policy_params), host_weights, strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+
+    other = _tail_replaced(batch, size, rng)
+    for orders in (whole_orders, None):
+        a, _ = update(agent, batch, key, orders, valid=size)
+        b, _ = update(agent, other, key, orders, valid=size)
+        pairs = zip(_flax_weights(a.policy_params), _flax_weights(b.policy_params), strict=True)
+        assert all(np.array_equal(x, y) for x, y in pairs)
+
+
 # ---------------------------------------------------------------- config
 
 
@@ -192,6 +246,33 @@ def test_fused_stack_learns_cartpole_with_three_seeds(make_cfg, tmp_path, monkey
     for seed in metrics["seeds"]:
         assert seed["recent_return"] > LEARNED_RETURN, seed
         assert seed["score"] > LEARNED_RETURN, seed
+
+
+@pytest.mark.parametrize(
+    ("backend", "engine", "seeds"),
+    slow_but(("flax", "jax-vmap", 2), [("flax", "jax-vmap", 2), ("torch", "gym-sync", 1)]),
+)
+def test_a_run_ends_at_total_steps_between_whole_batches(
+    backend, engine, seeds, make_cfg, tmp_path, monkeypatch
+):
+    """Batches of 8 envs x 32 steps: 1000 steps are 3 whole batches and a last one of 29
+    steps per env, each batch 20 gradient steps, logged every batch."""
+    cfg = make_cfg(
+        [
+            *QUICK,
+            f"backend={backend}",
+            f"env={engine}",
+            f"num_seeds={seeds}",
+            "task.eval_episodes=1",
+            "total_steps=1000",
+            "log_every=256",
+            "eval_every=1000",
+        ]
+    )
+    metrics = _run_in(tmp_path / "run", monkeypatch, cfg)
+    assert metrics["env_steps"] == seeds * 1000
+    assert metrics["gradient_updates"] == seeds * 4 * 20
+    assert np.isfinite(metrics["score"])
 
 
 # ---------------------------------------------------------------- resume, mode=eval

@@ -20,7 +20,7 @@ from omegaconf import OmegaConf
 from rlspeed.algos.loops.jax_onpolicy import gae_scan
 from rlspeed.algos.loops.onpolicy import RolloutBatch, gae
 from rlspeed.algos.vpg import VPGConfig
-from rlspeed.algos.vpg.flax import FlaxLearner
+from rlspeed.algos.vpg.flax import FlaxLearner, VPGFunctions
 from rlspeed.algos.vpg.torch import TorchLearner
 from rlspeed.config import validate
 from rlspeed.envs.doors import DoorsEnv
@@ -143,6 +143,27 @@ def test_torch_and_flax_compute_the_same_update(make_batch, overrides):
             np.testing.assert_allclose(a, b, atol=2e-5)
 
 
+def test_fused_update_of_a_short_last_batch_counts_only_its_samples():
+    """The fused program keeps a run's shorter last batch at the whole batch's shape; with
+    ``valid=40`` its update equals the host learner's on those 40 samples alone."""
+    algo = OmegaConf.structured(VPGConfig(hidden_sizes=[32], value_iterations=3, ent_coef=0.01))
+    obs_space, action_space, batch = _doors_batch(np.random.default_rng(0), 64)
+    fns = VPGFunctions(obs_space, action_space, algo)
+    agent, update = fns.init(jax.random.key(0)), jax.jit(fns.update)
+    short, short_metrics = update(agent, jax.tree.map(lambda x: x[:40], batch))
+    masked, masked_metrics = update(agent, batch, valid=40)
+    for name, value in short_metrics.items():
+        np.testing.assert_allclose(float(masked_metrics[name]), float(value), rtol=1e-5)
+    for params in ("policy_params", "value_params"):
+        pairs = zip(
+            _flax_weights(getattr(masked, params)),
+            _flax_weights(getattr(short, params)),
+            strict=True,
+        )
+        for a, b in pairs:
+            np.testing.assert_allclose(a, b, atol=1e-6)
+
+
 # ---------------------------------------------------------------- GAE
 
 
@@ -182,6 +203,21 @@ def test_fused_gae_scan_equals_the_host_gae():
         *(jnp.asarray(x) for x in (rewards, values, next_values, terminated, dones)), 0.99, 0.95
     )
     np.testing.assert_allclose(np.asarray(fused), host, rtol=1e-5, atol=1e-6)
+
+
+def test_fused_gae_cut_at_a_short_last_rollout_equals_the_host_gae_of_it():
+    """The fused program's last rollout keeps ``num_steps`` steps and cuts the recursion
+    after its ``length``-th: the advantages of those steps are the host's on them alone."""
+    rng = np.random.default_rng(1)
+    shape, length = (16, 3), 11
+    rewards, values, next_values = (rng.normal(size=shape).astype(np.float32) for _ in range(3))
+    terminated = rng.random(shape) < 0.1
+    dones = terminated | (rng.random(shape) < 0.1)
+    cut = dones | (np.arange(shape[0])[:, None] == length - 1)
+    fused = gae_scan(*(jnp.asarray(x) for x in (rewards, values, next_values, terminated, cut)),
+                     0.99, 0.95)  # fmt: skip
+    host = gae(*(x[:length] for x in (rewards, values, next_values, terminated, dones)), 0.99, 0.95)
+    np.testing.assert_allclose(np.asarray(fused)[:length], host, rtol=1e-5, atol=1e-6)
 
 
 # ---------------------------------------------------------------- config

@@ -16,7 +16,7 @@ import numpy as np
 
 from rlspeed.algos.loops.fused import FusedTrainer, per_seed_mean, scan_iterations
 from rlspeed.algos.loops.jax_learner import JaxLearner
-from rlspeed.algos.loops.onpolicy import RolloutBatch, advantage_terms
+from rlspeed.algos.loops.onpolicy import RolloutBatch, advantage_terms, rollout_length
 from rlspeed.engines import StepResult
 from rlspeed.envs.vmap import VmapEnv, VmapState
 from rlspeed.seeding import JaxKeys, Stream, jax_key
@@ -40,9 +40,29 @@ class OnPolicyFunctions(Protocol):
     def greedy(self, policy_params: Any, obs: jax.Array) -> jax.Array: ...
 
     def update(
-        self, agent: Any, batch: RolloutBatch, key: jax.Array
+        self, agent: Any, batch: RolloutBatch, key: jax.Array, *, valid: jax.Array | None = None
     ) -> tuple[Any, dict[str, jax.Array]]:
-        """The gradient steps on one batch; ``key`` for its random draws (minibatches)."""
+        """The gradient steps on one batch; ``key`` for its random draws (minibatches).
+        ``valid``: only the batch's first ``valid`` samples count (default: all)."""
+
+
+def sample_weights(size: int, valid: jax.Array | None) -> jax.Array:
+    """1.0 for each of a batch's ``size`` samples that counts (its first ``valid``), else 0."""
+    if valid is None:
+        return jnp.ones(size)
+    return (jnp.arange(size) < valid).astype(jnp.float32)
+
+
+def weighted_mean(x: jax.Array, weights: jax.Array) -> jax.Array:
+    """The mean of ``x`` [B] over the samples that count (``weights`` 1.0)."""
+    return jnp.sum(x * weights) / jnp.sum(weights)
+
+
+def normalized(advantages: jax.Array, weights: jax.Array) -> jax.Array:
+    """Advantages at mean 0 and (population) std 1 over the samples that count."""
+    mean = weighted_mean(advantages, weights)
+    std = jnp.sqrt(weighted_mean((advantages - mean) ** 2, weights))
+    return (advantages - mean) / (std + 1e-8)
 
 
 def gae_scan(
@@ -148,7 +168,12 @@ def make_on_policy_train(cfg: Any, env: VmapEnv, fns: OnPolicyFunctions) -> Fuse
             env_step, state.env, jax.random.split(rollout_key, horizon)
         )
         result = trajectory.result
-        dones = result.terminated | result.truncated
+        # The run's last batch takes only the steps that reach total_steps, as the host loop's
+        # does; the program's shapes stay whole: the steps past ``length`` run but count for
+        # nothing (no episode ends, no weight in the update), and the training ends there.
+        length = rollout_length(cfg.total_steps - state.step, n, horizon, jnp)
+        time_index = jnp.arange(horizon)[:, None]
+        dones = (result.terminated | result.truncated) & (time_index < length)
         values = fns.values(agent.value_params, flat(trajectory.obs)).reshape(horizon, n)
         next_values = fns.values(agent.value_params, flat(result.final_obs)).reshape(horizon, n)
         advantages = gae_scan(
@@ -156,7 +181,9 @@ def make_on_policy_train(cfg: Any, env: VmapEnv, fns: OnPolicyFunctions) -> Fuse
             values,
             next_values,
             result.terminated,
-            dones,
+            # Cut at the rollout's last step, as if the arrays ended there (the same for a
+            # whole rollout: nothing follows its last step).
+            dones | (time_index == length - 1),
             algo.gamma,
             algo.gae_lambda,
         )
@@ -168,9 +195,9 @@ def make_on_policy_train(cfg: Any, env: VmapEnv, fns: OnPolicyFunctions) -> Fuse
             advantages.reshape(-1),
             (advantages + values).reshape(-1),
         )
-        agent, metrics = fns.update(agent, batch, update_key)
+        agent, metrics = fns.update(agent, batch, update_key, valid=length * n)
         stats = ChunkStats(dones, result.episode_return, result.episode_length, metrics)
-        step = state.step + batch_size
+        step = state.step + length * n
         updates = state.updates + fns.updates_per_batch
         return OnPolicyState(agent, env_state, key, step, updates), stats
 

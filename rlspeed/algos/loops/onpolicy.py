@@ -6,8 +6,9 @@ An on-policy algorithm's config has ``num_steps``, ``gamma`` and ``gae_lambda``.
 iteration collects ``num_steps`` steps of every env into NumPy arrays, computes GAE
 advantages and their value targets on the host, and hands the flattened batch to the
 learner, whose ``update`` does however many gradient steps the algorithm takes per batch
-(``updates_per_batch``). It logs every ``log_every`` env steps and runs whole batches until
-``total_steps`` is reached.
+(``updates_per_batch``). It logs every ``log_every`` env steps. The run's last rollout is
+cut short to end at ``total_steps`` (``rollout_length``), so the run trains exactly the
+steps it was given when ``total_steps`` is a multiple of ``num_envs``.
 
 The advantages come from GAE, bootstrapped with V(final observation) where an episode was
 truncated by the time limit and with 0 where it terminated; the value targets are
@@ -77,6 +78,13 @@ def gae(
     return advantages
 
 
+def rollout_length(steps_left: Any, num_envs: int, horizon: int, xp: Any = np) -> Any:
+    """Steps per env of the next rollout, for ints or traced JAX ints (``xp=jnp``):
+    ``horizon``, except in the run's last batch, which takes just enough to reach
+    ``total_steps`` (``steps_left`` more env steps)."""
+    return xp.minimum(horizon, -(-steps_left // num_envs))
+
+
 class OnPolicyLearner(Protocol):
     # Gradient steps one ``update`` takes (``gradient_updates`` counts them).
     updates_per_batch: int
@@ -123,7 +131,8 @@ def train_on_policy(
         interval, point, check_interrupt = parts
         obs, step, updates = point.start(ctx.resume_state(), engine.reset)
         while step < cfg.total_steps:
-            for t in range(horizon):
+            length = int(rollout_length(cfg.total_steps - step, n, horizon))
+            for t in range(length):
                 actions, env_actions, log_prob = learner.act(obs)
                 result = engine.step(env_actions)
                 obs_buf[t] = np.asarray(obs)
@@ -135,19 +144,25 @@ def train_on_policy(
                 final_obs_buf[t] = np.asarray(result.final_obs)
                 ctx.monitor.episodes(dones[t] > 0, result.episode_return, result.episode_length)
                 obs = result.obs
-            step += horizon * n
+            step += length * n
 
-            flat_obs = obs_buf.reshape(horizon * n, *obs_space.shape)
-            values = learner.values(flat_obs).reshape(horizon, n)
-            next_values = learner.values(final_obs_buf.reshape(flat_obs.shape))
-            next_values = next_values.reshape(horizon, n)
+            flat_obs = obs_buf[:length].reshape(length * n, *obs_space.shape)
+            values = learner.values(flat_obs).reshape(length, n)
+            next_values = learner.values(final_obs_buf[:length].reshape(flat_obs.shape))
+            next_values = next_values.reshape(length, n)
             advantages = gae(
-                rewards, values, next_values, terminated, dones, algo.gamma, algo.gae_lambda
+                rewards[:length],
+                values,
+                next_values,
+                terminated[:length],
+                dones[:length],
+                algo.gamma,
+                algo.gae_lambda,
             )
             batch = RolloutBatch(
                 flat_obs,
-                actions_buf.reshape(horizon * n, *action_space.shape),
-                log_probs.reshape(-1),
+                actions_buf[:length].reshape(length * n, *action_space.shape),
+                log_probs[:length].reshape(-1),
                 values.reshape(-1),
                 advantages.reshape(-1),
                 (advantages + values).reshape(-1),

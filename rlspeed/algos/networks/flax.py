@@ -107,7 +107,8 @@ class ActorCritic:
     def log_prob_entropy(
         self, params: Any, obs: jax.Array, actions: jax.Array
     ) -> tuple[jax.Array, jax.Array]:
-        """Log-probabilities of ``actions`` [B] and the policy's mean entropy."""
+        """Log-probabilities of ``actions`` [B] and the policy's entropy at each obs [B]
+        (a loss weighs them: the masked samples of a run's last batch count for nothing)."""
         return self._log_prob_entropy(*self.policy.apply(params, obs), actions)
 
     def _log_prob_entropy(
@@ -116,8 +117,10 @@ class ActorCritic:
         if self.continuous:
             z = (actions - out) * jnp.exp(-log_std)
             log_prob = jnp.sum(-0.5 * z**2 - log_std - LOG_SQRT_2PI, axis=-1)
-            return log_prob, jnp.sum(log_std + 0.5 + LOG_SQRT_2PI)
+            # A state-independent std: the same entropy at every observation.
+            entropy = jnp.sum(log_std + 0.5 + LOG_SQRT_2PI)
+            return log_prob, jnp.broadcast_to(entropy, log_prob.shape)
         log_probs = jax.nn.log_softmax(out)
         log_prob = jnp.take_along_axis(log_probs, actions.astype(jnp.int32)[:, None], axis=1)
         entropy = -jnp.sum(jnp.exp(log_probs) * log_probs, axis=1)
-        return log_prob[:, 0], entropy.mean()
+        return log_prob[:, 0], entropy

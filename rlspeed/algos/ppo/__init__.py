@@ -58,8 +58,27 @@ class PPOConfig:
     hidden_sizes: list[int] = field(default_factory=lambda: [64, 64])
 
 
+def minibatch_positions(valid: Any, num_minibatches: int, width: int, xp: Any) -> tuple[Any, Any]:
+    """Where each minibatch's samples sit in a pass's order, and which of them count, for
+    NumPy (``xp=np``) or JAX (``valid`` may be traced): ([num_minibatches, width] positions,
+    [num_minibatches, width] booleans).
+
+    The order's first ``valid`` entries are the batch's samples (all of them, except in a
+    run's shorter last batch on the fused path, whose arrays keep the full shape). Each
+    minibatch takes ``max(1, valid // num_minibatches)`` of them in turn, as CleanRL splits
+    a batch (a remainder of fewer than ``num_minibatches`` samples sits the pass out); a last
+    batch smaller than ``num_minibatches`` lends each minibatch a sample, wrapping around.
+    ``width`` >= that count is the minibatches' static size; positions past it do not count.
+    """
+    per = xp.maximum(valid // num_minibatches, 1)
+    index = xp.arange(width)[None, :]
+    positions = (xp.arange(num_minibatches)[:, None] * per + index) % valid
+    return positions, xp.broadcast_to(index < per, positions.shape)
+
+
 def batches_in_run(algo: Any, cfg: Any) -> int:
-    """Batches (iterations) the run collects: the annealed step size reaches 0 after them."""
+    """Batches (iterations) the run collects, the last one cut to end at ``total_steps``
+    (``onpolicy.rollout_length``): the annealed step size reaches 0 after them."""
     return math.ceil(cfg.total_steps / (algo.num_steps * cfg.num_envs))
 
 

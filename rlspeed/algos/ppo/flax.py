@@ -14,10 +14,15 @@ import jax.numpy as jnp
 import optax
 
 from rlspeed.algos.loops.fused import FusedTrainer, saved_agent_policies
-from rlspeed.algos.loops.jax_onpolicy import OnPolicyJaxLearner, make_on_policy_train
+from rlspeed.algos.loops.jax_onpolicy import (
+    OnPolicyJaxLearner,
+    make_on_policy_train,
+    normalized,
+    weighted_mean,
+)
 from rlspeed.algos.loops.onpolicy import RolloutBatch
 from rlspeed.algos.networks.flax import ActorCritic
-from rlspeed.algos.ppo import batches_in_run
+from rlspeed.algos.ppo import batches_in_run, minibatch_positions
 from rlspeed.envs.vmap import VmapEnv
 from rlspeed.tasks import Policy as GreedyPolicy
 
@@ -44,19 +49,25 @@ class PPOFunctions(ActorCritic):
         return Agent(*params, self.optimizer.init(params))
 
     def loss(
-        self, params: tuple[Any, Any], minibatch: RolloutBatch
+        self, params: tuple[Any, Any], minibatch: RolloutBatch, weights: jax.Array
     ) -> tuple[jax.Array, dict[str, jax.Array]]:
-        """The minibatch's total loss, and its parts as the metrics report them."""
+        """The minibatch's total loss, and its parts as the metrics report them; means over
+        the samples whose ``weights`` are 1."""
         algo = self.algo
+
+        def mean(x: jax.Array) -> jax.Array:
+            return weighted_mean(x, weights)
+
         policy_params, value_params = params
         log_prob, entropy = self.log_prob_entropy(policy_params, minibatch.obs, minibatch.actions)
+        entropy = mean(entropy)
         log_ratio = log_prob - minibatch.log_probs
         ratio = jnp.exp(log_ratio)
         advantages = minibatch.advantages
         if algo.normalize_advantages:
-            advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+            advantages = normalized(advantages, weights)
         clipped_ratio = jnp.clip(ratio, 1 - algo.clip_coef, 1 + algo.clip_coef)
-        policy_loss = jnp.maximum(-advantages * ratio, -advantages * clipped_ratio).mean()
+        policy_loss = mean(jnp.maximum(-advantages * ratio, -advantages * clipped_ratio))
 
         values = self.values(value_params, minibatch.obs)
         squared_error = (values - minibatch.returns) ** 2
@@ -64,7 +75,7 @@ class PPOFunctions(ActorCritic):
             change = jnp.clip(values - minibatch.values, -algo.clip_coef, algo.clip_coef)
             clipped_error = (minibatch.values + change - minibatch.returns) ** 2
             squared_error = jnp.maximum(squared_error, clipped_error)
-        value_loss = 0.5 * squared_error.mean()
+        value_loss = 0.5 * mean(squared_error)
 
         total = policy_loss - algo.ent_coef * entropy + algo.vf_coef * value_loss
         return total, {
@@ -72,32 +83,51 @@ class PPOFunctions(ActorCritic):
             "losses/value_loss": value_loss,
             "losses/entropy": entropy,
             # KL(old || new) by the low-variance estimator (r - 1) - log r.
-            "losses/approx_kl": ((ratio - 1) - log_ratio).mean(),
-            "losses/clipfrac": (jnp.abs(ratio - 1) > algo.clip_coef).mean(),
+            "losses/approx_kl": mean((ratio - 1) - log_ratio),
+            "losses/clipfrac": mean(jnp.abs(ratio - 1) > algo.clip_coef),
         }
 
     def update(
-        self, agent: Agent, batch: RolloutBatch, key: jax.Array, orders: jax.Array | None = None
+        self,
+        agent: Agent,
+        batch: RolloutBatch,
+        key: jax.Array,
+        orders: jax.Array | None = None,
+        *,
+        valid: jax.Array | None = None,
     ) -> tuple[Agent, dict[str, jax.Array]]:
         """``update_epochs`` passes over the batch in ``num_minibatches`` minibatches, one
         gradient step each; metrics are the means over the steps. ``orders``
-        [update_epochs, batch]: each pass's order (default: permutations drawn from ``key``)."""
+        [update_epochs, batch]: each pass's order (default: permutations drawn from ``key``).
+        ``valid``: only the batch's first ``valid`` samples count (a run's last batch on the
+        fused path); the drawn orders put them first."""
         algo = self.algo
         size = batch.obs.shape[0]
         if orders is None:
             keys = jax.random.split(key, algo.update_epochs)
             orders = jax.vmap(lambda k: jax.random.permutation(k, size))(keys)
-        minibatches = orders.reshape(self.updates_per_batch, size // algo.num_minibatches)
+            if valid is not None:  # stable: whole batches keep the drawn order
+                orders = jax.vmap(lambda o: o[jnp.argsort(o >= valid, stable=True)])(orders)
+        width = max(1, size // algo.num_minibatches)
+        counted = size if valid is None else valid
+        positions, counts = minibatch_positions(counted, algo.num_minibatches, width, jnp)
+        minibatches = orders[:, positions].reshape(self.updates_per_batch, -1)
+        weights = jnp.tile(counts.astype(jnp.float32), (algo.update_epochs, 1))
 
-        def step(carry: tuple[Any, Any], indices: jax.Array) -> tuple[tuple[Any, Any], dict]:
+        def step(
+            carry: tuple[Any, Any], minibatch: tuple[jax.Array, jax.Array]
+        ) -> tuple[tuple[Any, Any], dict]:
             params, opt_state = carry
-            minibatch = jax.tree.map(lambda x: x[indices], batch)
-            grads, metrics = jax.grad(self.loss, has_aux=True)(params, minibatch)
+            indices, minibatch_weights = minibatch
+            samples = jax.tree.map(lambda x: x[indices], batch)
+            grads, metrics = jax.grad(self.loss, has_aux=True)(params, samples, minibatch_weights)
             updates, opt_state = self.optimizer.update(grads, opt_state, params)
             return (optax.apply_updates(params, updates), opt_state), metrics
 
         start = ((agent.policy_params, agent.value_params), agent.opt_state)
-        ((policy_params, value_params), opt_state), metrics = jax.lax.scan(step, start, minibatches)
+        ((policy_params, value_params), opt_state), metrics = jax.lax.scan(
+            step, start, (minibatches, weights)
+        )
         agent = Agent(policy_params, value_params, opt_state)
         return agent, {name: values.mean() for name, values in metrics.items()}
 

@@ -6,12 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
 from rlspeed.algos.loops.onpolicy import RolloutBatch
 from rlspeed.algos.networks.torch import ActorCritic, from_numpy, load_checkpoint
-from rlspeed.algos.ppo import batches_in_run
+from rlspeed.algos.ppo import batches_in_run, minibatch_positions
 from rlspeed.backends.torch import device_of
 from rlspeed.checkpoint import save_torch
 from rlspeed.seeding import Stream, int_seed
@@ -81,7 +82,11 @@ class TorchLearner(ActorCritic):
                     for _ in range(algo.update_epochs)
                 ]
             )
-        minibatches = torch.as_tensor(orders).reshape(self.updates_per_batch, -1).to(self.device)
+        # A run's last batch may be cut short: any size, split as the flax update splits it.
+        per = max(1, size // algo.num_minibatches)
+        positions, _ = minibatch_positions(size, algo.num_minibatches, per, np)
+        orders = torch.as_tensor(orders)[:, torch.as_tensor(positions)]
+        minibatches = orders.reshape(self.updates_per_batch, per).to(self.device)
         metrics: dict[str, list[torch.Tensor]] = {}
         for indices in minibatches:
             loss, step_metrics = self.loss(tuple(x[indices] for x in tensors))

@@ -9,11 +9,16 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import jax
-import jax.numpy as jnp
 import optax
 
 from rlspeed.algos.loops.fused import FusedTrainer, saved_agent_policies
-from rlspeed.algos.loops.jax_onpolicy import OnPolicyJaxLearner, make_on_policy_train
+from rlspeed.algos.loops.jax_onpolicy import (
+    OnPolicyJaxLearner,
+    make_on_policy_train,
+    normalized,
+    sample_weights,
+    weighted_mean,
+)
 from rlspeed.algos.loops.onpolicy import RolloutBatch
 from rlspeed.algos.networks.flax import ActorCritic
 from rlspeed.envs.vmap import VmapEnv
@@ -53,18 +58,27 @@ class VPGFunctions(ActorCritic):
         )
 
     def update(
-        self, agent: Agent, batch: RolloutBatch, key: jax.Array | None = None
+        self,
+        agent: Agent,
+        batch: RolloutBatch,
+        key: jax.Array | None = None,
+        *,
+        valid: jax.Array | None = None,
     ) -> tuple[Agent, dict[str, jax.Array]]:
         """One policy gradient step, then ``value_iterations`` full-batch value steps; the
-        value loss reported is the mean over those steps. Full-batch: ``key`` goes unused."""
+        value loss reported is the mean over those steps. Full-batch: ``key`` goes unused.
+        ``valid``: only the batch's first ``valid`` samples count (a run's last batch on the
+        fused path)."""
         algo = self.algo
+        weights = sample_weights(batch.obs.shape[0], valid)
         advantages = batch.advantages
         if algo.normalize_advantages:
-            advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+            advantages = normalized(advantages, weights)
 
         def policy_loss_fn(params: Any) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
             log_prob, entropy = self.log_prob_entropy(params, batch.obs, batch.actions)
-            policy_loss = -jnp.mean(log_prob * advantages)
+            policy_loss = -weighted_mean(log_prob * advantages, weights)
+            entropy = weighted_mean(entropy, weights)
             return policy_loss - algo.ent_coef * entropy, (policy_loss, entropy)
 
         grads, (policy_loss, entropy) = jax.grad(policy_loss_fn, has_aux=True)(agent.policy_params)
@@ -76,7 +90,7 @@ class VPGFunctions(ActorCritic):
         def value_step(carry: tuple[Any, Any], _: None) -> tuple[tuple[Any, Any], jax.Array]:
             params, opt_state = carry
             loss, grads = jax.value_and_grad(
-                lambda p: jnp.mean((self.values(p, batch.obs) - batch.returns) ** 2)
+                lambda p: weighted_mean((self.values(p, batch.obs) - batch.returns) ** 2, weights)
             )(params)
             updates, opt_state = self.value_optimizer.update(grads, opt_state, params)
             return (optax.apply_updates(params, updates), opt_state), loss

@@ -48,8 +48,9 @@ RESUME_FILE = "resume.npz"
 PICKLED_RESUME_FILES = "resume*.pkl"
 CONFIG_FILE = "config.yaml"
 AGENT_FILES = ("checkpoint.pt", "checkpoint.msgpack")
-# Bumped when what the resume file holds changes shape (1: resume.pkl).
-FORMAT = 2
+# Bumped when what the resume file holds changes shape (1: resume.pkl; 2: replay buffers
+# with two observations per transition).
+FORMAT = 3
 # Keys every rlspeed config.yaml has: one without them (an empty file) is not a run's.
 IDENTITY_KEYS = ("algo.name", "backend.name", "env.name", "task.name")
 # Keys a resumed run may change: where and how it reports, not what it trains. The thread
@@ -470,7 +471,14 @@ def _read(value: str, paths: dict[int, Path]) -> dict[int, dict[str, Any]]:
                 reason = f"a readable {path.name} ({why(error)})"
                 raise ConfigError("resume", value, reason) from None
             if not (isinstance(state, dict) and state.get("format") == FORMAT):
-                raise ConfigError("resume", value, f"a {path.name} of format {FORMAT}")
+                got = state.get("format") if isinstance(state, dict) else None
+                older = (
+                    f" (it has format {got}: an earlier rlspeed's, whose state this one does "
+                    "not read; start that run anew)"
+                    if isinstance(got, int) and 0 < got < FORMAT
+                    else ""
+                )
+                raise ConfigError("resume", value, f"a {path.name} of format {FORMAT}{older}")
             if not isinstance(state.get("config"), dict):
                 raise ConfigError("resume", value, f"a {path.name} with its run's config")
             states[index] = state

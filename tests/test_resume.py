@@ -21,6 +21,7 @@ import mlflow
 import numpy as np
 import pytest
 
+from rlspeed import statefile
 from rlspeed.checkpoint import RESUME_FILE, ResumePoint, deferred_interrupts, seed_file
 from rlspeed.errors import ConfigError
 from tests.conftest import (
@@ -242,6 +243,13 @@ def _flip_a_byte(path: Path) -> None:
     path.write_bytes(bytes(data))
 
 
+def _earlier_format(path: Path) -> None:
+    """The resume file as format 2 labelled it (its replay kept two observations each)."""
+    state = statefile.load(path)
+    with path.open("wb") as file:
+        statefile.dump({**state, "format": 2}, file)
+
+
 def _old_format(folder: Path, marker: Path) -> None:
     (folder / RESUME_FILE).unlink()
     _write_pickle(folder / "resume.pkl", marker)
@@ -282,6 +290,10 @@ DAMAGED = {
         lambda folder, runs, marker: shutil.copy(runs["flax"] / RESUME_FILE, folder),
         f"expected a run of this config (its {RESUME_FILE} has backend.name=flax, this run "
         "has backend.name=torch)",
+    ),
+    "resume file of an earlier format": (
+        lambda folder, runs, marker: _earlier_format(folder / RESUME_FILE),
+        f"expected a {RESUME_FILE} of format 3 (it has format 2: an earlier rlspeed's",
     ),
     "resume.pkl of an older rlspeed": (
         lambda folder, runs, marker: _old_format(folder, marker),

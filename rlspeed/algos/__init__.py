@@ -114,13 +114,14 @@ def check_memory(cfg: Any, *stores: tuple[str, int]) -> None:
 
     A deliberately simple lower bound: an agent holds a transition per env (the env batch)
     and the algorithm's ``stores`` ((key, transitions): a replay buffer, a rollout), each
-    transition two observations of ``TaskSpec.observation_bytes`` plus
-    TRANSITION_EXTRA_BYTES; the fused jax-vmap path holds all ``num_seeds`` agents at once.
+    transition at least one observation of ``TaskSpec.observation_bytes`` (a replay buffer
+    stores each once) plus TRANSITION_EXTRA_BYTES; the fused jax-vmap path holds all
+    ``num_seeds`` agents at once.
     Weights, compiled programs and Gymnasium's per-env objects come on top. The error names
     the largest of the sizes involved.
     """
     parts = [("num_envs", cfg.num_envs), *stores]
-    transition = 2 * TASKS.get(cfg.task.name).observation_bytes(cfg.task) + TRANSITION_EXTRA_BYTES
+    transition = TASKS.get(cfg.task.name).observation_bytes(cfg.task) + TRANSITION_EXTRA_BYTES
     agents = _agents(cfg)
     transitions = agents * sum(count for _, count in parts)
     needed, available = transitions * transition, physical_memory()

@@ -1,6 +1,16 @@
 """Ring buffers of transitions: NumPy for the host-driven training loops, and the same
 buffer as pure functions of JAX arrays for the fused ``lax.scan`` loops (which import JAX
-only when called, so torch runs never load it)."""
+only when called, so torch runs never load it).
+
+Each observation is stored once. The envs add one transition each per step, in lockstep,
+so env ``e``'s next transition sits ``num_envs`` slots after its last one and holds the
+next observation. The buffer writes that observation there as soon as it is known (one
+spare row of ``num_envs`` slots past ``capacity`` keeps it from overwriting a transition
+still in use); the next step's write keeps it, or replaces it with a reset observation
+where the episode ended. An episode that ended leaves no next observation in the next
+slot: where it terminated, none is needed (the target does not bootstrap); where it was
+truncated, its final observation goes to a small ring of its own (``final_capacity``).
+"""
 
 from __future__ import annotations
 
@@ -17,56 +27,166 @@ class Batch(NamedTuple):
     dones: np.ndarray  # 1.0 where the episode terminated (not merely truncated)
 
 
+def final_capacity(capacity: int, num_envs: int, max_steps: int) -> int:
+    """Room for the final observations of the truncated episodes among ``capacity``
+    transitions: those are at most ``ceil(capacity / num_envs)`` steps of each env, and an
+    env is truncated at most once every ``max_steps`` steps (its time limit); one more per
+    env for an episode the window cuts."""
+    steps = -(-capacity // num_envs)
+    return num_envs * (-(-steps // max_steps) + 1)
+
+
+class WritePlan(NamedTuple):
+    """Where one step's transitions go (NumPy or JAX integer arrays)."""
+
+    slots: Any  # each env's transition
+    pending: Any  # the slot after each: its next observation, until the next step's write
+    final_slots: Any  # each truncated env's final observation in the final ring, else past it
+    final_index: Any  # per transition: that index, or -1 (its next slot holds it)
+    position: Any  # the buffer's positions and size after the write
+    final_position: Any
+    size: Any
+
+
+def _plan(
+    position: Any,
+    final_position: Any,
+    size: Any,
+    truncated: Any,
+    capacity: int,
+    finals: int,
+    xp: Any,
+) -> WritePlan:
+    """The write of one step; ``truncated``: the envs whose final observation must be kept
+    (truncated and not terminated)."""
+    n = truncated.shape[0]
+    total = capacity + n
+    slots = (position + xp.arange(n)) % total
+    final = (final_position + xp.cumsum(truncated) - 1) % finals
+    return WritePlan(
+        slots,
+        (slots + n) % total,
+        xp.where(truncated, final, finals),
+        xp.where(truncated, final, -1),
+        (position + n) % total,
+        (final_position + truncated.sum()) % finals,
+        xp.minimum(size + n, capacity),
+    )
+
+
+def _draw(
+    obs: Any,
+    final_obs: Any,
+    final_index: Any,
+    position: Any,
+    size: Any,
+    draws: Any,
+    num_envs: int,
+    xp: Any,
+) -> tuple[Any, Any]:
+    """The slots of ``draws`` (integers in [0, size), oldest first among the ``size``
+    newest transitions) and their next observations."""
+    total = obs.shape[0]
+    slots = (position - size + draws) % total
+    index = final_index[slots]
+    kept = (index >= 0).reshape(index.shape + (1,) * (obs.ndim - 1))
+    return slots, xp.where(kept, final_obs[index], obs[(slots + num_envs) % total])
+
+
 class ReplayBuffer:
+    """The host loops' buffer of the last ``capacity`` transitions of ``num_envs`` envs
+    whose episodes last at most ``max_steps`` steps."""
+
     def __init__(
-        self, capacity: int, obs_space: Any, action_space: Any, rng: np.random.Generator
+        self,
+        capacity: int,
+        obs_space: Any,
+        action_space: Any,
+        rng: np.random.Generator,
+        num_envs: int,
+        max_steps: int,
     ) -> None:
-        self.capacity = capacity
-        self.obs = np.zeros((capacity, *obs_space.shape), dtype=obs_space.dtype)
-        self.next_obs = np.zeros_like(self.obs)
-        self.actions = np.zeros((capacity, *action_space.shape), dtype=action_space.dtype)
-        self.rewards = np.zeros(capacity, dtype=np.float32)
-        self.dones = np.zeros(capacity, dtype=np.float32)
-        self.size = 0
-        self._pos = 0
+        self.capacity, self.num_envs = capacity, num_envs
+        slots = capacity + num_envs
+        self.obs = np.zeros((slots, *obs_space.shape), dtype=obs_space.dtype)
+        finals = final_capacity(capacity, num_envs, max_steps)
+        self.final_obs = np.zeros((finals, *obs_space.shape), dtype=obs_space.dtype)
+        self.final_index = np.full(slots, -1, dtype=np.int64)
+        self.actions = np.zeros((slots, *action_space.shape), dtype=action_space.dtype)
+        self.rewards = np.zeros(slots, dtype=np.float32)
+        self.dones = np.zeros(slots, dtype=np.float32)
+        self.size = self.position = self.final_position = 0
         self._rng = rng
 
-    def add(self, obs: Any, next_obs: Any, actions: Any, rewards: Any, terminated: Any) -> None:
-        """Store a batch of transitions, one per env (arrays of any CPU library)."""
-        n = len(rewards)
-        index = (self._pos + np.arange(n)) % self.capacity
-        self.obs[index] = np.asarray(obs)
-        self.next_obs[index] = np.asarray(next_obs)
-        self.actions[index] = np.asarray(actions)
-        self.rewards[index] = np.asarray(rewards)
-        self.dones[index] = np.asarray(terminated)
-        self._pos = (self._pos + n) % self.capacity
-        self.size = min(self.size + n, self.capacity)
+    def add(
+        self,
+        obs: Any,
+        next_obs: Any,
+        actions: Any,
+        rewards: Any,
+        terminated: Any,
+        truncated: Any,
+    ) -> None:
+        """Store a step's transitions, one per env (arrays of any CPU library);
+        ``next_obs``: the observation each step ended in (the final one at an episode's
+        end)."""
+        terminated, next_obs = np.asarray(terminated), np.asarray(next_obs)
+        kept = np.asarray(truncated) & ~terminated
+        plan = _plan(
+            self.position,
+            self.final_position,
+            self.size,
+            kept,
+            self.capacity,
+            len(self.final_obs),
+            np,
+        )
+        self.obs[plan.slots] = np.asarray(obs)
+        self.obs[plan.pending] = next_obs
+        self.final_obs[plan.final_slots[kept]] = next_obs[kept]
+        self.final_index[plan.slots] = plan.final_index
+        self.actions[plan.slots] = np.asarray(actions)
+        self.rewards[plan.slots] = np.asarray(rewards)
+        self.dones[plan.slots] = terminated
+        self.position, self.final_position, self.size = (
+            int(x) for x in (plan.position, plan.final_position, plan.size)
+        )
 
     def sample(self, batch_size: int) -> Batch:
-        index = self._rng.integers(0, self.size, size=batch_size)
+        draws = self._rng.integers(0, self.size, size=batch_size)
+        slots, next_obs = _draw(
+            self.obs,
+            self.final_obs,
+            self.final_index,
+            self.position,
+            self.size,
+            draws,
+            self.num_envs,
+            np,
+        )
         return Batch(
-            self.obs[index],
-            self.next_obs[index],
-            self.actions[index],
-            self.rewards[index],
-            self.dones[index],
+            self.obs[slots], next_obs, self.actions[slots], self.rewards[slots], self.dones[slots]
         )
 
 
 class JaxReplay(NamedTuple):
-    """The ring buffer as a pytree of JAX arrays (carried through ``lax.scan``)."""
+    """The ring buffer as a pytree of JAX arrays (carried through ``lax.scan``), laid out
+    as ``ReplayBuffer``'s."""
 
     obs: Any
-    next_obs: Any
+    final_obs: Any
+    final_index: Any
     actions: Any
     rewards: Any
     dones: Any
     position: Any
+    final_position: Any
     size: Any
 
 
-def jax_replay_init(capacity: int, obs_space: Any, action_space: Any) -> JaxReplay:
+def jax_replay_init(
+    capacity: int, obs_space: Any, action_space: Any, num_envs: int, max_steps: int
+) -> JaxReplay:
     import jax
     import jax.numpy as jnp
 
@@ -74,46 +194,78 @@ def jax_replay_init(capacity: int, obs_space: Any, action_space: Any) -> JaxRepl
     obs_dtype, action_dtype = (
         jax.dtypes.canonicalize_dtype(space.dtype) for space in (obs_space, action_space)
     )
-    obs = jnp.zeros((capacity, *obs_space.shape), obs_dtype)
+    slots = capacity + num_envs
+    finals = final_capacity(capacity, num_envs, max_steps)
     return JaxReplay(
-        obs=obs,
-        next_obs=obs,
-        actions=jnp.zeros((capacity, *action_space.shape), action_dtype),
-        rewards=jnp.zeros(capacity, jnp.float32),
-        dones=jnp.zeros(capacity, jnp.float32),
+        obs=jnp.zeros((slots, *obs_space.shape), obs_dtype),
+        final_obs=jnp.zeros((finals, *obs_space.shape), obs_dtype),
+        final_index=jnp.full(slots, -1, jnp.int32),
+        actions=jnp.zeros((slots, *action_space.shape), action_dtype),
+        rewards=jnp.zeros(slots, jnp.float32),
+        dones=jnp.zeros(slots, jnp.float32),
         position=jnp.int32(0),
+        final_position=jnp.int32(0),
         size=jnp.int32(0),
     )
 
 
 def jax_replay_add(
-    replay: JaxReplay, obs: Any, next_obs: Any, actions: Any, rewards: Any, terminated: Any
+    replay: JaxReplay,
+    obs: Any,
+    next_obs: Any,
+    actions: Any,
+    rewards: Any,
+    terminated: Any,
+    truncated: Any,
 ) -> JaxReplay:
-    """Store one transition per env (pure: returns the new buffer)."""
+    """Store one transition per env (pure: returns the new buffer); as ``ReplayBuffer.add``."""
     import jax.numpy as jnp
 
-    n, capacity = rewards.shape[0], replay.rewards.shape[0]
-    index = (replay.position + jnp.arange(n)) % capacity
+    n = rewards.shape[0]
+    capacity = replay.obs.shape[0] - n
+    kept = truncated & ~terminated
+    plan = _plan(
+        replay.position,
+        replay.final_position,
+        replay.size,
+        kept,
+        capacity,
+        replay.final_obs.shape[0],
+        jnp,
+    )
     return JaxReplay(
-        replay.obs.at[index].set(obs),
-        replay.next_obs.at[index].set(next_obs),
-        replay.actions.at[index].set(actions.astype(replay.actions.dtype)),
-        replay.rewards.at[index].set(rewards),
-        replay.dones.at[index].set(terminated.astype(jnp.float32)),
-        (replay.position + n) % capacity,
-        jnp.minimum(replay.size + n, capacity),
+        replay.obs.at[plan.slots].set(obs).at[plan.pending].set(next_obs),
+        replay.final_obs.at[plan.final_slots].set(next_obs, mode="drop"),
+        replay.final_index.at[plan.slots].set(plan.final_index.astype(jnp.int32)),
+        replay.actions.at[plan.slots].set(actions.astype(replay.actions.dtype)),
+        replay.rewards.at[plan.slots].set(rewards),
+        replay.dones.at[plan.slots].set(terminated.astype(jnp.float32)),
+        plan.position.astype(jnp.int32),
+        plan.final_position.astype(jnp.int32),
+        plan.size.astype(jnp.int32),
     )
 
 
-def jax_replay_sample(replay: JaxReplay, key: Any, batch_size: int) -> Batch:
+def jax_replay_sample(replay: JaxReplay, key: Any, batch_size: int, num_envs: int) -> Batch:
     """A uniform batch (with replacement) of the stored transitions."""
     import jax
+    import jax.numpy as jnp
 
-    index = jax.random.randint(key, (batch_size,), 0, replay.size)
+    draws = jax.random.randint(key, (batch_size,), 0, replay.size)
+    slots, next_obs = _draw(
+        replay.obs,
+        replay.final_obs,
+        replay.final_index,
+        replay.position,
+        replay.size,
+        draws,
+        num_envs,
+        jnp,
+    )
     return Batch(
-        replay.obs[index],
-        replay.next_obs[index],
-        replay.actions[index],
-        replay.rewards[index],
-        replay.dones[index],
+        replay.obs[slots],
+        next_obs,
+        replay.actions[slots],
+        replay.rewards[slots],
+        replay.dones[slots],
     )

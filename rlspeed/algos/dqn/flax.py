@@ -176,7 +176,10 @@ def make_train(cfg: Any, env: VmapEnv) -> FusedTrainer:
             # The target network is fixed until the sync below, so the group's batches are
             # drawn at once and their TD targets come from one large matrix product.
             batches = jax_replay_sample(
-                replay, jax.random.fold_in(update_key, group), group_size * algo.batch_size
+                replay,
+                jax.random.fold_in(update_key, group),
+                group_size * algo.batch_size,
+                env.num_envs,
             )
             td_targets = fns.td_targets(carry[0].target_params, batches)
 

@@ -135,7 +135,13 @@ class ReplayState(NamedTuple):
 
 def init_replay_state(agent: Any, keys: JaxKeys, env: VmapEnv, buffer_size: int) -> ReplayState:
     """A fresh agent with an empty replay buffer, at env step 0."""
-    replay = jax_replay_init(buffer_size, env.single_observation_space, env.single_action_space)
+    replay = jax_replay_init(
+        buffer_size,
+        env.single_observation_space,
+        env.single_action_space,
+        env.num_envs,
+        env.max_episode_steps,
+    )
     return ReplayState(agent, replay, env.init(keys.env), keys.act, jnp.int32(0), jnp.int32(0))
 
 
@@ -146,7 +152,13 @@ def replay_step(
     does: (env state, step result, replay buffer, env steps then, gradient updates due)."""
     env_state, result = env.step(state.env, actions)
     replay = jax_replay_add(
-        state.replay, state.env.obs, result.final_obs, actions, result.reward, result.terminated
+        state.replay,
+        state.env.obs,
+        result.final_obs,
+        actions,
+        result.reward,
+        result.terminated,
+        result.truncated,
     )
     step = state.step + env.num_envs
     n_updates = multiples_between(state.step, step, algo.train_frequency, algo.learning_starts, jnp)

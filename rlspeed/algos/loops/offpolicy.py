@@ -54,6 +54,8 @@ def train_off_policy(
         engine.single_observation_space,
         engine.single_action_space,
         numpy_rng(ctx.seed, Stream.REPLAY),
+        engine.num_envs,
+        cfg.task.max_steps,
     )
     with host_training(ctx, engine, learner, checkpoint_name, buffer=buffer) as parts:
         interval, point, check_interrupt = parts
@@ -61,7 +63,14 @@ def train_off_policy(
         while step < cfg.total_steps:
             actions = learner.act(obs, step)
             result = engine.step(actions)
-            buffer.add(obs, result.final_obs, actions, result.reward, result.terminated)
+            buffer.add(
+                obs,
+                result.final_obs,
+                actions,
+                result.reward,
+                result.terminated,
+                result.truncated,
+            )
             ctx.monitor.episodes(
                 np.asarray(result.terminated) | np.asarray(result.truncated),
                 result.episode_return,

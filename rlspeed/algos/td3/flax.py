@@ -256,7 +256,7 @@ def make_train(cfg: Any, env: VmapEnv) -> FusedTrainer:
         def one_update(i: jax.Array, carry: tuple) -> tuple:
             agent, sums = carry
             sample_key, noise_key = jax.random.split(jax.random.fold_in(update_key, i))
-            batch = jax_replay_sample(replay, sample_key, algo.batch_size)
+            batch = jax_replay_sample(replay, sample_key, algo.batch_size, env.num_envs)
             noise = jax.random.normal(noise_key, batch.actions.shape)
             actor_step = is_actor_step(state.updates + i + 1, algo)
             agent, metrics = fns.update(agent, batch, noise, actor_step)

@@ -1,5 +1,6 @@
 """``backend.compilation_cache``: a run whose programs were compiled before loads them
-from the cache instead of compiling, and learns exactly what the first run learned."""
+from the cache instead of compiling, and learns exactly what the first run learned; and
+the fused loop's chunks need one program per run where they can."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import re
 
 import pytest
 
+from rlspeed.algos.loops.fused import chunk_length
 from tests.conftest import run_cli, without_rates
 
 FUSED_RUN = [
@@ -49,3 +51,20 @@ def test_default_cache_follows_xdg_cache_home_and_null_turns_it_off(tmp_path):
     off = tmp_path / "off-home"
     _run(tmp_path, "off", "backend.compilation_cache=null", env={"XDG_CACHE_HOME": str(off)})
     assert not (off / "rlspeed").exists()
+
+
+@pytest.mark.parametrize(
+    ("target", "total", "masked", "chunk"),
+    [
+        (10, 100, False, 10),  # divides the run
+        (10, 96, False, 8),  # 96 = 12 x 8: one program, logs a little more often
+        (10, 97, False, 10),  # 97 is prime: a last chunk of 7 gets a program of its own
+        (10, 97, True, 10),  # masked (XLA:CPU): one program runs the shorter last chunk too
+        (500, 120, False, 120),  # a run shorter than one chunk
+        (0, 5, False, 1),
+    ],
+)
+def test_chunk_length_divides_the_run_where_a_last_chunk_costs_a_program(
+    target, total, masked, chunk
+):
+    assert chunk_length(target, total, masked) == chunk

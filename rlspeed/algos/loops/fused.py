@@ -286,6 +286,17 @@ def per_seed_mean(values: Any) -> np.ndarray:
     return values.reshape(len(values), -1).mean(axis=1)
 
 
+def chunk_length(target: int, total: int, masked: bool) -> int:
+    """Iterations per compiled call: ``target`` (``log_every``'s), at most the run's
+    ``total``. Where a shorter last chunk would need a program of its own (not ``masked``),
+    the largest divisor of ``total`` above ``target / 2`` if there is one: every chunk is
+    then one program, logged at most twice as often as asked."""
+    chunk = min(max(1, target), total)
+    if masked:
+        return chunk
+    return next((d for d in range(chunk, chunk // 2, -1) if total % d == 0), chunk)
+
+
 def train_fused(ctx: RunContext, make_train: Callable[[Any, VmapEnv], FusedTrainer]) -> TrainResult:
     """Train ``num_seeds`` agents as one program: vmap over seeds when there are several."""
     cfg, seeds = ctx.cfg, ctx.cfg.num_seeds
@@ -293,15 +304,15 @@ def train_fused(ctx: RunContext, make_train: Callable[[Any, VmapEnv], FusedTrain
     ctx.run_monitor.compiling()
     trainer = make_train(cfg, make_vmap_env(ctx.task, cfg.task, cfg.num_envs))
     policy_params = jax.jit(trainer.policy_params)
-    chunk = min(
-        max(1, math.ceil(cfg.log_every / trainer.steps_per_iteration)), trainer.total_iterations
-    )
     # XLA:CPU compiles a loop with a traced bound (masked_scan) as fast as a fixed-length
     # scan, so there one program runs every chunk, a shorter last one included (a second
     # program for it cost 0.4-6 s of compilation). XLA:GPU took 3x as long over it (PPO's
-    # chunk on an H200: 27.9 s against 8.6 s), more than a second program costs: there a
-    # shorter last chunk gets a fixed-length program of its own.
+    # chunk on an H200: 27.9 s against 8.6 s), more than a second program costs: there
+    # the chunk divides the run where it can, else a shorter last chunk gets a fixed-length
+    # program of its own.
     masked = jax.default_backend() == "cpu"
+    target = math.ceil(cfg.log_every / trainer.steps_per_iteration)
+    chunk = chunk_length(target, trainer.total_iterations, masked)
     compiled: dict[int, Callable[[Any, Any], tuple[Any, Any]]] = {}
 
     def run(state: Any, iterations: int) -> tuple[Any, Any]:

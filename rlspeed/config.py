@@ -169,6 +169,13 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(
             "env", engine.name, f"one of {', '.join(fits)} (task={task.name} has no JAX version)"
         )
+    if engine.max_envs is not None and cfg.num_envs > (most := engine.max_envs()):
+        raise ConfigError(
+            "num_envs",
+            cfg.num_envs,
+            f"at most {most:,} on env={engine.name} (a process each: as many as this "
+            "machine's memory and its open-file and process limits allow)",
+        )
     task.validate(cfg.task)
     algo.validate(cfg.algo, cfg)
     try:

@@ -113,6 +113,25 @@ BAD = [
         ["algo=vpg", "task=cartpole", "num_envs=1000000000", "total_steps=2000000000"],
         ["invalid num_envs=1000000000: expected a size that fits in memory"],
     ),
+    # Passes over a batch: each a whole batch's work, PPO's orders of the batch kept.
+    (
+        ["algo=ppo", "task=cartpole", "algo.update_epochs=100000000"],
+        ["invalid algo.update_epochs=100000000: expected an integer in [1, 1,000]"],
+    ),
+    (
+        ["algo=vpg", "task=cartpole", "algo.value_iterations=100000000"],
+        ["invalid algo.value_iterations=100000000: expected an integer in [1, 1,000]"],
+    ),
+    (
+        ["algo=ppo", "task=cartpole", "algo.update_epochs=1000", "num_envs=100000"]
+        + ["algo.num_steps=1000", "algo.num_minibatches=1", "total_steps=100000000"],
+        ["invalid algo.update_epochs=1000: expected at most", "for batches of 100,000,000"],
+    ),
+    # A process per env: 10,000 of them would exhaust memory and the process table.
+    (
+        ["env=gym-async", "num_envs=10000", "total_steps=20000"],
+        ["invalid num_envs=10000: expected at most", "on env=gym-async (a process each"],
+    ),
     # folders rlspeed or Hydra would create
     (["hydra.run.dir=/proc/rlspeed/run"], ["invalid hydra.run.dir=/proc/rlspeed/run: expected"]),
     (

@@ -15,12 +15,17 @@ from rlspeed.algos.schedule import updates_in_run
 from rlspeed.errors import ConfigError
 from rlspeed.registry import ENGINES, TASKS
 
+# CleanRL's PPO takes 4-10 epochs per batch, VPG setups tens of value steps.
+MAX_PASSES = 1_000
 # Range name -> (the test a hyperparameter must pass, what is allowed, as the error says it).
 # The tests are False for NaN, and the open ones bound inf out: a rate or a noise scale of
 # inf or nan would train on garbage.
 RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "count": (lambda value: value >= 1, "an integer >= 1"),
     "steps": (lambda value: value >= 0, "an integer >= 0"),
+    # Passes over one batch (PPO's epochs, VPG's value steps): each costs a whole batch's
+    # work, and their bookkeeping (PPO's permutations, the losses) grows with the count.
+    "passes": (lambda value: 1 <= value <= MAX_PASSES, f"an integer in [1, {MAX_PASSES:,}]"),
     "unit": (lambda value: 0.0 <= value <= 1.0, "a number in [0, 1]"),
     # A step size or a Polyak factor: 0 would never move anything.
     "step": (lambda value: 0.0 < value <= 1.0, "a number in (0, 1]"),
@@ -29,7 +34,7 @@ RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "off_at_zero": (lambda value: 0 <= value < math.inf, "a finite number >= 0 (0 turns it off)"),
     "finite": (math.isfinite, "a finite number"),
 }
-# A stored transition's bytes besides its two observations (action, reward, done flag),
+# A stored transition's bytes besides its observation (action, reward, done flag),
 # rounded up to cover every task's action space (HalfCheetah: 6 float32s).
 TRANSITION_EXTRA_BYTES = 64
 # Copies of each network weight a learner holds: the weight, its gradient and Adam's two
@@ -67,7 +72,7 @@ def check_network_memory(cfg: Any) -> None:
     WEIGHT_COPIES times (the weight, its gradient, Adam's two moments). Last in a check: the
     input width may load the task's env module."""
     algo = cfg.algo
-    weights = network_weights(cfg) * _agents(cfg)
+    weights = network_weights(cfg) * agents_at_once(cfg)
     needed, available = 4 * WEIGHT_COPIES * weights, physical_memory()
     if needed > available:
         raise ConfigError(
@@ -122,7 +127,7 @@ def check_memory(cfg: Any, *stores: tuple[str, int]) -> None:
     """
     parts = [("num_envs", cfg.num_envs), *stores]
     transition = TASKS.get(cfg.task.name).observation_bytes(cfg.task) + TRANSITION_EXTRA_BYTES
-    agents = _agents(cfg)
+    agents = agents_at_once(cfg)
     transitions = agents * sum(count for _, count in parts)
     needed, available = transitions * transition, physical_memory()
     if needed > available:
@@ -137,7 +142,7 @@ def check_memory(cfg: Any, *stores: tuple[str, int]) -> None:
         )
 
 
-def _agents(cfg: Any) -> int:
+def agents_at_once(cfg: Any) -> int:
     """Agents in memory at once: the fused jax-vmap path holds every seed's."""
     return cfg.num_seeds if ENGINES.get(cfg.env.name).needs_functional_env else 1
 

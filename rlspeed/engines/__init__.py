@@ -41,3 +41,5 @@ class EngineSpec:
     needs_functional_env: bool
     # (task spec, task config, engine config, num_envs, seed) -> Engine
     make: Callable[[Any, Any, Any, int, int], Engine]
+    # The most envs this machine can run on the engine (None: num_envs' memory check alone).
+    max_envs: Callable[[], int] | None = None

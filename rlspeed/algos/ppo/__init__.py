@@ -18,10 +18,12 @@ from typing import Any
 
 from rlspeed.algos import (
     AlgoSpec,
+    agents_at_once,
     check_hidden_sizes,
     check_memory,
     check_network_memory,
     check_ranges,
+    physical_memory,
 )
 from rlspeed.errors import ConfigError
 
@@ -85,7 +87,8 @@ def batches_in_run(algo: Any, cfg: Any) -> int:
 def validate(algo: Any, cfg: Any) -> None:
     check_ranges(
         algo,
-        count=("num_steps", "update_epochs", "num_minibatches"),
+        count=("num_steps", "num_minibatches"),
+        passes=("update_epochs",),
         unit=("gamma", "gae_lambda"),
         positive=("learning_rate", "clip_coef"),
         off_at_zero=("ent_coef", "max_grad_norm"),
@@ -105,6 +108,15 @@ def validate(algo: Any, cfg: Any) -> None:
         )
     # A batch holds num_steps transitions of every env.
     check_memory(cfg, ("algo.num_steps", batch))
+    # Every pass's order of the batch is drawn at once: 8-byte indices on torch.
+    most = physical_memory() // (8 * batch * agents_at_once(cfg))
+    if algo.update_epochs > most:
+        raise ConfigError(
+            "algo.update_epochs",
+            algo.update_epochs,
+            f"at most {most:,} for batches of {batch:,} (each pass's order of the batch is "
+            "kept: more do not fit in this machine's memory)",
+        )
     check_network_memory(cfg)
 
 

@@ -49,7 +49,8 @@ class VPGConfig:
 def validate(algo: Any, cfg: Any) -> None:
     check_ranges(
         algo,
-        count=("num_steps", "value_iterations"),
+        count=("num_steps",),
+        passes=("value_iterations",),
         unit=("gamma", "gae_lambda"),
         positive=("policy_lr", "value_lr"),
         off_at_zero=("ent_coef", "max_grad_norm"),

@@ -507,7 +507,24 @@ def load_pytree(template: Any, path: Path, agents: int = 1) -> Any:
 
     if agents > 1:
         template = jax.tree.map(lambda x: jnp.stack([x] * agents), template)
-    return flax.serialization.from_bytes(template, Path(path).read_bytes())
+    restored = flax.serialization.from_bytes(template, Path(path).read_bytes())
+    # from_bytes takes each array's shape from the file, whatever the template's.
+    for (where, want), got in zip(
+        jax.tree_util.tree_leaves_with_path(template), jax.tree.leaves(restored), strict=True
+    ):
+        name = jax.tree_util.keystr(where, simple=True, separator="/")
+        check_shape(name, np.shape(got), np.shape(want))
+    return restored
+
+
+def check_shape(name: str, saved: tuple[int, ...], built: tuple[int, ...]) -> None:
+    """Raise ValueError if a saved array's shape is not the one its run's config builds
+    (an agent file of a run with another grid size, hidden sizes, ... in the folder)."""
+    if tuple(saved) != tuple(built):
+        raise ValueError(
+            f"the shapes differ: {name} has shape {tuple(saved)} in the file, its config.yaml "
+            f"makes {tuple(built)}"
+        )
 
 
 # ---------------------------------------------------------------- mode=eval / resume keys

@@ -39,7 +39,6 @@ def _task(cfg: DictConfig) -> float:
     from rlspeed.sweep import exit_if_sweep_gone, stop_with_sweep
 
     secrets.install()  # a job in a process of its own (hydra/launcher=joblib, submitit)
-    _mask_hydra_files()
     if HydraConfig.get().mode == RunMode.MULTIRUN:
         stop_with_sweep()
     try:
@@ -55,33 +54,6 @@ def _task(cfg: DictConfig) -> float:
         sys.exit(1)
     finally:
         exit_if_sweep_gone()
-
-
-def _mask_hydra_files() -> None:
-    """Mask the passwords in the files Hydra wrote as the job started (the job's config,
-    Hydra's and the overrides in ``.hydra/``; a sweep's ``multirun.yaml``): they hold the
-    command line's URLs as given."""
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
-    from rlspeed.checkpoint import atomic_write
-    from rlspeed.secrets import mask
-
-    hydra = HydraConfig.get()
-    files = []
-    if hydra.output_subdir is not None:
-        folder = Path(hydra.runtime.output_dir) / hydra.output_subdir
-        files += [folder / name for name in ("config.yaml", "hydra.yaml", "overrides.yaml")]
-    if hydra.mode == RunMode.MULTIRUN:
-        files.append(Path(hydra.sweep.dir) / "multirun.yaml")
-    for path in files:
-        try:
-            text = path.read_text()
-        except FileNotFoundError:  # written by another launcher, or not at all
-            continue
-        masked = mask(text)
-        if masked != text:
-            atomic_write(path, lambda file, masked=masked: file.write(masked.encode()))
 
 
 # Config groups that are rlspeed's own plumbing, not choices for users: the typed schemas
@@ -101,6 +73,19 @@ def _config_groups() -> str:
             continue
         lines.append(f"  {group}: {', '.join(sorted(loader.get_group_options(group)))}")
     return "\n".join(lines)
+
+
+def _stack(_root_: DictConfig) -> str:
+    """``<backend>_<env>_<algo>_<task>`` of the run, for its folder's name (the
+    ``${rlspeed_stack:}`` of ``hydra.run.dir``); with ``mode=eval``, ``eval_`` and those of
+    the run that saved the checkpoint, which is what is evaluated (its config.yaml is read
+    and checked by then: rlspeed.checkpoint.check_modes)."""
+    cfg, prefix = _root_, ""
+    if cfg.mode == "eval":
+        from rlspeed.checkpoint import agent_files, saved_config
+
+        cfg, prefix = saved_config(agent_files(cfg.checkpoint)[0].parent), "eval_"
+    return prefix + "_".join(str(cfg[group].name) for group in ("backend", "env", "algo", "task"))
 
 
 def _version() -> str:
@@ -123,6 +108,7 @@ def check_command_line(argv: list[str]) -> None:
     showing_help = not {"--help", "-h"}.isdisjoint(argv)
     groups = _config_groups if showing_help else str
     OmegaConf.register_new_resolver("rlspeed_config_groups", groups, replace=True)
+    OmegaConf.register_new_resolver("rlspeed_stack", _stack, replace=True)
     preflight(argv, CONF_DIR)
 
 
@@ -137,6 +123,8 @@ def main() -> None:
         # Hydra prints the command line's overrides (--cfg, a failed job's line) and logs
         # them (a sweep's jobs): passwords in URLs are masked in all that.
         secrets.install()
+        # Nor do the configs Hydra writes and pickles hold them: Hydra never sees them.
+        sys.argv[1:] = secrets.hide_in_arguments(sys.argv[1:])
 
         # Ctrl-C and SIGTERM stop the command wherever they land with one line (a signal the
         # caller ignores, as a shell does SIGINT for a background job, stays ignored).

@@ -14,7 +14,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from rlspeed.errors import ConfigError, StoreUnreachable
 from rlspeed.registry import ALGOS, BACKENDS, ENGINES, TASKS, TRACKERS
-from rlspeed.secrets import mask, mask_value
+from rlspeed.secrets import mask, mask_value, reveal
 
 
 @dataclass
@@ -299,7 +299,8 @@ def unreachable(database_url: str, timeout_s: int = 5) -> str | None:
     from sqlalchemy import create_engine
     from sqlalchemy.exc import SQLAlchemyError
 
-    engine = create_engine(database_url, connect_args={"connect_timeout": timeout_s})
+    url = reveal(database_url)
+    engine = create_engine(url, connect_args={"connect_timeout": timeout_s})
     try:
         with engine.connect():
             return None

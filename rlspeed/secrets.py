@@ -4,13 +4,19 @@ rlspeed takes URLs that may hold a password (``tracking.uri``, ``MLFLOW_TRACKING
 ``hydra.sweeper.storage``, the ``trial.storage`` the Optuna sweeper hands its jobs). The
 process that connects needs the password; everything shown or stored gets it as
 ``user:***@host`` instead: ``mask`` for a string (a URL, or a line or file holding one),
-``install`` for everything the process logs and prints. A password can stay out of the
-command line altogether: see README, "Passwords".
+``install`` for everything the process logs and prints. ``hide_in_arguments`` takes the
+passwords off the command line before Hydra reads it, so that no config Hydra writes or
+hands a launcher (``.hydra/``, ``multirun.yaml``, submitit's job pickles) holds one; the
+processes of the command and its jobs get them back from the environment (``reveal``)
+where they connect. A password can stay out of the command line altogether: see README,
+"Passwords".
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import re
 import sys
 import urllib.parse
@@ -21,15 +27,61 @@ MASK = "***"
 # common in pasted URLs), never past the end of the authority (/, ?, #), whitespace or a
 # quote around the URL. Hydra shows an override's colons escaped (http\://user\:pw@host).
 _USERINFO = re.compile(
-    r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*\\?://[^\s/?#@:'\"\\]*\\?:)(?P<password>[^\s/?#'\"]+)@"
+    r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*\\?://(?P<user>[^\s/?#@:'\"\\]*)\\?:)"
+    r"(?P<password>[^\s/?#'\"]+)@(?P<host>[^\s/?#'\",@]*)"
 )
+# The passwords hide_in_arguments took off the command line, as JSON {"user@host": password}:
+# in the environment, which the command's jobs inherit (worker processes, SLURM jobs).
+PASSWORDS_VARIABLE = "RLSPEED_URL_PASSWORDS"
 
 
 def mask(text: str) -> str:
     """``text`` with the password of every URL in it replaced by ``***``."""
     if "://" not in text:  # the common case, without a regex
         return text
-    return _USERINFO.sub(rf"\g<head>{MASK}@", text)
+    return _USERINFO.sub(rf"\g<head>{MASK}@\g<host>", text)
+
+
+def _account(match: re.Match[str]) -> str:
+    return f"{match['user']}@{match['host']}"
+
+
+def hide_in_arguments(arguments: list[str]) -> list[str]:
+    """``arguments`` with every URL's password masked; the passwords go to the environment
+    (PASSWORDS_VARIABLE), for ``reveal``."""
+    passwords = _stored_passwords()
+    for argument in arguments:
+        if "://" in argument:
+            for match in _USERINFO.finditer(argument):
+                if match["password"] != MASK:
+                    passwords[_account(match)] = match["password"]
+    if passwords:
+        os.environ[PASSWORDS_VARIABLE] = json.dumps(passwords)
+    return [mask(argument) for argument in arguments]
+
+
+def reveal(url: str) -> str:
+    """``url`` with a masked password (``user:***@host``) put back, where this process was
+    given it (hide_in_arguments); any other URL as it is."""
+    passwords = _stored_passwords()
+    if not passwords or "://" not in url:
+        return url
+
+    def put_back(match: re.Match[str]) -> str:
+        password = passwords.get(_account(match)) if match["password"] == MASK else None
+        if password is None:
+            return match[0]
+        return f"{match['head']}{password}@{match['host']}"
+
+    return _USERINFO.sub(put_back, url)
+
+
+def _stored_passwords() -> dict[str, str]:
+    try:
+        passwords = json.loads(os.environ.get(PASSWORDS_VARIABLE, "{}"))
+    except ValueError:  # not rlspeed's: nothing to put back
+        return {}
+    return passwords if isinstance(passwords, dict) else {}
 
 
 def mask_value(value: Any) -> Any:

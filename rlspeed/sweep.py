@@ -29,6 +29,7 @@ from typing import Any
 
 from rlspeed.config import uncreatable, unreachable
 from rlspeed.errors import ConfigError, RLSpeedError
+from rlspeed.secrets import reveal
 
 log = logging.getLogger("rlspeed")
 
@@ -206,6 +207,7 @@ def open_storage(spec: str, heartbeat: tuple[int, int] | None = None) -> Any:
     database = _sqlite_path(spec)
     if database is not None:
         database.parent.mkdir(parents=True, exist_ok=True)  # SQLite creates the file only
+    spec = reveal(spec)
     beats = {}
     if heartbeat is not None:
         beats = {"heartbeat_interval": heartbeat[0], "grace_period": heartbeat[1]}

@@ -387,3 +387,49 @@ def test_resume_reads_only_the_files_its_run_writes(saved_runs, tmp_path, make_c
         run(make_cfg([*TORCH, f"resume={folder}"]))
     assert not marker.exists(), "a file the run did not write was read"
     assert (tmp_path / "again" / "metrics.json").is_file()
+
+
+def test_an_evaluation_folder_is_named_after_the_run_it_evaluates(saved_runs, tmp_path):
+    """Not after the command line's (default) backend, env, algo and task."""
+    result = run_cli(["mode=eval", f"checkpoint={saved_runs['torch']}", "tracking=none"], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (folder,) = (tmp_path / "outputs").glob("*/*")
+    assert folder.name.endswith("_eval_torch_gym-sync_qlearn_gridworld"), folder.name
+
+
+def _other_grid_size(folder: Path) -> None:
+    config = folder / "config.yaml"
+    config.write_text(config.read_text().replace("  size: 5\n", "  size: 7\n"))
+
+
+@pytest.mark.parametrize("kind", ["torch", "flax"])
+def test_a_q_table_of_another_grid_size_is_one_line(kind, saved_runs, tmp_path):
+    """A run folder whose agent file a run on another grid size wrote (here: its config
+    says size 7, its Q-table has GridWorld 5x5's 25 states) is refused, not scored."""
+    shutil.copytree(saved_runs[kind], tmp_path / "run")
+    _other_grid_size(tmp_path / "run")
+    result = run_cli(["mode=eval", "checkpoint=run", "tracking=none"], tmp_path)
+    assert_one_line_error(
+        result,
+        "rlspeed: invalid checkpoint=run: expected agent files that a run of its algo=qlearn",
+        "the shapes differ: q_table has shape (25, 4) in the file, its config.yaml makes (49, 4)",
+    )
+    assert not (tmp_path / "outputs").exists()
+
+
+@pytest.mark.slow
+def test_a_flax_network_of_other_hidden_sizes_is_one_line(tmp_path, make_cfg):
+    """flax's reader takes each array's shape from the file: the shapes are checked."""
+    from rlspeed.run import run
+
+    args = ["algo=dqn", "task=gridworld", "backend=flax", "env=jax-vmap", "num_envs=2"]
+    args += ["total_steps=400", "algo.learning_starts=100", "algo.buffer_size=500"]
+    args += ["algo.hidden_sizes=[16]", "log_every=200", "tracking=none", "progress=none"]
+    (tmp_path / "run").mkdir()
+    with contextlib.chdir(tmp_path / "run"):  # an in-process run writes where it is
+        run(make_cfg(args))
+    config = tmp_path / "run" / "config.yaml"
+    config.write_text(config.read_text().replace("  - 16\n", "  - 32\n"))
+    result = run_cli(["mode=eval", "checkpoint=run", "tracking=none"], tmp_path)
+    assert_one_line_error(result, "invalid checkpoint=run: ", "the shapes differ: ", "(32,)")
+    assert not (tmp_path / "outputs").exists()

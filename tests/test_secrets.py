@@ -7,6 +7,11 @@ loopback through a URI with a password, and then every file they left is searche
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import http.server
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import optuna
@@ -15,7 +20,14 @@ from mlflow.tracking import MlflowClient
 
 from rlspeed.config import flatten, to_yaml
 from rlspeed.errors import ConfigError, RLSpeedError
-from rlspeed.secrets import mask, mask_value, split_credentials
+from rlspeed.secrets import (
+    PASSWORDS_VARIABLE,
+    hide_in_arguments,
+    mask,
+    mask_value,
+    reveal,
+    split_credentials,
+)
 from rlspeed.sweep import open_storage
 from rlspeed.tracking.mlflow import make_tracker, server_credentials
 from tests.conftest import SMALL, assert_one_line_error, free_port, run_cli
@@ -55,6 +67,61 @@ def test_mask_value_and_split_credentials():
     assert mask_value(value) == masked
     assert split_credentials("https://u%40x:p%3Aw@host:8/p") == ("https://host:8/p", "u@x", "p:w")
     assert split_credentials("https://host:8/p") == ("https://host:8/p", None, None)
+
+
+def test_passwords_taken_off_the_command_line_come_back_where_a_process_connects(monkeypatch):
+    monkeypatch.delenv(PASSWORDS_VARIABLE, raising=False)
+    arguments = [
+        f"tracking.uri=http://user:{PASSWORD}@mlflow:5000",
+        f"hydra.sweeper.storage=postgresql://rl:p@{PASSWORD}@db:5432/optuna",
+        "seed=1",
+    ]
+    hidden = hide_in_arguments(arguments)
+    assert hidden == [
+        "tracking.uri=http://user:***@mlflow:5000",
+        "hydra.sweeper.storage=postgresql://rl:***@db:5432/optuna",
+        "seed=1",
+    ]
+    # As the sweeper hands the storage to its jobs (with psycopg's driver) and MLflow gets it.
+    assert reveal("postgresql+psycopg://rl:***@db:5432/optuna") == (
+        f"postgresql+psycopg://rl:p@{PASSWORD}@db:5432/optuna"
+    )
+    assert reveal("http://user:***@mlflow:5000") == f"http://user:{PASSWORD}@mlflow:5000"
+    assert reveal("http://other:***@mlflow:5000") == "http://other:***@mlflow:5000"  # not given
+
+
+@contextlib.contextmanager
+def server_wanting(user: str, password: str) -> Iterator[str]:
+    """A loopback HTTP server that answers 401 unless a request carries ``user`` and
+    ``password`` (basic auth), and 503 when it does; yields its URL's ``host:port``."""
+    expected = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            authorized = self.headers.get("Authorization") == expected
+            self.send_response(503 if authorized else 401)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+
+
+def test_a_password_hidden_from_hydra_still_reaches_the_server(tmp_path):
+    with server_wanting("user", PASSWORD) as address:
+        result = run_cli([f"tracking.uri=http://user:{PASSWORD}@{address}"], cwd=tmp_path)
+    # 503 (Service Unavailable), not 401: the server got the user and password; the line
+    # shows neither.
+    refused = f"invalid tracking.uri=http://user:***@{address}"
+    assert_one_line_error(result, refused, "Service Unavailable")
+    assert PASSWORD not in result.stdout + result.stderr
+    assert not (tmp_path / "outputs").exists()
 
 
 def test_errors_never_hold_a_password():
@@ -189,3 +256,18 @@ def test_a_sweep_records_no_password_in_its_study_folders_or_mlflow(tmp_path):
     # Every file: the sweep's multirun.yaml and results, each trial's .hydra/, config.yaml,
     # rlspeed.log and metrics.json, the study's journal.
     assert _files_holding(tmp_path / "outputs", PASSWORD) == []
+
+
+@pytest.mark.slow
+def test_submitit_job_files_hold_no_password(tmp_path):
+    """hydra/launcher=submitit_local pickles the launcher's config and each job's overrides
+    and result (as submitit_slurm does) in the sweep's .submitit/ folder."""
+    uri = f"http://user:{PASSWORD}@127.0.0.1:1"  # tracking=none: not connected to
+    args = [*SWEEP, "hydra/launcher=submitit_local", "hydra.sweeper.n_trials=1"]
+    result = run_cli([*args, "tracking=none", f"tracking.uri={uri}"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    pickles = list((tmp_path / "outputs" / "multirun").glob("*/*/.submitit/*/*.pkl"))
+    assert {p.name.split("_", 1)[1] for p in pickles} == {"submitted.pkl", "0_result.pkl"}
+    assert b"user:***@127.0.0.1:1" in pickles[0].read_bytes() + pickles[1].read_bytes()
+    assert _files_holding(tmp_path / "outputs", PASSWORD) == []
+    assert PASSWORD not in result.stdout + result.stderr

@@ -20,7 +20,7 @@ from typing import Any
 
 from rlspeed.config import check_creatable, unreachable
 from rlspeed.errors import ConfigError, StoreUnreachable
-from rlspeed.secrets import mask, split_credentials
+from rlspeed.secrets import mask, reveal, split_credentials
 from rlspeed.tracking import TrackerSpec, cause
 from rlspeed.tracking._writer import Row, WriterProcess
 
@@ -54,7 +54,9 @@ MAX_EXPERIMENT_NAME = 256
 
 
 def resolve_uri(cfg: Any) -> str | None:
-    return cfg.uri or os.environ.get("MLFLOW_TRACKING_URI") or None
+    """The store's URI, its password put back where the command line had one."""
+    uri = cfg.uri or os.environ.get("MLFLOW_TRACKING_URI") or None
+    return None if uri is None else reveal(uri)
 
 
 # Where MLflow reads a server's user and password (it sends them as HTTP basic auth).

@@ -8,9 +8,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from rlspeed.algos.loops.tabular import table_shape
 from rlspeed.algos.networks.torch import from_numpy, load_checkpoint
 from rlspeed.backends.torch import device_of
-from rlspeed.checkpoint import save_torch
+from rlspeed.checkpoint import check_shape, save_torch
 from rlspeed.registry import TASKS
 from rlspeed.seeding import Stream, int_seed
 from rlspeed.tasks import Policy
@@ -101,6 +102,7 @@ class TorchQTable:
 def load_policies(cfg: Any, path: Path, obs_space: Any, action_space: Any) -> list[Policy]:
     """The greedy policy of a saved ``checkpoint.pt`` (``mode=eval``)."""
     q = load_checkpoint(path)["q_table"]
+    check_shape("q_table", q.shape, table_shape(cfg, action_space))
     tabular = TASKS.get(cfg.task.name).tabular
 
     def greedy(obs: np.ndarray) -> np.ndarray:

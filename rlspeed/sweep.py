@@ -333,6 +333,9 @@ class TrialReporter:
     def __init__(self, trial: Any, total_steps: int) -> None:
         self.trial = trial
         self.total_steps = total_steps
+        # Set once the study's storage could not record a report (a full disk under its
+        # journal): the run trains on, unpruned, and keeps its results in its folder.
+        self.unrecorded = False
 
     @classmethod
     def attach(cls, cfg: Any) -> TrialReporter | None:
@@ -372,6 +375,8 @@ class TrialReporter:
         """Record ``score`` at env step ``step``; stop the run if the pruner says so."""
         import optuna
 
+        if self.unrecorded:
+            return
         try:
             self.trial.report(study_value(score), step)
         except optuna.exceptions.UpdateFinishedTrialError:
@@ -380,6 +385,16 @@ class TrialReporter:
                 f"rlspeed: trial {self.trial.number} is no longer running in its study "
                 "(its sweep stopped and another sweep marked it FAIL): this run stops"
             ) from None
+        except OSError as error:
+            self.unrecorded = True
+            log.warning(
+                "rlspeed: trial %d: the study's storage could not record its score at step "
+                "%s (%s): the run goes on unpruned and keeps its results in its folder",
+                self.trial.number,
+                f"{step:,}",
+                error.strerror or error,
+            )
+            return
         # The last evaluation is the trial's result: nothing is left to save by stopping.
         if step < self.total_steps and self.trial.should_prune():
             raise optuna.TrialPruned(f"pruned at step {step:,} (score {score:.4f})")

@@ -8,6 +8,9 @@ steps: the objective hardly matters here, the storage does.
 
 from __future__ import annotations
 
+import json
+import resource
+import signal
 import sqlite3
 import subprocess
 import time
@@ -26,7 +29,7 @@ from hydra_plugins.rlspeed_optuna_sweeper._trials import (
     process_owner,
 )
 from rlspeed.sweep import open_storage
-from tests.conftest import run_cli
+from tests.conftest import run_cli, start_cli
 
 STUDY = "faults"
 SWEEP = [
@@ -161,6 +164,46 @@ def test_a_journal_cut_short_by_a_full_disk_resumes(tmp_path):
     assert [t.state.name for t in after] == ["COMPLETE", "FAIL", "COMPLETE"]
     assert [(t.params, t.values) for t in after[:2]] == [before[0], (before[1][0], None)]
     assert journal.read_bytes().startswith(data[: len(data) - len(last)])
+
+
+@pytest.mark.slow
+def test_a_full_disk_under_the_journal_stops_the_sweep_in_one_line_keeping_the_trial(tmp_path):
+    """The journal may grow only ~1 kB past its start (RLIMIT_FSIZE, SIGXFSZ ignored: writes
+    fail with EFBIG as on a full disk): enough to ask for trial 0, not for its reports nor
+    its result. The run trains on unpruned and keeps its results; the sweep stops with one
+    line naming what the study lacks and where it is. The same command again repairs the
+    journal and goes on."""
+    journal = tmp_path / "outputs" / "optuna" / f"{STUDY}.journal"
+    storage = open_storage(str(journal))
+    study = optuna.create_study(study_name=STUDY, storage=storage, direction="maximize")
+    # Past the largest file a trial writes (its curve, ~35 kB), which the limit must not stop.
+    study.set_user_attr("padding", "x" * 60_000)
+    limit = journal.stat().st_size + 1100
+
+    def small_files() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    args = [*SWEEP, "hydra.sweeper.n_trials=2", "log_every=250", "eval_every=250"]
+    with start_cli(args, tmp_path, preexec_fn=small_files) as sweep:
+        out, err = sweep.communicate(timeout=300)
+    assert sweep.returncode == 1, err[-3000:]
+    (trial_dir,) = (tmp_path / "outputs" / "multirun").glob("*/*/0_*")
+    assert err.splitlines() == [
+        f"rlspeed: sweep stopped: the study's storage {journal} could not record trial 0's "
+        f"result (its run's results are in {trial_dir}) (File too large); free some space "
+        "and run the same command again"
+    ]
+    assert "could not record its score at step 250" in out  # the run's report
+    metrics = json.loads((trial_dir / "metrics.json").read_text())
+    assert metrics["status"] == "FINISHED" and metrics["env_steps"] == 500
+    assert (trial_dir / "checkpoint.pt").is_file()
+
+    again = run_cli(args, cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "ended with a record cut short" in again.stdout + again.stderr
+    # Trial 0's sweep is gone: FAIL in the study (its results stay in its folder).
+    assert _states(str(journal)) == ["FAIL", "COMPLETE"]
 
 
 def test_trials_beyond_n_trials_in_the_order_asked_are_surplus():

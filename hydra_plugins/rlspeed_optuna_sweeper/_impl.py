@@ -238,8 +238,11 @@ class OptunaSweeperImpl:
                     warnings.filterwarnings("ignore", "Heartbeat of storage is supposed")
                     remaining = node.n_trials - len(counted(study.get_trials(deepcopy=False)))
                     for _ in range(min(node.n_jobs, remaining)):
-                        pending.append(study.ask(fixed_distributions=setup.space.distributions))
-                        keeper.claim(pending[-1])
+                        try:
+                            pending.append(study.ask(fixed_distributions=setup.space.distributions))
+                            keeper.claim(pending[-1])
+                        except OSError as error:
+                            raise _unwritable(storage_spec, error, "a new trial") from None
                 if not pending:
                     break
                 trials = study.get_trials(deepcopy=False)
@@ -281,14 +284,18 @@ class OptunaSweeperImpl:
                     returns.append(results)
                     for (trial, _), ret in zip(launch, results, strict=True):
                         keeper.release(trial)
-                        failed += self._record(study, trial, ret, setup)
+                        try:
+                            failed += self._record(study, trial, ret, setup)
+                        except OSError as error:
+                            raise _unwritable(storage_spec, error, _result_of(trial, ret)) from None
                         pending.remove(trial)
                         ran += 1
             finally:
                 # Interrupted (Ctrl-C) or broken: trials of this batch can no longer finish.
                 for trial in pending:
                     keeper.release(trial)
-                    with contextlib.suppress(ValueError):  # unless it was told meanwhile
+                    # Unless it was told meanwhile, or the storage cannot record it (a full disk).
+                    with contextlib.suppress(ValueError, OSError):
                         _tell(study, trial, state=TrialState.FAIL)
             stale = keeper.fail_stale()  # other sweeps' trials that will not finish
             if parent is not None:
@@ -343,6 +350,22 @@ class OptunaSweeperImpl:
         _tell(study, trial, state=TrialState.FAIL)
         log.warning("Trial %d: FAIL: %s", trial.number, reason)
         return 1
+
+
+def _unwritable(storage_spec: str, error: OSError, what: str) -> RLSpeedError:
+    """The sweep's last line when its study's storage takes no more writes (a full disk
+    under a journal): going on would lose every later trial's result too."""
+    return RLSpeedError(
+        f"rlspeed: sweep stopped: the study's storage {storage_spec} could not record {what} "
+        f"({error.strerror or error}); free some space and run the same command again"
+    )
+
+
+def _result_of(trial: Any, ret: JobReturn) -> str:
+    """A trial's outcome, and where its run keeps it, for ``_unwritable``."""
+    output_dir = None if ret.hydra_cfg is None else ret.hydra_cfg.hydra.runtime.output_dir
+    outcome = "result" if ret.status == JobStatus.COMPLETED else "failure"
+    return f"trial {trial.number}'s {outcome} (its run's results are in {output_dir})"
 
 
 def _tracking_errors(output_dir: Path) -> list[str]:

@@ -6,6 +6,7 @@ when a sweep actually runs.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from hydra.plugins.sweeper import Sweeper
@@ -54,7 +55,14 @@ class OptunaSweeper(Sweeper):
         self.launcher = self._impl.launcher
 
     def sweep(self, arguments: list[str]) -> Any:
-        return self._impl.sweep(arguments, legal=lambda overrides: self._legal(overrides))
+        from rlspeed.errors import RLSpeedError
+
+        try:
+            return self._impl.sweep(arguments, legal=lambda overrides: self._legal(overrides))
+        except RLSpeedError as error:
+            # One line, exit 1: Hydra would add a line on HYDRA_FULL_ERROR after it.
+            print(error, file=sys.stderr)
+            sys.exit(1)
 
     def _legal(self, overrides: list[str]) -> None:
         self.validate_batch_is_legal([overrides])

@@ -301,3 +301,26 @@ def test_preempted_trial_job_is_requeued_and_continues(
     steps = [point.step for point in history]
     assert steps == sorted(set(steps)) and steps[-1] == total, steps
     assert "Trial 0: COMPLETE" in output
+
+
+def test_no_password_reaches_the_files_of_a_sweep_or_its_jobs(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """A password in hydra.sweeper.storage and tracking.uri (the cluster's PostgreSQL trusts
+    loopback, its MLflow server asks for none: any password connects) is in no file the
+    sweep, its SLURM job and submitit leave (the job's pickles included), nor in its output."""
+    password = "pw-on-the-command-line"
+    storage = cluster.optuna_url.replace("://rlspeed@", f"://rlspeed:{password}@")
+    uri = cluster.mlflow_uri.replace("://", f"://user:{password}@")
+    args = [
+        a
+        for a in sweep_args(cluster, "secrets", 1)
+        if not a.startswith(("hydra.sweeper.storage=", "tracking.uri="))
+    ]
+    args += [f"hydra.sweeper.storage={storage}", f"tracking.uri={uri}"]
+    output = finish(start_worker(cluster, tmp_path, args))
+    assert [t.state.name for t in trials(cluster, "secrets")] == ["COMPLETE"]
+    assert list(tmp_path.glob("outputs/multirun/*/*/.submitit/*/*_submitted.pkl"))
+    assert password not in output
+    held = [p for p in tmp_path.rglob("*") if p.is_file() and password.encode() in p.read_bytes()]
+    assert held == []

@@ -10,6 +10,7 @@ before its first job rather than as a failed trial.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from collections.abc import Callable
@@ -19,7 +20,7 @@ from hydra import compose, initialize_config_dir
 from hydra._internal.utils import get_args_parser
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.override_parser.types import IntervalSweep, Override
+from hydra.core.override_parser.types import IntervalSweep, Override, RangeSweep
 from hydra.errors import ConfigCompositionException, HydraException, MissingConfigException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
@@ -30,6 +31,13 @@ from rlspeed.config import check_creatable, validate
 from rlspeed.errors import ConfigError, RLSpeedError
 
 EXIT_BAD_INPUT = 2
+
+
+# A basic sweep (a,b and range()) launches every combination of its values: more jobs than
+# this is a runaway range or a typo.
+MAX_SWEEP_JOBS = 10_000
+# A range of up to this many values has each checked (~10 ms each), a longer one its ends.
+CHECKED_RANGE_VALUES = 100
 
 
 def _parse(overrides: list[str]) -> list[Override]:
@@ -107,16 +115,37 @@ def _check_launcher(full: DictConfig) -> None:
         raise ConfigError("hydra.launcher.n_jobs", n_jobs, allowed)
 
 
-def _variants(parsed: list[Override]) -> list[list[str]]:
+def _sweep_values(override: Override) -> tuple[list[str], int]:
+    """The values of a discrete sweep to check, and how many it has: every choice of
+    ``a,b`` and every value of a short ``range()``; a long one's first and last (composing
+    each of its values would take minutes), counted without listing them
+    (``range(0, 10**10)`` would take all memory)."""
+    sweep = override.value()
+    if not isinstance(sweep, RangeSweep):
+        values = list(override.sweep_string_iterator())
+        return values, len(values)
+    start, stop, step = sweep.start, sweep.stop, sweep.step
+    if all(isinstance(x, int) for x in (start, stop, step)) and step:
+        count = len(range(start, stop, step))
+    else:
+        count = max(0, math.ceil((stop - start) / step)) if step else 0
+    if count <= CHECKED_RANGE_VALUES:
+        return list(override.sweep_string_iterator()), count
+    return [str(start), str(start + step * (count - 1))], count
+
+
+def _variants(parsed: list[Override]) -> tuple[list[list[str]], int]:
     """Override lists that together try every value of the discrete sweeps (``a,b``,
-    ``range()``) at least once, one key at a time."""
+    ``range()``: see _sweep_values) at least once, one key at a time; and the number of
+    jobs Hydra's basic sweeper makes of them (every combination)."""
     choices: list[list[str]] = []
+    jobs = 1
     for override in parsed:
         if not override.is_sweep_override():
             choices.append([override.input_line])
             continue
         try:
-            values = list(override.sweep_string_iterator())
+            values, count = _sweep_values(override)
         except Exception:  # interval(): only the Optuna sweeper samples it (see _check_sweep)
             continue
         if not values:
@@ -126,12 +155,13 @@ def _variants(parsed: list[Override]) -> list[list[str]]:
             )
         key = override.get_key_element()
         choices.append([f"{key}={value}" for value in values])
+        jobs *= count
     base = [options[0] for options in choices]
     variants = [base]
     for i, options in enumerate(choices):
         for option in options[1:]:
             variants.append(base[:i] + [option] + base[i + 1 :])
-    return variants
+    return variants, jobs
 
 
 def _check_mode(full: DictConfig, parsed: list[Override], multirun: bool) -> None:
@@ -234,7 +264,7 @@ def preflight(argv: list[str], conf_dir: str) -> None:
         parsed = _parse(overrides)
         with initialize_config_dir(config_dir=conf_dir, version_base=None):
             _check_overrides(parsed)
-            variants = _variants(parsed)
+            variants, jobs = _variants(parsed)
 
             def compose_job(job_overrides: list[str]) -> DictConfig:
                 return compose(config_name=config_name, overrides=[*job_overrides, *searchpath])
@@ -249,12 +279,19 @@ def preflight(argv: list[str], conf_dir: str) -> None:
             if not showing:
                 _check_mode(full, parsed, multirun)
             _check_forced_keys(parsed, compose_job, variants[0])
+            optuna = full.hydra.sweeper.get("_target_") == SWEEPER_TARGET
+            if multirun and not optuna and jobs > MAX_SWEEP_JOBS:
+                sweeps = " ".join(o.input_line for o in parsed if o.is_sweep_override())
+                raise RLSpeedError(
+                    f"rlspeed: invalid sweep {sweeps}: it makes {jobs:,} jobs, expected at "
+                    f"most {MAX_SWEEP_JOBS:,} (Hydra lists every job before the first starts)"
+                )
             if multirun:
                 _check_launcher(full)
             for variant in variants:
                 validate(compose_job(variant))
             if not showing:
-                if full.hydra.sweeper.get("_target_") == SWEEPER_TARGET:
+                if optuna:
                     _check_sweep(full, overrides, compose_job)
                 _check_output_dir(full, multirun)
     except RLSpeedError as error:

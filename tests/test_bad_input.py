@@ -113,6 +113,15 @@ BAD = [
         ["algo=vpg", "task=cartpole", "num_envs=1000000000", "total_steps=2000000000"],
         ["invalid num_envs=1000000000: expected a size that fits in memory"],
     ),
+    (
+        ["algo.hidden_sizes=[[1]]"],
+        ["invalid algo.hidden_sizes=[[1]]: expected a non-empty list of integers >= 1"],
+    ),
+    # A runaway range: 10**10 jobs, which listing alone would take all memory for.
+    (
+        ["-m", "seed=range(0,10000000000)"],
+        ["invalid sweep seed=range(0,10000000000): it makes 10,000,000,000 jobs, expected at"],
+    ),
     # Passes over a batch: each a whole batch's work, PPO's orders of the batch kept.
     (
         ["algo=ppo", "task=cartpole", "algo.update_epochs=100000000"],

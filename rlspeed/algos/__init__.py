@@ -53,10 +53,11 @@ def check_ranges(algo: Any, **keys_by_range: tuple[str, ...]) -> None:
 
 
 def check_hidden_sizes(algo: Any) -> None:
-    if not algo.hidden_sizes or min(algo.hidden_sizes) < 1:
-        raise ConfigError(
-            "algo.hidden_sizes", list(algo.hidden_sizes), "a non-empty list of integers >= 1"
-        )
+    sizes = list(algo.hidden_sizes)
+    # The schema's list[int] lets a nested list ([[1]]) through.
+    if not sizes or not all(type(size) is int and size >= 1 for size in sizes):
+        shown = OmegaConf.to_container(algo.hidden_sizes)
+        raise ConfigError("algo.hidden_sizes", shown, "a non-empty list of integers >= 1")
 
 
 def network_weights(cfg: Any) -> int:

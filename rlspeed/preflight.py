@@ -106,13 +106,36 @@ def _check_forced_keys(parsed: list[Override], compose_job: Callable, variant: l
             )
 
 
+# The submitit launchers' counts and their least values (null: SLURM's default): past them
+# submitit fails as the first job is submitted or collected, with a traceback.
+SUBMITIT_MINIMUMS = {
+    "timeout_min": 1,
+    "nodes": 1,
+    "tasks_per_node": 1,
+    "cpus_per_task": 1,
+    "gpus_per_node": 0,
+    "mem_gb": 1,
+    "array_parallelism": 1,
+    "signal_delay_s": 0,
+    "max_num_timeout": 0,
+}
+
+
 def _check_launcher(full: DictConfig) -> None:
-    """Jobs in parallel (hydra/launcher=joblib): each trains on its own cores."""
-    n_jobs = OmegaConf.select(full, "hydra.launcher.n_jobs")
+    """Jobs in parallel (hydra/launcher=joblib): each trains on its own cores. The
+    submitit launchers' counts: within their ranges."""
+    launcher = full.hydra.launcher
+    n_jobs = launcher.get("n_jobs")
     cores = os.cpu_count() or 1
     if n_jobs is not None and not (1 <= n_jobs <= cores or n_jobs == -1):
         allowed = f"an integer in [1, {cores}] (this machine's cores), or -1 (one job per core)"
         raise ConfigError("hydra.launcher.n_jobs", n_jobs, allowed)
+    if "submitit" not in str(launcher.get("_target_", "")):
+        return
+    for key, least in SUBMITIT_MINIMUMS.items():
+        value = launcher.get(key)
+        if value is not None and value < least:
+            raise ConfigError(f"hydra.launcher.{key}", value, f"an integer >= {least}")
 
 
 def _sweep_values(override: Override) -> tuple[list[str], int]:

@@ -117,6 +117,11 @@ BAD = [
         ["algo.hidden_sizes=[[1]]"],
         ["invalid algo.hidden_sizes=[[1]]: expected a non-empty list of integers >= 1"],
     ),
+    # Submitit accepted it and failed collecting the first job's result, with a traceback.
+    (
+        ["-m", "seed=1,2", "hydra/launcher=submitit_local", "hydra.launcher.timeout_min=-1"],
+        ["invalid hydra.launcher.timeout_min=-1: expected an integer >= 1"],
+    ),
     # A runaway range: 10**10 jobs, which listing alone would take all memory for.
     (
         ["-m", "seed=range(0,10000000000)"],

@@ -36,6 +36,8 @@ EXIT_BAD_INPUT = 2
 # A basic sweep (a,b and range()) launches every combination of its values: more jobs than
 # this is a runaway range or a typo.
 MAX_SWEEP_JOBS = 10_000
+# Where the Optuna sweeper keeps the search space (hparams options fill it).
+SEARCH_SPACE = "hydra.sweeper.params"
 # A range of up to this many values has each checked (~10 ms each), a longer one its ends.
 CHECKED_RANGE_VALUES = 100
 
@@ -285,6 +287,14 @@ def preflight(argv: list[str], conf_dir: str) -> None:
     config_name = args.config_name or "config"
     try:
         parsed = _parse(overrides)
+        for override in _parse(hydra_overrides):
+            if override.is_sweep_override() and override.key_or_group.startswith(SEARCH_SPACE):
+                key = override.key_or_group.removeprefix(SEARCH_SPACE + ".")
+                space = override.input_line.split("=", 1)[1]
+                raise RLSpeedError(
+                    f"rlspeed: invalid override '{override.input_line}': a search goes on the "
+                    f"key it searches, expected {key}={space} with -m"
+                )
         with initialize_config_dir(config_dir=conf_dir, version_base=None):
             _check_overrides(parsed)
             variants, jobs = _variants(parsed)

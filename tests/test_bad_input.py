@@ -122,6 +122,14 @@ BAD = [
         ["-m", "seed=1,2", "hydra/launcher=submitit_local", "hydra.launcher.timeout_min=-1"],
         ["invalid hydra.launcher.timeout_min=-1: expected an integer >= 1"],
     ),
+    # Hydra's line said the sweep "requires --multirun", which it had.
+    (
+        ["-m", "hparams=qlearn_search", "hydra.sweeper.params.algo.alpha=interval(0.1,0.5)"],
+        [
+            "invalid override 'hydra.sweeper.params.algo.alpha=interval(0.1,0.5)': a search goes "
+            "on the key it searches, expected algo.alpha=interval(0.1,0.5) with -m"
+        ],
+    ),  # fmt: skip
     # A runaway range: 10**10 jobs, which listing alone would take all memory for.
     (
         ["-m", "seed=range(0,10000000000)"],

@@ -32,6 +32,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 from pathlib import Path
@@ -57,7 +58,7 @@ IDENTITY_KEYS = ("algo.name", "backend.name", "env.name", "task.name")
 # count and compile cache only set how fast (a run resumed on another machine, or one saved
 # before threads=auto resolved to a number, may use another count).
 FREE_KEYS = ("resume", "mode", "checkpoint", "video", "progress", "tracking.", "trial.")
-FREE_KEYS += ("backend.compilation_cache", "backend.threads")
+FREE_KEYS += ("backend.compilation_cache", "backend.threads", "checkpoint_every")
 
 
 # ---------------------------------------------------------------- writing
@@ -209,12 +210,57 @@ def _has_state_dict(value: Any) -> bool:
     return hasattr(value, "state_dict") and hasattr(value, "load_state_dict")
 
 
+# checkpoint_every=auto: the least training time between two periodic writes, and the
+# least multiple of the last write's duration (49: writes take at most 1/50 of the time).
+AUTO_PERIOD_S = 30.0
+AUTO_WRITE_RATIO = 49.0
+
+
+class CheckpointSchedule:
+    """When a run writes its checkpoint and resume state while it trains (``checkpoint_every``):
+    an integer N at the first whole iteration that reaches each multiple of N env steps, 0
+    never, ``auto`` once ``AUTO_PERIOD_S`` of training have passed since the last write and
+    ``AUTO_WRITE_RATIO`` times as long as that write took; never at ``total_steps``, where
+    the run's end writes them. ``write(step)`` saves; the loop calls ``reached(step)`` where
+    its state is a whole iteration's (what resume= continues from)."""
+
+    def __init__(self, every: int | str, total_steps: int, write: Callable[[int], None]) -> None:
+        self.every, self.total_steps, self.write = every, total_steps, write
+        self._block = 0  # the multiple of ``every`` the last write (or the start) was in
+        self._since = time.monotonic()
+        self._wait_s = AUTO_PERIOD_S
+
+    def start(self, step: int) -> None:
+        """Training starts (or resumes) at env step ``step``."""
+        if isinstance(self.every, int) and self.every > 0:
+            self._block = step // self.every
+        self._since = time.monotonic()
+
+    def reached(self, step: int) -> None:
+        if step >= self.total_steps:
+            return
+        if self.every == "auto":
+            due = time.monotonic() - self._since >= self._wait_s
+        else:
+            due = self.every > 0 and step // self.every > self._block
+        if not due:
+            return
+        started = time.monotonic()
+        self.write(step)
+        self._since = time.monotonic()
+        self._wait_s = max(AUTO_PERIOD_S, AUTO_WRITE_RATIO * (self._since - started))
+        if isinstance(self.every, int):
+            self._block = step // self.every
+
+
 class ResumePoint:
     """Where a host-driven training loop stands after its last whole iteration: its env
     step and update counters, the latest observations and the state of its ``parts``
-    (learner, replay buffer, interval metrics, engine: whatever the loop carries over)."""
+    (learner, replay buffer, interval metrics, engine: whatever the loop carries over).
+    ``schedule`` writes the run's checkpoint when one is due at such a point."""
 
-    def __init__(self, **parts: Any) -> None:
+    def __init__(self, schedule: CheckpointSchedule | None = None, **parts: Any) -> None:
+        self.schedule = schedule
         self.parts = parts
         self.step = self.updates = 0
         self.obs: Any = None
@@ -228,10 +274,14 @@ class ResumePoint:
             for name, part in self.parts.items():
                 restore(part, saved["parts"][name])
             self.obs, self.step, self.updates = saved["obs"], saved["step"], saved["updates"]
+        if self.schedule is not None:
+            self.schedule.start(self.step)
         return self.obs, self.step, self.updates
 
     def reached(self, step: int, updates: int, obs: Any) -> None:
         self.step, self.updates, self.obs = step, updates, obs
+        if self.schedule is not None:
+            self.schedule.reached(step)
 
     def freeze(self) -> None:
         """Take the parts' state now (before the engine closes, which drops its state). Where

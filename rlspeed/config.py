@@ -92,6 +92,10 @@ class RunConfig:
     log_every: int = 10_000
     # Env steps between greedy evaluations (eval/score).
     eval_every: int = 50_000
+    # Env steps between checkpoints written while the run trains (the agent and resume.npz,
+    # so that a run killed outright loses at most this many); 0: only at the end or on a
+    # signal; auto: every 30 s of training or more, at most 2% of the time (README).
+    checkpoint_every: int | str = "auto"
     # auto: rich progress on a terminal, plain log lines otherwise.
     progress: str = "auto"
     # train, or eval: score the agent saved at ``checkpoint`` (and film one episode to ``video``).
@@ -124,6 +128,10 @@ def validate(cfg: DictConfig) -> None:
     for key in ("total_steps", "log_every", "eval_every"):
         if not 1 <= cfg[key] <= MAX_STEPS:
             raise ConfigError(key, cfg[key], f"an integer in [1, {MAX_STEPS:,}]")
+    every = cfg.checkpoint_every
+    if every != "auto" and (isinstance(every, str) or not 0 <= every <= MAX_STEPS):
+        allowed = f"auto, 0 (off) or an integer in [1, {MAX_STEPS:,}] (env steps)"
+        raise ConfigError("checkpoint_every", every, allowed)
     if cfg.seed < 0:
         raise ConfigError("seed", cfg.seed, "an integer >= 0")
     if cfg.total_steps < cfg.num_envs:  # one step of every env is the least a run does

@@ -6,6 +6,7 @@ import json
 import logging
 import math
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -22,6 +23,7 @@ from rlspeed import slurm
 from rlspeed.algos.loops import train
 from rlspeed.checkpoint import (
     RESUME_FILE,
+    CheckpointSchedule,
     atomic_write,
     load_resume,
     run_folder,
@@ -82,6 +84,9 @@ class RunContext:
     # The config's training keys (``training_keys``), saved with the resume state: resume=
     # tells a run's files from another's by them.
     training_config: dict[str, Any] = field(default_factory=dict)
+    # Why periodic checkpoints could not be written (each warned about once); shared by the
+    # seeds' contexts.
+    unwritten: set[str] = field(default_factory=set)
 
     @property
     def seed(self) -> int:
@@ -127,6 +132,29 @@ class RunContext:
         """This agent's saved state when the run resumes one (None otherwise)."""
         return self.resumed.get(self.seed_index)
 
+    def checkpoint_schedule(self) -> CheckpointSchedule:
+        """When the training loop writes this agent's files while it trains."""
+        cfg = self.cfg
+        return CheckpointSchedule(cfg.checkpoint_every, cfg.total_steps, self.write_checkpoint)
+
+    def write_checkpoint(self, step: int) -> None:
+        """Write this agent's files (``set_checkpoint``) now, at env step ``step`` of its
+        training: a run killed outright (SIGKILL, out of memory) resumes from them. One that
+        cannot be written costs a warning (once per reason): training goes on, and the files
+        written when the run ends say what could not be written."""
+        started = time.monotonic()
+        try:
+            for output in self.checkpointers[self.seed_index]:
+                output.write(output.path)
+        except OSError as error:
+            why = cause(error)
+            if why not in self.unwritten:
+                self.unwritten.add(why)
+                log.warning("rlspeed: could not write a checkpoint in %s: %s", self.out_dir, why)
+            return
+        seconds = time.monotonic() - started
+        to_log_file(f"rlspeed: checkpoint at env step {step:,} written in {seconds:.3f} s")
+
     def each_seed(self, train_one: Callable[[RunContext], TrainResult]) -> TrainResult:
         """Train the ``num_seeds`` agents one after another (the host-driven paths)."""
         steps = updates = 0
@@ -135,6 +163,10 @@ class RunContext:
             BACKENDS.get(self.cfg.backend.name).setup(self.cfg.backend, seed_ctx.seed)
             result = train_one(seed_ctx)
             steps, updates = steps + result.steps, updates + result.updates
+            if self.cfg.checkpoint_every != 0 and index < self.cfg.num_seeds - 1:
+                # The finished seed's files hold its whole run: resume= takes the metrics
+                # from the last seed's file, which go on from there.
+                seed_ctx.write_checkpoint(result.steps)
         return TrainResult(steps, updates)
 
 
@@ -207,8 +239,9 @@ def run(cfg: DictConfig) -> float:
         step_reward=task.step_reward,
         num_seeds=cfg.num_seeds,
     )
-    if resumed:  # metrics continue from the saved step (every agent file holds them all)
-        monitor.load_state_dict(resumed[min(resumed)]["monitor"])
+    if resumed:  # metrics continue from the saved step: the last seed's file has them all
+        # (seeds train in order, each one's files written before the next starts: each_seed)
+        monitor.load_state_dict(resumed[max(resumed)]["monitor"])
     ctx = RunContext(
         plain_cfg,
         task,
@@ -309,7 +342,11 @@ def _finish(tracker: Tracker, ctx: RunContext, status: str) -> Unrecorded | None
         trial = ctx.cfg.trial
         if status == "FINISHED" and trial.number is not None and not trial.keep_resume:
             # A finished trial keeps its agent and metrics; its resume state (the replay
-            # buffer) could only continue a run that has nothing left to do.
+            # buffer) could only continue a run that has nothing left to do. A periodic
+            # checkpoint may have written it already.
+            for output in outputs:
+                if output.resume_state:
+                    output.path.unlink(missing_ok=True)
             outputs = [output for output in outputs if not output.resume_state]
         saved = [output for output in outputs if save(output)]
         tracker.log_artifact(out_dir / "config.yaml")

@@ -19,7 +19,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
 from rlspeed import statefile
-from rlspeed.checkpoint import RESUME_FILE
+from rlspeed.checkpoint import RESUME_FILE, seed_file
 from rlspeed.cli import CONF_DIR
 from rlspeed.config import BackendConfig, register_configs
 
@@ -55,7 +55,8 @@ RATES = ("charts/SPS", "charts/updates_per_second")
 
 
 def without_rates(row: dict[str, float]) -> dict[str, float]:
-    return {key: value for key, value in row.items() if key not in RATES}
+    # With several seeds, a rate's spread over them (<rate>_std) goes too.
+    return {key: value for key, value in row.items() if key.removesuffix("_std") not in RATES}
 
 
 def logged_rows(folder: Path) -> list[dict[str, float]]:
@@ -64,9 +65,10 @@ def logged_rows(folder: Path) -> list[dict[str, float]]:
     return [without_rates(row) for row in history]
 
 
-def saved_agent(folder: Path) -> bytes | Any:
+def saved_agent(folder: Path, seed: int | None = None) -> bytes | Any:
     """A run's checkpoint as a comparable value: a flax checkpoint's bytes; a torch
-    checkpoint's contents with every tensor as a list (networks and optimisers alike)."""
+    checkpoint's contents with every tensor as a list (networks and optimisers alike).
+    ``seed``: that seed's file of a host-driven run of several seeds (torch)."""
     if (folder / "checkpoint.msgpack").exists():
         return (folder / "checkpoint.msgpack").read_bytes()
     import torch
@@ -80,7 +82,8 @@ def saved_agent(folder: Path) -> bytes | Any:
             return [plain(item) for item in value]
         return value
 
-    return plain(torch.load(folder / "checkpoint.pt", weights_only=True))
+    path = folder / "checkpoint.pt"
+    return plain(torch.load(path if seed is None else seed_file(path, seed), weights_only=True))
 
 
 def cli_env(env: dict[str, str] | None = None) -> dict[str, str]:

@@ -356,6 +356,8 @@ def train_fused(ctx: RunContext, make_train: Callable[[Any, VmapEnv], FusedTrain
         lambda: {"state": tree_to_host(latest["state"]), "iterations": latest["iterations"]},
     )
     monitor = ctx.run_monitor
+    schedule = ctx.checkpoint_schedule()
+    schedule.start(done_iterations * trainer.steps_per_iteration)
     with deferred_interrupts() as check_interrupt:
         while done_iterations < trainer.total_iterations:
             iterations = min(chunk, trainer.total_iterations - done_iterations)
@@ -380,6 +382,7 @@ def train_fused(ctx: RunContext, make_train: Callable[[Any, VmapEnv], FusedTrain
                 lambda state=state: scores_of(policy_params(state)),
             )
             latest.update(state=state, iterations=done_iterations)
+            schedule.reached(done_iterations * trainer.steps_per_iteration)
             check_interrupt()
     total_steps, total_updates = (
         int(np.sum(x)) for x in jax.device_get((state.step, state.updates))

@@ -1,0 +1,78 @@
+"""Periodic checkpoints (``checkpoint_every``) through the real CLI: a run killed outright
+(SIGKILL: no handler runs, nothing is written on the way out) resumes from its last periodic
+checkpoint and ends where the same run uninterrupted ends."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from rlspeed import statefile
+from tests.conftest import run_cli, saved_agent, start_cli, without_rates
+from tests.test_resume import DQN, LOGS, PATHS, SAME
+
+EVERY = 800
+# (extra arguments, seeds, the resume file whose appearance means a periodic checkpoint)
+CASES = {
+    "torch-gym-sync": ([*PATHS["torch-gym-sync"], "total_steps=12000"], 1, "resume.npz"),
+    # Killed during seed 1: seed 0's files hold its whole run, seed 1's its last checkpoint.
+    "torch-gym-sync-2-seeds": (
+        [*PATHS["torch-gym-sync"], "total_steps=6000", "num_seeds=2"],
+        2,
+        "resume_seed1.npz",
+    ),
+    # Written at chunk boundaries (every 400 env steps: log_every).
+    "flax-jax-vmap": (PATHS["flax-jax-vmap"], 1, "resume.npz"),
+}
+
+
+def _kill_after_checkpoint(args: list[str], cwd: Path, folder: Path, resume_file: str) -> None:
+    """Start the CLI and SIGKILL it as soon as ``resume_file`` appears in ``folder`` (it is
+    renamed into place whole), before the run ends."""
+    with start_cli(args, cwd, stdout=None, stderr=None) as proc:
+        while not (folder / resume_file).exists() and proc.poll() is None:
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL, "the run ended before its first checkpoint"
+
+
+def _rows(folder: Path) -> list[list[dict[str, float]]]:
+    """Every row the run logged, and each seed's, rates aside."""
+    metrics = json.loads((folder / "metrics.json").read_text())
+    histories = [metrics["history"]] + [seed["history"] for seed in metrics.get("seeds", [])]
+    return [[without_rates(row) for row in rows] for rows in histories]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(CASES))
+def test_sigkill_then_resume_ends_like_an_uninterrupted_run(tmp_path, case):
+    extra, seeds, resume_file = CASES[case]
+    args = [*DQN, *extra, *LOGS, f"checkpoint_every={EVERY}"]
+    whole = run_cli([*args, "hydra.run.dir=whole"], tmp_path)
+    assert whole.returncode == 0, whole.stderr[-2000:]
+    cut = tmp_path / "cut"
+    _kill_after_checkpoint([*args, "hydra.run.dir=cut"], tmp_path, cut, resume_file)
+
+    # Killed mid-run: its config and last periodic checkpoint, none of the end's files.
+    names = {path.name for path in cut.iterdir()}
+    assert {"config.yaml", resume_file} <= names and "metrics.json" not in names, names
+    saved = statefile.load(cut / resume_file)
+    total = int(extra[-1 if seeds == 1 else -2].partition("=")[2])
+    if "step" in saved:  # host-driven: the first iteration (4 envs) at a multiple of EVERY
+        assert saved["step"] % EVERY < 4 and 0 < saved["step"] < total, saved["step"]
+
+    # checkpoint_every may differ on resume: it says when to save, not what to train.
+    resume = [*args, "checkpoint_every=0", "resume=cut", "hydra.run.dir=resumed"]
+    resumed = run_cli(resume, tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    a, b = (json.loads((tmp_path / f / "metrics.json").read_text()) for f in ("whole", "resumed"))
+    assert b["status"] == "FINISHED"
+    assert {k: a[k] for k in SAME} == {k: b[k] for k in SAME}
+    assert _rows(tmp_path / "whole") == _rows(tmp_path / "resumed")
+    for seed in range(seeds) if seeds > 1 else [None]:
+        assert saved_agent(tmp_path / "whole", seed) == saved_agent(tmp_path / "resumed", seed)

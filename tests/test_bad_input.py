@@ -42,6 +42,7 @@ QLEARN_SWEEP = [
     "task=gridworld", "backend=torch", "env=gym-sync", "num_envs=1", "total_steps=500",
 ]  # fmt: skip
 STORAGE = "invalid hydra.sweeper.storage={}: expected a journal file"
+CHECKPOINT_EVERY = "auto, 0 (off) or an integer in [1, 2,000,000,000] (env steps)"
 
 # (command line, fragments of the one line). tracking=none is added where a case does not
 # set tracking.uri; the working folder holds run/ (a run folder as far as the checks look).
@@ -246,6 +247,10 @@ BAD = [
         ["invalid backend.threads=100000: expected auto, or an integer in [0, "],
     ),
     (["backend.device=tpu"], ["invalid backend.device=tpu: expected auto, cpu, cuda or cuda:N"]),
+    (["checkpoint_every=-1"], [f"invalid checkpoint_every=-1: expected {CHECKPOINT_EVERY}"]),
+    (["checkpoint_every=often"], [f"invalid checkpoint_every=often: expected {CHECKPOINT_EVERY}"]),
+    (["checkpoint_every=2000000001"], ["invalid checkpoint_every=2000000001: expected auto"]),
+    (["checkpoint_every=1.5"], ["invalid checkpoint_every", "'1.5'"]),
     (
         ["backend=torch", "env=gym-sync", "backend.device=cuda:7"],
         ["invalid backend.device=cuda:7: expected auto or cpu: torch sees"],
@@ -428,6 +433,9 @@ def test_a_config_error_loads_neither_jax_nor_torch(tmp_path):
         ["algo=vpg", "task=pendulum", "algo.initial_log_std=-20", "algo.ent_coef=0"],
         # the largest budget and thread count; a key set with ++ that exists
         ["total_steps=2000000000", f"backend.threads={os.cpu_count()}", "++seed=3"],
+        ["checkpoint_every=0"],
+        ["checkpoint_every=1"],
+        ["checkpoint_every=2000000000"],
         ["task=cartpole", "task.eval_episodes=10000", "algo.hidden_sizes=[4096,4096]"],
     ],
 )

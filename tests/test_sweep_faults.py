@@ -251,9 +251,11 @@ def test_only_a_broken_last_journal_record_is_dropped(tmp_path, damage):
 @pytest.mark.parametrize("keep", [False, True])
 def test_finished_trials_drop_their_resume_state_unless_asked_to_keep_it(tmp_path, keep):
     """A finished trial keeps its agent and metrics; its resume state (on Doors the replay
-    buffer, ~25 MB a trial) goes unless hydra.sweeper.keep_resume=true."""
+    buffer, ~25 MB a trial) goes unless hydra.sweeper.keep_resume=true, the file a periodic
+    checkpoint wrote during the trial too."""
     spec = f"sqlite:///{tmp_path}/study.db"
     args = [*SWEEP, "hydra.sweeper.n_trials=2", f"hydra.sweeper.storage={spec}"]
+    args.append("checkpoint_every=100")
     result = run_cli([*args, f"hydra.sweeper.keep_resume={str(keep).lower()}"], cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     folders = [Path(t.user_attrs["output_dir"]) for t in _trials(spec)]

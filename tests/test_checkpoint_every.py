@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from rlspeed import statefile
+from rlspeed import checkpoint, statefile
+from rlspeed.checkpoint import CheckpointSchedule
 from tests.conftest import run_cli, saved_agent, start_cli, without_rates
 from tests.test_resume import DQN, LOGS, PATHS, SAME
 
@@ -76,3 +77,38 @@ def test_sigkill_then_resume_ends_like_an_uninterrupted_run(tmp_path, case):
     assert _rows(tmp_path / "whole") == _rows(tmp_path / "resumed")
     for seed in range(seeds) if seeds > 1 else [None]:
         assert saved_agent(tmp_path / "whole", seed) == saved_agent(tmp_path / "resumed", seed)
+
+
+def test_writes_at_each_multiple_of_the_steps_from_where_the_run_starts():
+    written = []
+    schedule = CheckpointSchedule(800, 3000, written.append)
+    schedule.start(0)
+    for step in range(4, 3004, 4):  # 4 envs a step
+        schedule.reached(step)
+    assert written == [800, 1600, 2400]  # not 3000: the run's end writes its files
+    resumed = CheckpointSchedule(800, 3000, written.append)
+    resumed.start(1204)
+    for step in range(1224, 3024, 20):
+        resumed.reached(step)
+    assert written[3:] == [1604, 2404]
+    off = CheckpointSchedule(0, 3000, written.append)
+    off.start(0)
+    off.reached(2000)
+    assert len(written) == 5
+
+
+def test_auto_waits_for_the_period_and_49_times_the_last_write(monkeypatch):
+    now = [0.0]
+    monkeypatch.setattr(checkpoint.time, "monotonic", lambda: now[0])
+
+    def write(step: int) -> None:
+        written.append(step)
+        now[0] += 2.0  # a slow write: the next waits 49 x 2 s, not 30 s
+
+    written: list[int] = []
+    schedule = CheckpointSchedule("auto", 10**6, write)
+    schedule.start(0)
+    for step in range(1, 300):
+        now[0] += 1.0  # one second of training per step
+        schedule.reached(step)
+    assert written[:3] == [30, 128, 226]

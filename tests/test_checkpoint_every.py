@@ -17,17 +17,17 @@ from tests.conftest import run_cli, saved_agent, start_cli, without_rates
 from tests.test_resume import DQN, LOGS, PATHS, SAME
 
 EVERY = 800
-# (extra arguments, seeds, the resume file whose appearance means a periodic checkpoint)
+SYNC, FUSED = (
+    [a for a in PATHS[path] if "total_steps" not in a]
+    for path in ("torch-gym-sync", "flax-jax-vmap")
+)
+# (arguments, total steps, seeds, the resume file whose appearance means a periodic checkpoint)
 CASES = {
-    "torch-gym-sync": ([*PATHS["torch-gym-sync"], "total_steps=12000"], 1, "resume.npz"),
+    "torch-gym-sync": (SYNC, 12000, 1, "resume.npz"),
     # Killed during seed 1: seed 0's files hold its whole run, seed 1's its last checkpoint.
-    "torch-gym-sync-2-seeds": (
-        [*PATHS["torch-gym-sync"], "total_steps=6000", "num_seeds=2"],
-        2,
-        "resume_seed1.npz",
-    ),
-    # Written at chunk boundaries (every 400 env steps: log_every).
-    "flax-jax-vmap": (PATHS["flax-jax-vmap"], 1, "resume.npz"),
+    "torch-gym-sync-2-seeds": ([*SYNC, "num_seeds=2"], 6000, 2, "resume_seed1.npz"),
+    # Written at chunk ends (400 env steps: log_every); 8 envs.
+    "flax-jax-vmap": (FUSED, 24000, 1, "resume.npz"),
 }
 
 
@@ -52,8 +52,8 @@ def _rows(folder: Path) -> list[list[dict[str, float]]]:
 @pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
 def test_sigkill_then_resume_ends_like_an_uninterrupted_run(tmp_path, case):
-    extra, seeds, resume_file = CASES[case]
-    args = [*DQN, *extra, *LOGS, f"checkpoint_every={EVERY}"]
+    extra, total, seeds, resume_file = CASES[case]
+    args = [*DQN, *extra, f"total_steps={total}", *LOGS, f"checkpoint_every={EVERY}"]
     whole = run_cli([*args, "hydra.run.dir=whole"], tmp_path)
     assert whole.returncode == 0, whole.stderr[-2000:]
     cut = tmp_path / "cut"
@@ -63,9 +63,10 @@ def test_sigkill_then_resume_ends_like_an_uninterrupted_run(tmp_path, case):
     names = {path.name for path in cut.iterdir()}
     assert {"config.yaml", resume_file} <= names and "metrics.json" not in names, names
     saved = statefile.load(cut / resume_file)
-    total = int(extra[-1 if seeds == 1 else -2].partition("=")[2])
     if "step" in saved:  # host-driven: the first iteration (4 envs) at a multiple of EVERY
         assert saved["step"] % EVERY < 4 and 0 < saved["step"] < total, saved["step"]
+    else:  # fused: the chunk that ends at a multiple of EVERY
+        assert saved["iterations"] * 8 % EVERY == 0 and 0 < saved["iterations"] * 8 < total
 
     # checkpoint_every may differ on resume: it says when to save, not what to train.
     resume = [*args, "checkpoint_every=0", "resume=cut", "hydra.run.dir=resumed"]

@@ -10,6 +10,7 @@ before its first job rather than as a failed trial.
 
 from __future__ import annotations
 
+import argparse
 import math
 import os
 import sys
@@ -263,7 +264,14 @@ def _check_sweep(full: DictConfig, arguments: list[str], compose_job: Callable) 
 
 def preflight(argv: list[str], conf_dir: str) -> None:
     """Exit with one clear line and code 2 if the command line cannot run."""
-    args, _ = get_args_parser().parse_known_args(argv)
+    parser = get_args_parser()
+    parser.exit_on_error = False  # argparse's usage block would come before its line
+    try:
+        args, unknown = parser.parse_known_args(argv)
+    except argparse.ArgumentError as error:
+        _fail(f"rlspeed: invalid command line: {error} (see rlspeed --help)")
+    if options := [x for x in unknown if x.startswith("-")]:
+        _fail(f"rlspeed: invalid command line: unknown option {options[0]} (see rlspeed --help)")
     if args.help or args.hydra_help:
         return
     showing = args.cfg is not None  # --cfg prints the config: no job, no folder, no -m

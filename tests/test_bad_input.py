@@ -131,6 +131,9 @@ BAD = [
             "on the key it searches, expected algo.alpha=interval(0.1,0.5) with -m"
         ],
     ),  # fmt: skip
+    # argparse printed its 7-line usage block before its line.
+    (["--cfg", "bogus"], ["invalid command line: argument --cfg/-c: invalid choice: 'bogus'"]),
+    (["--bogus-flag"], ["invalid command line: unknown option --bogus-flag (see rlspeed --help)"]),
     # A runaway range: 10**10 jobs, which listing alone would take all memory for.
     (
         ["-m", "seed=range(0,10000000000)"],

@@ -17,13 +17,15 @@ from tests.conftest import run_cli, saved_agent, start_cli, without_rates
 from tests.test_resume import DQN, LOGS, PATHS, SAME
 
 EVERY = 800
-SYNC, FUSED = (
+SYNC, ASYNC, FUSED = (
     [a for a in PATHS[path] if "total_steps" not in a]
-    for path in ("torch-gym-sync", "flax-jax-vmap")
+    for path in ("torch-gym-sync", "torch-gym-async", "flax-jax-vmap")
 )
 # (arguments, total steps, seeds, the resume file whose appearance means a periodic checkpoint)
 CASES = {
     "torch-gym-sync": (SYNC, 12000, 1, "resume.npz"),
+    # The envs' state is taken in their worker processes, which SIGKILL does not reach.
+    "torch-gym-async": (ASYNC, 12000, 1, "resume.npz"),
     # Killed during seed 1: seed 0's files hold its whole run, seed 1's its last checkpoint.
     "torch-gym-sync-2-seeds": ([*SYNC, "num_seeds=2"], 6000, 2, "resume_seed1.npz"),
     # Written at chunk ends (400 env steps: log_every); 8 envs.

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib
 import math
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -13,6 +12,7 @@ from omegaconf import OmegaConf
 
 from rlspeed.algos.schedule import updates_in_run
 from rlspeed.errors import ConfigError
+from rlspeed.machine import physical_memory
 from rlspeed.registry import ENGINES, TASKS
 
 # CleanRL's PPO takes 4-10 epochs per batch, VPG setups tens of value steps.
@@ -107,11 +107,6 @@ def check_replay(algo: Any, cfg: Any, min_updates: int = 1) -> None:
             f"algo.learning_starts={start}, one every algo.train_frequency={every} env steps)",
         )
     check_memory(cfg, ("algo.buffer_size", algo.buffer_size))
-
-
-def physical_memory() -> int:
-    """Bytes of RAM this machine has."""
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def check_memory(cfg: Any, *stores: tuple[str, int]) -> None:

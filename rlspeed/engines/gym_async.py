@@ -1,11 +1,11 @@
 """``env=gym-async``: gymnasium.vector.AsyncVectorEnv, one subprocess per copy, shared memory."""
 
-import os
 import resource
 from functools import partial
 
 from rlspeed.engines import EngineSpec
 from rlspeed.engines.gym_vector import make_vector_engine
+from rlspeed.machine import physical_memory
 
 # What each worker process takes: its own memory (CartPole's forked workers: 4.6 MB each,
 # measured at 64; a MuJoCo task's more), file descriptors in the main process (3 each,
@@ -19,8 +19,7 @@ OWN_FILES = 256
 
 def max_workers() -> int:
     """Worker processes this machine's memory, open-file and process limits leave room for."""
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    limits = [memory // WORKER_BYTES]
+    limits = [physical_memory() // WORKER_BYTES]
     files = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     if files != resource.RLIM_INFINITY:
         limits.append(max(1, (files - OWN_FILES) // WORKER_FILES))

@@ -23,9 +23,9 @@ from rlspeed.algos import (
     check_memory,
     check_network_memory,
     check_ranges,
-    physical_memory,
 )
 from rlspeed.errors import ConfigError
+from rlspeed.machine import physical_memory
 
 
 @dataclass
@@ -60,20 +60,24 @@ class PPOConfig:
     hidden_sizes: list[int] = field(default_factory=lambda: [64, 64])
 
 
-def minibatch_positions(valid: Any, num_minibatches: int, width: int, xp: Any) -> tuple[Any, Any]:
-    """Where each minibatch's samples sit in a pass's order, and which of them count, for
-    NumPy (``xp=np``) or JAX (``valid`` may be traced): ([num_minibatches, width] positions,
-    [num_minibatches, width] booleans).
+def minibatch_positions(
+    size: int, num_minibatches: int, xp: Any, valid: Any = None
+) -> tuple[Any, Any]:
+    """Where each minibatch's samples sit in a pass's order of a batch of ``size``, and
+    which of them count, for NumPy (``xp=np``) or JAX (``valid`` may be traced):
+    ([num_minibatches, width] positions, [num_minibatches, width] booleans), ``width``
+    being ``max(1, size // num_minibatches)``.
 
-    The order's first ``valid`` entries are the batch's samples (all of them, except in a
-    run's shorter last batch on the fused path, whose arrays keep the full shape). Each
-    minibatch takes ``max(1, valid // num_minibatches)`` of them in turn, as CleanRL splits
-    a batch (a remainder of fewer than ``num_minibatches`` samples sits the pass out); a last
-    batch smaller than ``num_minibatches`` lends each minibatch a sample, wrapping around.
-    ``width`` >= that count is the minibatches' static size; positions past it do not count.
+    The order's first ``valid`` entries (default: all ``size``) are the batch's samples:
+    fewer only in a run's shorter last batch on the fused path, whose arrays keep the full
+    shape. Each minibatch takes ``max(1, valid // num_minibatches)`` of them in turn, as
+    CleanRL splits a batch (a remainder of fewer than ``num_minibatches`` samples sits the
+    pass out); a last batch smaller than ``num_minibatches`` lends each minibatch a sample,
+    wrapping around. Positions past that count do not count.
     """
+    valid = size if valid is None else valid
     per = xp.maximum(valid // num_minibatches, 1)
-    index = xp.arange(width)[None, :]
+    index = xp.arange(max(1, size // num_minibatches))[None, :]
     positions = (xp.arange(num_minibatches)[:, None] * per + index) % valid
     return positions, xp.broadcast_to(index < per, positions.shape)
 

@@ -108,9 +108,7 @@ class PPOFunctions(ActorCritic):
             orders = jax.vmap(lambda k: jax.random.permutation(k, size))(keys)
             if valid is not None:  # stable: whole batches keep the drawn order
                 orders = jax.vmap(lambda o: o[jnp.argsort(o >= valid, stable=True)])(orders)
-        width = max(1, size // algo.num_minibatches)
-        counted = size if valid is None else valid
-        positions, counts = minibatch_positions(counted, algo.num_minibatches, width, jnp)
+        positions, counts = minibatch_positions(size, algo.num_minibatches, jnp, valid)
         minibatches = orders[:, positions].reshape(self.updates_per_batch, -1)
         weights = jnp.tile(counts.astype(jnp.float32), (algo.update_epochs, 1))
 

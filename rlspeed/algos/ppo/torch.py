@@ -83,10 +83,9 @@ class TorchLearner(ActorCritic):
                 ]
             )
         # A run's last batch may be cut short: any size, split as the flax update splits it.
-        per = max(1, size // algo.num_minibatches)
-        positions, _ = minibatch_positions(size, algo.num_minibatches, per, np)
+        positions, _ = minibatch_positions(size, algo.num_minibatches, np)
         orders = torch.as_tensor(orders)[:, torch.as_tensor(positions)]
-        minibatches = orders.reshape(self.updates_per_batch, per).to(self.device)
+        minibatches = orders.reshape(self.updates_per_batch, -1).to(self.device)
         metrics: dict[str, list[torch.Tensor]] = {}
         for indices in minibatches:
             loss, step_metrics = self.loss(tuple(x[indices] for x in tensors))

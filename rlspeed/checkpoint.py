@@ -29,11 +29,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import sys
-import threading
-import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from functools import partial
 from pathlib import Path
 from typing import IO, Any
@@ -52,8 +49,6 @@ AGENT_FILES = ("checkpoint.pt", "checkpoint.msgpack")
 # Bumped when what the resume file holds changes shape (1: resume.pkl; 2: replay buffers
 # with two observations per transition).
 FORMAT = 3
-# Keys every rlspeed config.yaml has: one without them (an empty file) is not a run's.
-IDENTITY_KEYS = ("algo.name", "backend.name", "env.name", "task.name")
 # Keys a resumed run may change: where and how it reports, not what it trains. The thread
 # count and compile cache only set how fast (a run resumed on another machine, or one saved
 # before threads=auto resolved to a number, may use another count).
@@ -154,7 +149,7 @@ def tree_from_host(template: Any, leaves: list[np.ndarray]) -> Any:
 def capture(obj: Any) -> dict[str, Any]:
     """The state of ``obj``'s attributes that change during training, whatever generators
     and networks it holds: anything with ``state_dict`` (torch modules and optimizers,
-    IntervalMetrics), torch generators and tensors, NumPy generators and arrays, pytrees of
+    ``IntervalMetrics``), torch generators and tensors, NumPy generators and arrays, pytrees of
     JAX arrays (parameters, optimizer states, keys) and numbers. Configs, functions and
     compiled programs are rebuilt by the run itself. An object with a ``state_dict`` of its
     own says what its state is (a Gymnasium engine: its envs', see
@@ -210,145 +205,6 @@ def _has_state_dict(value: Any) -> bool:
     return hasattr(value, "state_dict") and hasattr(value, "load_state_dict")
 
 
-# checkpoint_every=auto: the least training time between two periodic writes, and the
-# least multiple of the last write's duration (49: writes take at most 1/50 of the time).
-AUTO_PERIOD_S = 30.0
-AUTO_WRITE_RATIO = 49.0
-
-
-class CheckpointSchedule:
-    """When a run writes its checkpoint and resume state while it trains (``checkpoint_every``):
-    an integer N at the first whole iteration that reaches each multiple of N env steps, 0
-    never, ``auto`` once ``AUTO_PERIOD_S`` of training have passed since the last write and
-    ``AUTO_WRITE_RATIO`` times as long as that write took; never at ``total_steps``, where
-    the run's end writes them. ``write(step)`` saves; the loop calls ``reached(step)`` where
-    its state is a whole iteration's (what resume= continues from)."""
-
-    def __init__(self, every: int | str, total_steps: int, write: Callable[[int], None]) -> None:
-        self.every, self.total_steps, self.write = every, total_steps, write
-        self._block = 0  # the multiple of ``every`` the last write (or the start) was in
-        self._since = time.monotonic()
-        self._wait_s = AUTO_PERIOD_S
-
-    def start(self, step: int) -> None:
-        """Training starts (or resumes) at env step ``step``."""
-        if isinstance(self.every, int) and self.every > 0:
-            self._block = step // self.every
-        self._since = time.monotonic()
-
-    def reached(self, step: int) -> None:
-        if step >= self.total_steps:
-            return
-        if self.every == "auto":
-            due = time.monotonic() - self._since >= self._wait_s
-        else:
-            due = self.every > 0 and step // self.every > self._block
-        if not due:
-            return
-        started = time.monotonic()
-        self.write(step)
-        self._since = time.monotonic()
-        self._wait_s = max(AUTO_PERIOD_S, AUTO_WRITE_RATIO * (self._since - started))
-        if isinstance(self.every, int):
-            self._block = step // self.every
-
-
-class ResumePoint:
-    """Where a host-driven training loop stands after its last whole iteration: its env
-    step and update counters, the latest observations and the state of its ``parts``
-    (learner, replay buffer, interval metrics, engine: whatever the loop carries over).
-    ``schedule`` writes the run's checkpoint when one is due at such a point."""
-
-    def __init__(self, schedule: CheckpointSchedule | None = None, **parts: Any) -> None:
-        self.schedule = schedule
-        self.parts = parts
-        self.step = self.updates = 0
-        self.obs: Any = None
-        self._frozen: dict[str, Any] | Exception | None = None
-
-    def start(self, saved: dict[str, Any] | None, reset: Callable[[], Any]) -> tuple[Any, int, int]:
-        """(observations, step, updates) to start the loop from: ``reset()``'s for a new
-        run; for a resumed one the saved ones, with every part put back as it was."""
-        self.obs = reset()  # also builds the engine state that the saved one replaces
-        if saved is not None:
-            for name, part in self.parts.items():
-                restore(part, saved["parts"][name])
-            self.obs, self.step, self.updates = saved["obs"], saved["step"], saved["updates"]
-        if self.schedule is not None:
-            self.schedule.start(self.step)
-        return self.obs, self.step, self.updates
-
-    def reached(self, step: int, updates: int, obs: Any) -> None:
-        self.step, self.updates, self.obs = step, updates, obs
-        if self.schedule is not None:
-            self.schedule.reached(step)
-
-    def freeze(self) -> None:
-        """Take the parts' state now (before the engine closes, which drops its state). Where
-        it cannot be taken (a gym-async worker that died), ``state()`` raises why: the run's
-        other files are still written."""
-        try:
-            self._frozen = {name: capture(part) for name, part in self.parts.items()}
-        except Exception as error:  # reported as the resume file's, by whoever saves it
-            self._frozen = error
-
-    def state(self) -> dict[str, Any]:
-        if isinstance(self._frozen, Exception):
-            raise self._frozen
-        parts = self._frozen or {name: capture(part) for name, part in self.parts.items()}
-        obs = np.asarray(self.obs)
-        return {"step": self.step, "updates": self.updates, "obs": obs, "parts": parts}
-
-
-# ---------------------------------------------------------------- interrupts
-
-
-@contextlib.contextmanager
-def deferred_interrupts() -> Iterator[Callable[[], None]]:
-    """Hold Ctrl-C, SIGTERM and (in a SLURM job) SIGUSR2 until the loop reaches the end of an
-    iteration.
-
-    Yields ``check()``, which the loop calls there: a signal that arrived meanwhile is
-    handed to the handler it would have reached (raising KeyboardInterrupt), so the
-    checkpoint written on the way out holds a whole iteration, never half of one. A
-    signal that arrives after the loop is handed over on leaving the block. A second
-    signal before the iteration ends is handed over at once (a user pressing Ctrl-C
-    again wants out now; that checkpoint may then hold part of an iteration)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield lambda: None
-        return
-    pending: list[tuple[int, Any]] = []
-    previous = {
-        signum: signal.getsignal(signum)
-        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)
-        if callable(signal.getsignal(signum))
-    }
-
-    def hold(signum: int, frame: Any) -> None:
-        pending.append((signum, frame))
-        if len(pending) > 1:
-            check()
-
-    def check() -> None:
-        if pending:
-            signum, frame = pending.pop(0)
-            pending.clear()
-            restore_handlers()
-            previous[signum](signum, frame)
-
-    def restore_handlers() -> None:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-
-    for signum in previous:
-        signal.signal(signum, hold)
-    try:
-        yield check
-    finally:
-        restore_handlers()
-    check()
-
-
 # ---------------------------------------------------------------- reading
 
 
@@ -376,15 +232,6 @@ def seed_file(path: Path, index: int) -> Path:
     return path.with_name(f"{path.stem}_seed{index}{path.suffix}")
 
 
-def load_resume(cfg: Any) -> dict[int, dict[str, Any]]:
-    """Seed index -> that agent's saved state, from ``cfg.resume``'s folder, checked as
-    ``check_resume`` does (which has read the files already when the config was checked in
-    this process: they are not read again)."""
-    states = check_resume(cfg)
-    _last_read.clear()  # the run holds them from here on
-    return states
-
-
 def saved_config(folder: Path) -> Any:
     return OmegaConf.load(folder / CONFIG_FILE)
 
@@ -396,77 +243,6 @@ def training_keys(flat: dict[str, Any]) -> dict[str, Any]:
         for key, value in flat.items()
         if not any(key == free or key.startswith(free) for free in FREE_KEYS)
     }
-
-
-def check_resume(cfg: Any) -> dict[int, dict[str, Any]]:
-    """``resume=PATH``: a run folder (or a file in one) whose ``config.yaml`` and resume
-    files a run of this config wrote, whole. Returns seed index -> that agent's saved state;
-    one ConfigError line otherwise. Only the files a run of ``cfg`` writes are read:
-    ``resume.npz`` (one seed, or every seed of a fused run), else ``resume_seed<i>.npz`` for
-    the seeds it reached."""
-    from rlspeed.algos.loops import is_fused
-    from rlspeed.config import flatten
-
-    value = cfg.resume
-    folder = run_folder(value)
-    if not Path(value).expanduser().exists():
-        raise ConfigError("resume", value, "an existing run folder or checkpoint file")
-    saved_files, pickled = resume_files(folder), sorted(folder.glob(PICKLED_RESUME_FILES))
-    if pickled and not saved_files:
-        raise ConfigError(
-            "resume",
-            value,
-            f"a run folder with {RESUME_FILE}: its {pickled[0].name} was saved by an older "
-            "rlspeed in a format that is not read, for safety (reading a pickle can run "
-            "code); start that run anew",
-        )
-    if not saved_files or not (folder / CONFIG_FILE).is_file():
-        raise ConfigError(
-            "resume",
-            value,
-            f"a run folder (or a file in one) with {RESUME_FILE} and {CONFIG_FILE}, "
-            "as rlspeed runs write",
-        )
-    current = training_keys(flatten(cfg))
-    saved = training_keys(flatten(readable_config("resume", value, folder)))
-    _same_config(value, saved, current, "it ran with")
-    fused = is_fused(cfg)
-    resume = folder / RESUME_FILE
-    if cfg.num_seeds == 1 or fused:
-        wanted = {0: resume}
-    else:
-        wanted = {i: seed_file(resume, i) for i in range(cfg.num_seeds)}
-    # A host-driven seed the run had not reached has no file.
-    paths = {index: path for index, path in wanted.items() if path.is_file()}
-    if not paths:
-        names = ", ".join(path.name for path in wanted.values())
-        raise ConfigError("resume", value, f"a run folder with this config's {names}")
-    states = _read(value, paths)
-    for path, state in zip(paths.values(), states.values(), strict=True):
-        _same_config(value, training_keys(state["config"]), current, f"its {path.name} has")
-        if missing := [key for key in STATE_KEYS[fused] if key not in state]:
-            kind = "fused" if fused else "host-driven"
-            raise ConfigError(
-                "resume", value, f"a {path.name} of a {kind} run (it has no {missing[0]})"
-            )
-    return states
-
-
-def readable_config(key: str, value: str, folder: Path) -> Any:
-    """The ``config.yaml`` in ``folder`` (of ``key=value``: resume, checkpoint), as rlspeed
-    runs write it; one ConfigError line for one that is not."""
-    from rlspeed.config import flatten
-
-    try:
-        saved = saved_config(folder)
-        flat = flatten(saved)
-    except Exception as error:  # not YAML, not a mapping, interpolations that do not resolve
-        raise ConfigError(key, value, f"a readable {CONFIG_FILE} ({why(error)})") from None
-    if missing := [name for name in IDENTITY_KEYS if name not in flat]:
-        raise ConfigError(
-            key, value, f"a {CONFIG_FILE} as rlspeed runs write (it has no {missing[0]})"
-        )
-    return saved
 
 
 def why(error: Exception) -> str:
@@ -482,22 +258,7 @@ def why(error: Exception) -> str:
 WHY_LENGTH = 160
 
 
-def _same_config(value: str, saved: dict[str, Any], current: dict[str, Any], ran: str) -> None:
-    # Keys both have: a key added to rlspeed since that run has its default there.
-    for key in sorted(saved.keys() & current.keys()):
-        if saved[key] != current[key]:
-            raise ConfigError(
-                "resume",
-                value,
-                f"a run of this config ({ran} {key}={saved[key]}, this run has "
-                f"{key}={current[key]}); repeat that run's settings",
-            )
-
-
-# What a host-driven (False) and a fused (True) run's resume files hold beside the format,
-# the config's training keys, the monitor's state and the tracked run's id.
-STATE_KEYS = {False: ("step", "updates", "obs", "parts"), True: ("state", "iterations")}
-# The states ``_read`` read last, by (file, modification time, size): the CLI checks the
+# The states ``read_states`` read last, by (file, modification time, size): the CLI checks the
 # config, then the run checks it again and loads the files, all in one process.
 _last_read: dict[tuple[Any, ...], dict[int, dict[str, Any]]] = {}
 
@@ -508,7 +269,7 @@ def files_key(paths: Iterable[Path]) -> tuple[Any, ...]:
     return tuple((p.resolve(), p.stat().st_mtime_ns, p.stat().st_size) for p in paths)
 
 
-def _read(value: str, paths: dict[int, Path]) -> dict[int, dict[str, Any]]:
+def read_states(value: str, paths: dict[int, Path]) -> dict[int, dict[str, Any]]:
     """Seed index -> the state saved in that path (read once while the files are unchanged);
     one ConfigError line for a file that is damaged or of another format."""
     key = files_key(paths.values())
@@ -535,6 +296,11 @@ def _read(value: str, paths: dict[int, Path]) -> dict[int, dict[str, Any]]:
         _last_read.clear()
         _last_read[key] = states
     return _last_read[key]
+
+
+def forget_read_states() -> None:
+    """Drop the states ``read_states`` keeps: the run holds them from here on."""
+    _last_read.clear()
 
 
 def agent_files(value: str) -> list[Path]:
@@ -575,74 +341,3 @@ def check_shape(name: str, saved: tuple[int, ...], built: tuple[int, ...]) -> No
             f"the shapes differ: {name} has shape {tuple(saved)} in the file, its config.yaml "
             f"makes {tuple(built)}"
         )
-
-
-# ---------------------------------------------------------------- mode=eval / resume keys
-
-MODES = ("train", "eval")
-
-
-def check_modes(cfg: Any) -> None:
-    """``mode``, ``resume``, ``checkpoint`` and ``video``: one ConfigError line for a value
-    that cannot work (called by ``rlspeed.config.validate``)."""
-    if cfg.mode not in MODES:
-        raise ConfigError("mode", cfg.mode, f"one of {', '.join(MODES)}")
-    if cfg.mode == "train":
-        for key in ("checkpoint", "video"):
-            if cfg[key] is not None:
-                raise ConfigError(key, cfg[key], "null unless mode=eval")
-        if cfg.resume is not None:
-            check_resume(cfg)
-        return
-    if cfg.resume is not None:
-        raise ConfigError("resume", cfg.resume, "null with mode=eval (use checkpoint=PATH)")
-    paths = agent_files(cfg.checkpoint) if cfg.checkpoint is not None else []
-    if not paths or not (paths[0].parent / CONFIG_FILE).is_file():
-        raise ConfigError(
-            "checkpoint",
-            cfg.checkpoint,
-            "a run folder or a checkpoint file in one (checkpoint.pt, checkpoint.msgpack, "
-            f"checkpoint_seed<i>.*) with its {CONFIG_FILE}",
-        )
-    saved = readable_config("checkpoint", cfg.checkpoint, paths[0].parent)
-    if cfg.video is not None:
-        check_video(cfg.video, saved)
-
-
-def check_video(value: str, saved: Any) -> None:
-    import importlib.util
-
-    from rlspeed.config import check_creatable  # config imports this module
-    from rlspeed.registry import TASKS
-
-    suffixes = [".gif"] + ([".mp4"] if importlib.util.find_spec("imageio_ffmpeg") else [])
-    path = Path(value).expanduser()
-    if path.suffix.lower() not in suffixes:
-        extra = "" if ".mp4" in suffixes else " (.mp4 needs the imageio-ffmpeg package)"
-        raise ConfigError("video", value, f"a file name ending in {', '.join(suffixes)}{extra}")
-    allowed = "a file in an existing folder rlspeed can write to"
-    if not path.parent.is_dir():
-        raise ConfigError("video", value, allowed)
-    check_creatable("video", value, path.parent, allowed)  # os.access says yes to root
-    task = TASKS.get(saved.task.name)
-    env = task.make_env(saved.task)
-    mode = render_mode(env)
-    env.close()
-    if mode is None:
-        raise ConfigError(
-            "video",
-            value,
-            f"null: task={saved.task.name} cannot be filmed here (its rgb_array frames need "
-            "pygame, which is not installed); doors and gridworld can",
-        )
-
-
-def render_mode(env: Any) -> str | None:
-    """How rlspeed films ``env``: its ``rgb_array`` frames where they can be drawn here,
-    else its text frames (``ansi``) painted as cells; None when it has neither."""
-    import importlib.util
-
-    modes = env.metadata.get("render_modes", [])
-    if "rgb_array" in modes and importlib.util.find_spec("pygame") is not None:
-        return "rgb_array"
-    return "ansi" if "ansi" in modes else None

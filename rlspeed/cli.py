@@ -79,7 +79,7 @@ def _stack(_root_: DictConfig) -> str:
     """``<backend>_<env>_<algo>_<task>`` of the run, for its folder's name (the
     ``${rlspeed_stack:}`` of ``hydra.run.dir``); with ``mode=eval``, ``eval_`` and those of
     the run that saved the checkpoint, which is what is evaluated (its config.yaml is read
-    and checked by then: rlspeed.checkpoint.check_modes)."""
+    and checked by then: rlspeed.validation.check_modes)."""
     cfg, prefix = _root_, ""
     if cfg.mode == "eval":
         from rlspeed.checkpoint import agent_files, saved_config

@@ -1,8 +1,9 @@
-"""Typed schemas of the config tree and the checks that run before any work starts."""
+"""Typed schemas of the config tree, and what reads a config without judging it: its YAML,
+its flat keys, which path it trains on; and the probes the checks use (can a folder be
+created, does a database answer). The checks themselves: ``rlspeed.validation``."""
 
 from __future__ import annotations
 
-import logging
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -12,8 +13,8 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from rlspeed.errors import ConfigError, StoreUnreachable
-from rlspeed.registry import ALGOS, BACKENDS, ENGINES, TASKS, TRACKERS
+from rlspeed.errors import ConfigError
+from rlspeed.registry import ALGOS, TASKS
 from rlspeed.secrets import mask, mask_value, reveal
 
 
@@ -115,151 +116,14 @@ def register_configs() -> None:
             store.store(group=f"schema/{registry.group}", name=spec.name, node=spec.schema)
 
 
+def is_fused(cfg: Any) -> bool:
+    """Whether the run is one fused program (flax on the functional jax-vmap engine)."""
+    return cfg.backend.name == "flax" and cfg.env.name == "jax-vmap"
+
+
 # Env steps are counted in int32 on the fused path (at most 2,147,483,647); this leaves
 # room for the round-up to whole iterations.
 MAX_STEPS = 2_000_000_000
-
-
-def validate(cfg: DictConfig) -> None:
-    """Reject bad or incompatible values with one clear line before any work starts."""
-    for key in ("num_envs", "num_seeds"):
-        if cfg[key] < 1:
-            raise ConfigError(key, cfg[key], "an integer >= 1")
-    for key in ("total_steps", "log_every", "eval_every"):
-        if not 1 <= cfg[key] <= MAX_STEPS:
-            raise ConfigError(key, cfg[key], f"an integer in [1, {MAX_STEPS:,}]")
-    every = cfg.checkpoint_every
-    if every != "auto" and (isinstance(every, str) or not 0 <= every <= MAX_STEPS):
-        allowed = f"auto, 0 (off) or an integer in [1, {MAX_STEPS:,}] (env steps)"
-        raise ConfigError("checkpoint_every", every, allowed)
-    if cfg.seed < 0:
-        raise ConfigError("seed", cfg.seed, "an integer >= 0")
-    if cfg.total_steps < cfg.num_envs:  # one step of every env is the least a run does
-        raise ConfigError("total_steps", cfg.total_steps, f">= num_envs ({cfg.num_envs})")
-    if cfg.trial.number is not None and not (cfg.trial.storage and cfg.trial.study_name):
-        # Set by the Optuna sweeper for its jobs, never by hand.
-        raise ConfigError(
-            "trial.number", cfg.trial.number, "null outside an Optuna sweep (hydra/sweeper=optuna)"
-        )
-    if cfg.progress not in ("auto", "rich", "plain", "none"):
-        raise ConfigError("progress", cfg.progress, "one of auto, rich, plain, none")
-    if cfg.backend.compilation_cache == "":  # would write the programs into the working folder
-        raise ConfigError(
-            "backend.compilation_cache", "", "a folder rlspeed can create and write to, or null"
-        )
-    if cfg.backend.compilation_cache is not None:
-        check_creatable(
-            "backend.compilation_cache",
-            cfg.backend.compilation_cache,
-            Path(cfg.backend.compilation_cache),
-            "a folder rlspeed can create and write to, or null",
-        )
-    backend = BACKENDS.get(cfg.backend.name)
-    engine = ENGINES.get(cfg.env.name)
-    algo = ALGOS.get(cfg.algo.name)
-    task = TASKS.get(cfg.task.name)
-    if task.action_kind not in algo.action_kinds:
-        fits = [a.name for a in ALGOS if task.action_kind in a.action_kinds]
-        raise ConfigError(
-            "algo",
-            algo.name,
-            f"an algorithm for {task.action_kind} actions on task={task.name}: {', '.join(fits)}",
-        )
-    if algo.tasks is not None and task.name not in algo.tasks:
-        raise ConfigError(
-            "task", task.name, f"a task algo={algo.name} runs on: {', '.join(algo.tasks)}"
-        )
-    if backend.name not in algo.backends:
-        raise ConfigError("backend", backend.name, f"one of {', '.join(algo.backends)}")
-    backend.check(cfg.backend)
-    if engine.needs_functional_env and task.make_functional is None:
-        fits = [e.name for e in ENGINES if not e.needs_functional_env]
-        raise ConfigError(
-            "env", engine.name, f"one of {', '.join(fits)} (task={task.name} has no JAX version)"
-        )
-    if engine.max_envs is not None and cfg.num_envs > (most := engine.max_envs()):
-        raise ConfigError(
-            "num_envs",
-            cfg.num_envs,
-            f"at most {most:,} on env={engine.name} (a process each: as many as this "
-            "machine's memory and its open-file and process limits allow)",
-        )
-    task.validate(cfg.task)
-    algo.validate(cfg.algo, cfg)
-    try:
-        TRACKERS.get(cfg.tracking.name).check(cfg.tracking)
-    except StoreUnreachable as error:
-        if cfg.trial.number is None:
-            raise
-        # A trial of a sweep whose store answered when the sweep started: losing the
-        # store's copy beats losing the trial; the writer keeps trying to reach it.
-        logging.getLogger("rlspeed").warning(
-            "%s; trial %d trains anyway and keeps its records in its folder",
-            error,
-            cfg.trial.number,
-        )
-    # After the sizes it reads are checked; before resume= compares the config with the
-    # saved one, which holds the number its run picked.
-    resolve_threads(cfg)
-    # Reads run folders (whole resume files): loaded only once every setting above is checked.
-    from rlspeed.checkpoint import check_modes
-
-    check_modes(cfg)
-    if cfg.mode == "eval":  # every agent read back now: a damaged file is one line
-        from rlspeed.evaluate import load_agents
-
-        load_agents(cfg.checkpoint)
-
-
-# backend.threads=auto: below this many multiply-adds in the run's largest matrix product,
-# one thread. Measured on the 2-core CPU (compiled, 1 thread against 2; the count in
-# brackets): fused DQN on CartPole [64, 64] at batch 64 (0.28 M) 154 k vs 134 k env steps/s;
-# [120, 84] at 128 (1.4 M) 56 k vs 51 k; [128, 128] at 128 (2.2 M) 4.3 k vs 4.1 k; DQN
-# [256, 256] at 128 (8.5 M) 1.2 k vs 1.6 k; PPO on Doors, 900 one-hot inputs into [64, 64] at
-# 128 rows (7.9 M), 17-19 k vs 25-27 k. Near the line it depends on the machine: VPG's
-# [64, 64] at 1,024 rows (4.5 M) ran 117 k vs 105 k in one session, 67-69 k vs 71-73 k in
-# another.
-ONE_THREAD_BELOW_MACS = 4_000_000
-
-
-def auto_threads(cfg: DictConfig) -> int:
-    """The ``backend.threads`` that ``auto`` stands for: 1 for small networks, whose ops cost
-    more to hand between cores than they gain, else 0 (the library's default, one per core).
-
-    The size is the multiply-adds of one forward pass of the largest batch the network sees
-    (an update's batch, or one row per env when acting on more envs than that; times the
-    seeds on the fused path, which vmaps them into the same products), from the network's
-    input width (``TaskSpec.network_inputs``). Tabular algorithms have no network and keep
-    the default (30 Q-learning agents: 5.7-5.8 M agent-steps/s with 2 threads, 5.5-5.7 M
-    with 1).
-    """
-    from rlspeed.algos import network_weights
-    from rlspeed.algos.loops import is_fused
-
-    algo = cfg.algo
-    if not algo.get("hidden_sizes"):
-        return 0
-    if "batch_size" in algo:
-        rows = algo.batch_size
-    else:  # on-policy: the rollout (num_steps of every env) in num_minibatches parts
-        rows = algo.num_steps * cfg.num_envs // algo.get("num_minibatches", 1)
-    rows = max(rows, cfg.num_envs) * (cfg.num_seeds if is_fused(cfg) else 1)
-    macs = rows * network_weights(cfg)
-    return 1 if macs < ONE_THREAD_BELOW_MACS else 0
-
-
-def resolve_threads(cfg: DictConfig) -> None:
-    """Check ``backend.threads`` and replace ``auto`` with the number it stands for, so the
-    backend is set up with it and the run records it."""
-    threads, cores = cfg.backend.threads, os.cpu_count() or 1
-    if threads == "auto":
-        cfg.backend.threads = auto_threads(cfg)
-    elif isinstance(threads, str) or not 0 <= threads <= cores:
-        allowed = (
-            f"auto, or an integer in [0, {cores}] (0: the library's default, one thread per "
-            f"core; this machine has {cores})"
-        )
-        raise ConfigError("backend.threads", threads, allowed)
 
 
 def to_yaml(cfg: DictConfig) -> str:

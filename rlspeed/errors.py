@@ -1,9 +1,14 @@
-"""Errors that reach the user as one clear line, and the interrupt that stops a run."""
+"""Errors that reach the user as one clear line, the interrupt that stops a run, and the
+hold that keeps it to the end of a training iteration."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from hydra.errors import CompactHydraException
 
@@ -59,3 +64,49 @@ class Interrupted(KeyboardInterrupt):
 def interrupt(signum: int, frame: object) -> None:
     """Signal handler: stop whatever the main thread is doing with ``Interrupted``."""
     raise Interrupted(signum)
+
+
+@contextlib.contextmanager
+def deferred_interrupts() -> Iterator[Callable[[], None]]:
+    """Hold Ctrl-C, SIGTERM and (in a SLURM job) SIGUSR2 until the loop reaches the end of an
+    iteration.
+
+    Yields ``check()``, which the loop calls there: a signal that arrived meanwhile is
+    handed to the handler it would have reached (raising KeyboardInterrupt), so the
+    checkpoint written on the way out holds a whole iteration, never half of one. A
+    signal that arrives after the loop is handed over on leaving the block. A second
+    signal before the iteration ends is handed over at once (a user pressing Ctrl-C
+    again wants out now; that checkpoint may then hold part of an iteration)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield lambda: None
+        return
+    pending: list[tuple[int, Any]] = []
+    previous = {
+        signum: signal.getsignal(signum)
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)
+        if callable(signal.getsignal(signum))
+    }
+
+    def hold(signum: int, frame: Any) -> None:
+        pending.append((signum, frame))
+        if len(pending) > 1:
+            check()
+
+    def check() -> None:
+        if pending:
+            signum, frame = pending.pop(0)
+            pending.clear()
+            restore_handlers()
+            previous[signum](signum, frame)
+
+    def restore_handlers() -> None:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+    for signum in previous:
+        signal.signal(signum, hold)
+    try:
+        yield check
+    finally:
+        restore_handlers()
+    check()

@@ -8,6 +8,7 @@ backend built the agent; each algorithm's backend module reads its checkpoint ba
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import warnings
 from pathlib import Path
@@ -16,8 +17,8 @@ from typing import Any
 import numpy as np
 from omegaconf import DictConfig
 
-from rlspeed.algos.loops import is_fused
-from rlspeed.checkpoint import agent_files, files_key, render_mode, saved_config, why
+from rlspeed.checkpoint import agent_files, files_key, saved_config, why
+from rlspeed.config import is_fused
 from rlspeed.errors import ConfigError
 from rlspeed.registry import ALGOS, BACKENDS, TASKS
 from rlspeed.seeding import eval_seeds
@@ -140,3 +141,12 @@ def _write_video(frames: list[np.ndarray], fps: int, path: Path) -> None:
         imageio.mimsave(path, frames, duration=1000 / fps, loop=0)
     else:
         imageio.mimsave(path, frames, fps=fps)
+
+
+def render_mode(env: Any) -> str | None:
+    """How rlspeed films ``env``: its ``rgb_array`` frames where they can be drawn here,
+    else its text frames (``ansi``) painted as cells; None when it has neither."""
+    modes = env.metadata.get("render_modes", [])
+    if "rgb_array" in modes and importlib.util.find_spec("pygame") is not None:
+        return "rgb_array"
+    return "ansi" if "ansi" in modes else None

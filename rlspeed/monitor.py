@@ -1,7 +1,8 @@
 """Training metrics: episode statistics, periodic logging, evaluation and live progress.
 
-Algorithms hand over finished-episode statistics and call ``log`` every ``log_every``
-env steps; this module turns them into the metric names users know from CleanRL,
+The training loops hand over finished-episode statistics and log every ``log_every`` env
+steps (through ``rlspeed.algos.loops.records``, which stops a diverged run and reports scores
+to an Optuna trial); this module turns them into the metric names users know from CleanRL,
 sends them to the tracker, keeps the history for the learning curve and draws progress
 (rich on a terminal, plain log lines elsewhere; the run's log file gets the plain lines
 either way).
@@ -19,13 +20,12 @@ import math
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn
 
-from rlspeed.errors import DivergenceError
 from rlspeed.tasks import Policy
 from rlspeed.tracking import Tracker
 
@@ -211,6 +211,13 @@ class SeedStreams:
             self.logged_recent[i] = saved.get("logged_recent_return", math.nan)
 
 
+class Evaluated(NamedTuple):
+    """A logged row's score (the mean over seeds) and its env step."""
+
+    score: float
+    step: int
+
+
 class RunMonitor:
     def __init__(
         self,
@@ -220,7 +227,6 @@ class RunMonitor:
         evaluate: Callable[[Policy, int], float],
         progress: str = "auto",
         console: Console | None = None,
-        on_score: Callable[[float, int], None] | None = None,
         num_seeds: int = 1,
         step_reward: bool = False,
     ) -> None:
@@ -231,9 +237,6 @@ class RunMonitor:
         self.total_steps = total_steps
         # (greedy policy, seed index) -> the task's score.
         self._evaluate = evaluate
-        # Called with (score, step) after each evaluation is logged; may raise to stop the
-        # run (an Optuna trial reports here and raises optuna.TrialPruned).
-        self._on_score = on_score
         self.num_seeds = num_seeds
         self.streams = SeedStreams(num_seeds, eval_every)
         self.history: list[dict[str, float]] = []
@@ -307,10 +310,10 @@ class RunMonitor:
         metrics: dict[str, float],
         policy: Policy,
         seed: int = 0,
-    ) -> None:
+    ) -> Evaluated | None:
         """Log seed ``seed`` at env step ``step``; when an evaluation is due, the task's
-        evaluation of ``policy`` is its score."""
-        self.log_seeds(
+        evaluation of ``policy`` is its score. Returns the run's new score, if it has one."""
+        return self.log_seeds(
             np.array([seed]),
             np.array([step]),
             np.array([updates]),
@@ -325,24 +328,16 @@ class RunMonitor:
         updates: np.ndarray,
         metrics: dict[str, np.ndarray],
         scores: Callable[[], np.ndarray],
-    ) -> None:
+    ) -> Evaluated | None:
         """Log the seeds ``seeds`` at env steps ``steps``, with ``metrics`` one value per
         seed; ``scores()`` gives their scores when an evaluation is due. All seeds at one
-        step (the fused path) go to the tracker in one call, their mean with them."""
-        for name, values in metrics.items():
-            bad = np.flatnonzero(~np.isfinite(values)) if name.startswith("losses/") else []
-            if len(bad):
-                seed = int(seeds[bad[0]])
-                raise DivergenceError(
-                    f"rlspeed: training diverged: {name}={values[bad[0]]} at step "
-                    f"{steps[bad[0]]}"
-                    + (f" (seed {seed})" if self.num_seeds > 1 else "")
-                    + "; lower the algorithm's learning rate or check the task's rewards"
-                )
+        step (the fused path) go to the tracker in one call, their mean with them. Returns
+        the run's new score (the mean over seeds once every seed has logged the step of an
+        evaluation), or None."""
         rows = self.streams.rows(seeds, steps, updates, metrics, self.total_steps, scores)
         if self.num_seeds == 1:
-            self._emit(int(steps[0]), rows[0])
-            return
+            return self._emit(int(steps[0]), rows[0])
+        evaluated = None
         for step in dict.fromkeys(steps.tolist()):  # each step once, in order
             tracked: dict[str, float] = {}
             pending = self._pending.setdefault(step, {})
@@ -353,21 +348,25 @@ class RunMonitor:
                     pending[seed] = row
             if len(pending) == self.num_seeds:
                 del self._pending[step]
-                self._emit(step, _mean_and_std(list(pending.values())), tracked)
+                evaluated = self._emit(step, _mean_and_std(list(pending.values())), tracked) or (
+                    evaluated
+                )
             else:
                 self.tracker.log_metrics(tracked, step)
                 self._show(rows[-1])
+        return evaluated
 
-    def _emit(self, step: int, row: dict[str, float], seed_rows: dict | None = None) -> None:
+    def _emit(
+        self, step: int, row: dict[str, float], seed_rows: dict | None = None
+    ) -> Evaluated | None:
         """Log the run's row at ``step`` (the mean over seeds where there are several, sent
-        with ``seed_rows``, their own rows), show it and report its score."""
+        with ``seed_rows``, their own rows) and show it; its score, if it has one."""
         if "eval/score" in row:
             self.score = row["eval/score"]
         self.tracker.log_metrics({**(seed_rows or {}), **row}, step)
         self.history.append({"step": float(step), **row})
         self._show(row)
-        if "eval/score" in row and self._on_score is not None:
-            self._on_score(self.score, step)
+        return Evaluated(self.score, step) if "eval/score" in row else None
 
     @property
     def steps(self) -> int:
@@ -481,52 +480,6 @@ class SeedMonitor:
 
     def episodes(self, done: Any, episode_return: Any, episode_length: Any) -> None:
         self.monitor.episodes(done, episode_return, episode_length, self.seed)
-
-    def log(self, step: int, updates: int, metrics: dict[str, float], policy: Policy) -> None:
-        self.monitor.log(step, updates, metrics, policy, self.seed)
-
-
-class IntervalMetrics:
-    """A host loop's metrics between two logs. Values stay backend scalars as they come
-    (no host sync per update) and are averaged once ``log_every`` env steps have passed,
-    or at the last step."""
-
-    def __init__(self, monitor: SeedMonitor, log_every: int, total_steps: int) -> None:
-        self.monitor = monitor
-        self.log_every = log_every
-        self.total_steps = total_steps
-        self.next_log = log_every
-        self.values: dict[str, list[Any]] = {}
-
-    def add(self, metrics: dict[str, Any]) -> None:
-        for name, value in metrics.items():
-            self.values.setdefault(name, []).append(value)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "next_log": self.next_log,
-            "values": {name: [float(v) for v in vs] for name, vs in self.values.items()},
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.next_log = state["next_log"]
-        self.values = {name: list(vs) for name, vs in state["values"].items()}
-
-    def log_if_due(
-        self, step: int, updates: int, policy: Policy, latest: dict[str, float] | None = None
-    ) -> None:
-        """Log the interval's means, and ``latest`` (values as of now, e.g. schedules),
-        when a log is due at env step ``step``."""
-        if step < self.next_log and step < self.total_steps:
-            return
-        metrics = dict(latest or {})
-        metrics.update(
-            {name: float(np.mean([float(v) for v in vs])) for name, vs in self.values.items()}
-        )
-        self.values = {}
-        self.monitor.log(step, updates, metrics, policy)
-        while self.next_log <= step:
-            self.next_log += self.log_every
 
 
 def _mean_and_std(rows: list[dict[str, float]]) -> dict[str, float]:

@@ -28,8 +28,9 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from hydra_plugins.rlspeed_optuna_sweeper.config import SWEEPER_TARGET
-from rlspeed.config import check_creatable, validate
+from rlspeed.config import check_creatable
 from rlspeed.errors import ConfigError, RLSpeedError
+from rlspeed.validation import validate
 
 EXIT_BAD_INPUT = 2
 

@@ -6,9 +6,6 @@ import json
 import logging
 import math
 import sys
-import time
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -21,153 +18,18 @@ from rich.table import Table
 
 from rlspeed import slurm
 from rlspeed.algos.loops import train
-from rlspeed.checkpoint import (
-    RESUME_FILE,
-    CheckpointSchedule,
-    atomic_write,
-    load_resume,
-    run_folder,
-    save_resume,
-    seed_file,
-    training_keys,
-)
-from rlspeed.config import RunConfig, flatten, to_yaml, validate
-from rlspeed.engines import Engine, EngineSpec
+from rlspeed.checkpoint import atomic_write, run_folder, training_keys
+from rlspeed.config import flatten, to_yaml
+from rlspeed.context import OutputFile, RunContext, TrainResult
 from rlspeed.errors import Interrupted, RLSpeedError, interrupt
-from rlspeed.monitor import RECENT_EPISODES, RunMonitor, SeedMonitor, to_log_file
+from rlspeed.monitor import RECENT_EPISODES, RunMonitor, to_log_file
 from rlspeed.registry import BACKENDS, ENGINES, TASKS, TRACKERS
+from rlspeed.run_folders import load_resume
 from rlspeed.sweep import TrialReporter
-from rlspeed.tasks import TaskSpec
 from rlspeed.tracking import Tracker, cause
+from rlspeed.validation import validate
 
 log = logging.getLogger("rlspeed")
-
-
-@dataclass
-class TrainResult:
-    steps: int
-    updates: int
-
-
-@dataclass(frozen=True)
-class OutputFile:
-    """A file the run writes when it ends: where, how, and whether MLflow gets a copy."""
-
-    path: Path
-    write: Callable[[Path], object]
-    artifact: bool = True
-    # What resume= continues from (not needed once the run has finished).
-    resume_state: bool = False
-
-
-@dataclass
-class RunContext:
-    """What a training loop (``rlspeed.algos.loops``) gets: the config, the task, the
-    engine, the monitor, and which of the run's ``num_seeds`` agents it trains."""
-
-    cfg: RunConfig  # plain dataclasses, not DictConfig (see ``run``)
-    task: TaskSpec
-    engine: EngineSpec
-    run_monitor: RunMonitor
-    out_dir: Path
-    seed_index: int = 0
-    # True on the fused path, where one program trains every seed at once.
-    all_seeds: bool = False
-    # Per seed index: that agent's files (set by the algorithm once the agent exists;
-    # written when the run ends, however it ends).
-    checkpointers: dict[int, list[OutputFile]] = field(default_factory=dict)
-    # resume=PATH: per seed index, the saved state that agent continues from.
-    resumed: dict[int, dict[str, Any]] = field(default_factory=dict)
-    # The tracker, whose run id is saved with the resume state: a requeued SLURM job
-    # continues that run.
-    tracker: Tracker | None = None
-    # The config's training keys (``training_keys``), saved with the resume state: resume=
-    # tells a run's files from another's by them.
-    training_config: dict[str, Any] = field(default_factory=dict)
-    # Why periodic checkpoints could not be written (each warned about once); shared by the
-    # seeds' contexts.
-    unwritten: set[str] = field(default_factory=set)
-
-    @property
-    def seed(self) -> int:
-        return self.cfg.seed + self.seed_index
-
-    @property
-    def monitor(self) -> SeedMonitor:
-        return SeedMonitor(self.run_monitor, self.seed_index)
-
-    def make_engine(self) -> Engine:
-        cfg = self.cfg
-        return self.engine.make(self.task, cfg.task, cfg.env, cfg.num_envs, self.seed)
-
-    def set_checkpoint(
-        self,
-        name: str,
-        save: Callable[[Path], Path],
-        resume_state: Callable[[], dict[str, Any]],
-    ) -> None:
-        """Register ``save(path)`` as this agent's checkpoint, file ``name`` in the run folder
-        (``<stem>_seed<i><suffix>`` when agents of several seeds are saved one by one), and
-        ``resume_state()`` as what ``resume=`` continues from (``RESUME_FILE``, same naming)."""
-        path, resume_path = self.out_dir / name, self.out_dir / RESUME_FILE
-        if self.cfg.num_seeds > 1 and not self.all_seeds:
-            path, resume_path = (seed_file(p, self.seed_index) for p in (path, resume_path))
-
-        def save_state(path: Path) -> Path:
-            state = {
-                **resume_state(),
-                "monitor": self.run_monitor.state_dict(),
-                "tracked_run_id": self.tracker.run_id if self.tracker else None,
-                "config": self.training_config,
-            }
-            return save_resume(state, path)
-
-        # The resume state stays in the run folder: it holds the replay buffer (large).
-        self.checkpointers[self.seed_index] = [
-            OutputFile(path, save),
-            OutputFile(resume_path, save_state, artifact=False, resume_state=True),
-        ]
-
-    def resume_state(self) -> dict[str, Any] | None:
-        """This agent's saved state when the run resumes one (None otherwise)."""
-        return self.resumed.get(self.seed_index)
-
-    def checkpoint_schedule(self) -> CheckpointSchedule:
-        """When the training loop writes this agent's files while it trains."""
-        cfg = self.cfg
-        return CheckpointSchedule(cfg.checkpoint_every, cfg.total_steps, self.write_checkpoint)
-
-    def write_checkpoint(self, step: int) -> None:
-        """Write this agent's files (``set_checkpoint``) now, at env step ``step`` of its
-        training: a run killed outright (SIGKILL, out of memory) resumes from them. One that
-        cannot be written costs a warning (once per reason): training goes on, and the files
-        written when the run ends say what could not be written."""
-        started = time.monotonic()
-        try:
-            for output in self.checkpointers[self.seed_index]:
-                output.write(output.path)
-        except OSError as error:
-            why = cause(error)
-            if why not in self.unwritten:
-                self.unwritten.add(why)
-                log.warning("rlspeed: could not write a checkpoint in %s: %s", self.out_dir, why)
-            return
-        seconds = time.monotonic() - started
-        to_log_file(f"rlspeed: checkpoint at env step {step:,} written in {seconds:.3f} s")
-
-    def each_seed(self, train_one: Callable[[RunContext], TrainResult]) -> TrainResult:
-        """Train the ``num_seeds`` agents one after another (the host-driven paths)."""
-        steps = updates = 0
-        for index in range(self.cfg.num_seeds):
-            seed_ctx = replace(self, seed_index=index)
-            BACKENDS.get(self.cfg.backend.name).setup(self.cfg.backend, seed_ctx.seed)
-            result = train_one(seed_ctx)
-            steps, updates = steps + result.steps, updates + result.updates
-            if self.cfg.checkpoint_every != 0 and index < self.cfg.num_seeds - 1:
-                # The finished seed's files hold its whole run: resume= takes the metrics
-                # from the last seed's file, which go on from there.
-                seed_ctx.write_checkpoint(result.steps)
-        return TrainResult(steps, updates)
 
 
 def _output_dir() -> Path:
@@ -235,7 +97,6 @@ def run(cfg: DictConfig) -> float:
             plain_cfg.task, policy, plain_cfg.seed + index
         ),
         progress=cfg.progress,
-        on_score=reporter.report if reporter is not None else None,
         step_reward=task.step_reward,
         num_seeds=cfg.num_seeds,
     )
@@ -251,6 +112,7 @@ def run(cfg: DictConfig) -> float:
         resumed=resumed,
         tracker=tracker,
         training_config=training_keys(flatten(cfg)),
+        report_score=reporter.report if reporter is not None else None,
     )
     # optuna.TrialPruned for a trial run; () matches nothing, so other runs never import optuna.
     pruned_error = reporter.pruned_error if reporter is not None else ()

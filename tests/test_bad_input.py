@@ -21,9 +21,9 @@ from optuna.distributions import CategoricalDistribution
 
 from hydra_plugins.rlspeed_optuna_sweeper._space import build
 from rlspeed.cli import CONF_DIR, check_command_line
-from rlspeed.config import validate
 from rlspeed.errors import ConfigError
 from rlspeed.tracking.mlflow import check as check_tracking
+from rlspeed.validation import validate
 from tests.conftest import assert_one_line_error, cli_env, free_port, run_cli
 
 # A budget long enough for DQN on Doors to reach its first update (learning_starts 5000).

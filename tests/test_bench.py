@@ -173,7 +173,7 @@ def test_purejaxrl_config_maps_to_an_rlspeed_run_of_equal_work(make_cfg):
     from rlspeed.algos.dqn import total_updates
     from rlspeed.algos.schedule import steps_run
     from rlspeed.bench.purejaxrl import RLSPEED_OVERRIDES, purejaxrl_work
-    from rlspeed.config import validate
+    from rlspeed.validation import validate
 
     cfg = make_cfg([*RLSPEED_OVERRIDES, "tracking=none"])
     validate(cfg)

@@ -8,9 +8,9 @@ import json
 import numpy as np
 import pytest
 
-from rlspeed.config import validate
 from rlspeed.errors import ConfigError
 from rlspeed.run import run
+from rlspeed.validation import validate
 from tests.conftest import logged_rows, run_cli, saved_agent, slow_but
 
 # (algo, task, engine) -> (the key the error names, words of what would work).

@@ -10,13 +10,8 @@ import pytest
 import torch
 
 from rlspeed import statefile
-from rlspeed.monitor import (
-    RECENT_EPISODES,
-    ROLLING_EPISODES,
-    IntervalMetrics,
-    RunMonitor,
-    SeedMonitor,
-)
+from rlspeed.algos.loops.records import IntervalMetrics
+from rlspeed.monitor import RECENT_EPISODES, ROLLING_EPISODES, RunMonitor
 from rlspeed.run import _write_metrics
 from rlspeed.tracking.none import NoTracker
 
@@ -25,7 +20,7 @@ def test_logs_the_interval_means_once_per_crossing_and_at_the_last_step():
     run = RunMonitor(
         NoTracker(), 1000, eval_every=1000, evaluate=lambda policy, seed: 0.5, progress="none"
     )
-    interval = IntervalMetrics(SeedMonitor(run, 0), log_every=300, total_steps=1000)
+    interval = IntervalMetrics(run.log, log_every=300, total_steps=1000)
     # 700 passes both 300 and 600 (one log), 800 is short of the next (900), 1000 is the end.
     for step in (100, 200, 700, 800, 1000):
         interval.add({"losses/loss": torch.tensor(float(step))})  # a backend scalar, as kept

@@ -19,9 +19,9 @@ from omegaconf import OmegaConf
 from rlspeed.algos.ppo import PPOConfig
 from rlspeed.algos.ppo.flax import FlaxLearner, functions
 from rlspeed.algos.ppo.torch import TorchLearner
-from rlspeed.config import validate
 from rlspeed.errors import ConfigError
 from rlspeed.run import run
+from rlspeed.validation import validate
 from tests.conftest import learner_cfg, run_cli, saved_agent, slow_but
 from tests.test_resume import _cut_after_first_log
 from tests.test_vpg import (

@@ -22,8 +22,9 @@ import numpy as np
 import pytest
 
 from rlspeed import statefile
-from rlspeed.checkpoint import RESUME_FILE, ResumePoint, deferred_interrupts, seed_file
-from rlspeed.errors import ConfigError
+from rlspeed.algos.loops.host import ResumePoint
+from rlspeed.checkpoint import RESUME_FILE, seed_file
+from rlspeed.errors import ConfigError, deferred_interrupts
 from tests.conftest import (
     assert_one_line_error,
     logged_rows,
@@ -179,8 +180,9 @@ def test_resume_may_change_the_thread_count_but_not_what_it_trains(tmp_path, mak
     one) resumes with any other; a key that changes training still refuses it."""
     from omegaconf import OmegaConf
 
-    from rlspeed.checkpoint import check_resume, save_resume, training_keys
+    from rlspeed.checkpoint import save_resume, training_keys
     from rlspeed.config import flatten
+    from rlspeed.run_folders import check_resume
 
     saved = make_cfg(["backend.threads=0"])
     OmegaConf.save(saved, tmp_path / "config.yaml")

@@ -22,8 +22,8 @@ from omegaconf import OmegaConf
 from optuna.trial import TrialState
 
 from rlspeed.cli import CONF_DIR
-from rlspeed.config import validate
 from rlspeed.sweep import open_storage
+from rlspeed.validation import validate
 from tests.conftest import run_cli, start_cli
 
 # Tiny trials: torch on 4 synchronous envs, 3000 env steps, a report every 1000 steps.

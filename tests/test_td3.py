@@ -16,10 +16,10 @@ from rlspeed.algos.replay import Batch
 from rlspeed.algos.td3 import TD3Config
 from rlspeed.algos.td3.flax import FlaxLearner
 from rlspeed.algos.td3.torch import TorchLearner
-from rlspeed.config import validate
 from rlspeed.errors import ConfigError
 from rlspeed.registry import TASKS
 from rlspeed.run import run
+from rlspeed.validation import validate
 from tests.conftest import learner_cfg
 
 # A deliberately lopsided action box: the tanh scaling must map onto [low, high] exactly.

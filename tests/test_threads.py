@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 
 from rlspeed.algos.encoding import input_size
-from rlspeed.config import flatten, validate
+from rlspeed.config import flatten
 from rlspeed.registry import TASKS
+from rlspeed.validation import validate
 
 # PureJaxRL's DQN on CartPole: [120, 84] at batch 128 with 10 envs.
 CARTPOLE_DQN = ["task=cartpole", "num_envs=10", "algo.hidden_sizes=[120,84]"]

@@ -22,11 +22,11 @@ from rlspeed.algos.loops.onpolicy import RolloutBatch, gae
 from rlspeed.algos.vpg import VPGConfig
 from rlspeed.algos.vpg.flax import FlaxLearner, VPGFunctions
 from rlspeed.algos.vpg.torch import TorchLearner
-from rlspeed.config import validate
 from rlspeed.envs.doors import DoorsEnv
 from rlspeed.errors import ConfigError
 from rlspeed.registry import TASKS
 from rlspeed.run import run
+from rlspeed.validation import validate
 from tests.conftest import learner_cfg, slow_but
 
 # ---------------------------------------------------------------- torch == flax

@@ -19,7 +19,7 @@ from typing import Any
 from rlspeed.bench.common import Table, write_results
 from rlspeed.bench.overhead import COLUMNS, interleaved, plot_process_times, timed_rlspeed
 from rlspeed.bench.stacks import cleanrl_baseline_args, run_cleanrl_baseline
-from rlspeed.config import auto_threads
+from rlspeed.validation import auto_threads
 
 # task -> the Gymnasium id the script trains on.
 TASKS = {"cartpole": "CartPole-v1", "doors": "rlspeed/Doors-v0"}

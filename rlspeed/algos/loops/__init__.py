@@ -12,13 +12,14 @@ threads of its own.
 from __future__ import annotations
 
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rlspeed.algos import import_named
+from rlspeed.config import is_fused
 from rlspeed.registry import ALGOS
 
 if TYPE_CHECKING:
-    from rlspeed.run import RunContext, TrainResult
+    from rlspeed.context import RunContext, TrainResult
 
 # Loop kind -> its ``train(ctx, make_learner, checkpoint_name)``.
 HOST_LOOPS = {
@@ -28,11 +29,6 @@ HOST_LOOPS = {
 }
 # The agent's file in the run folder, by backend (``mode=eval`` loads it).
 CHECKPOINT_FILES = {"torch": "checkpoint.pt", "flax": "checkpoint.msgpack"}
-
-
-def is_fused(cfg: Any) -> bool:
-    """Whether the run is one fused program (flax on the functional jax-vmap engine)."""
-    return cfg.backend.name == "flax" and cfg.env.name == "jax-vmap"
 
 
 def train(ctx: RunContext) -> TrainResult:

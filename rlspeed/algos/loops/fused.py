@@ -22,19 +22,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rlspeed.algos.loops import is_fused
+from rlspeed.algos.loops.records import log_seeds
 from rlspeed.algos.replay import JaxReplay, jax_replay_add, jax_replay_init
 from rlspeed.algos.schedule import multiples_between
 from rlspeed.checkpoint import (
-    deferred_interrupts,
     load_pytree,
     save_pytree,
     tree_from_host,
     tree_to_host,
 )
+from rlspeed.config import is_fused
+from rlspeed.context import RunContext, TrainResult
 from rlspeed.engines import StepResult
 from rlspeed.envs.vmap import VmapEnv, VmapState, make_vmap_env
-from rlspeed.run import RunContext, TrainResult
+from rlspeed.errors import deferred_interrupts
 from rlspeed.seeding import JaxKeys, Stream, jax_key, jax_keys
 from rlspeed.tasks import Policy, TaskSpec
 
@@ -373,7 +374,8 @@ def train_fused(ctx: RunContext, make_train: Callable[[Any, VmapEnv], FusedTrain
             if masked and iterations < chunk:
                 stats = first_iterations(stats, iterations)
             monitor.every_seed_episodes(stats.done, stats.episode_return, stats.episode_length)
-            monitor.log_seeds(
+            log_seeds(
+                ctx,
                 every_seed,
                 steps,
                 updates,

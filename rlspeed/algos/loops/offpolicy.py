@@ -18,7 +18,7 @@ import numpy as np
 from rlspeed.algos.loops.host import host_training
 from rlspeed.algos.replay import Batch, ReplayBuffer
 from rlspeed.algos.schedule import multiples_between
-from rlspeed.run import RunContext, TrainResult
+from rlspeed.context import RunContext, TrainResult
 from rlspeed.seeding import Stream, numpy_rng
 
 

@@ -24,7 +24,7 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 
 from rlspeed.algos.loops.host import host_training
-from rlspeed.run import RunContext, TrainResult
+from rlspeed.context import RunContext, TrainResult
 
 
 class RolloutBatch(NamedTuple):

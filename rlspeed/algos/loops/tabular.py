@@ -15,8 +15,8 @@ import numpy as np
 
 from rlspeed.algos.loops.host import host_training
 from rlspeed.algos.schedule import epsilon_at
+from rlspeed.context import RunContext, TrainResult
 from rlspeed.registry import TASKS
-from rlspeed.run import RunContext, TrainResult
 
 
 class TabularLearner(Protocol):

@@ -1,0 +1,176 @@
+"""The run folders a config names, checked against it before any work starts: ``resume=``
+(a run of this config whose resume files are whole) and ``checkpoint=`` / ``video=`` of
+``mode=eval`` (agent files and a config.yaml that read back). Each refusal is one
+ConfigError line; the files themselves are read by ``rlspeed.checkpoint`` and
+``rlspeed.evaluate``, once, and kept for the run.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+from rlspeed.checkpoint import (
+    CONFIG_FILE,
+    PICKLED_RESUME_FILES,
+    RESUME_FILE,
+    agent_files,
+    forget_read_states,
+    read_states,
+    resume_files,
+    run_folder,
+    saved_config,
+    seed_file,
+    training_keys,
+    why,
+)
+from rlspeed.config import check_creatable, flatten, is_fused
+from rlspeed.errors import ConfigError
+from rlspeed.evaluate import load_agents, render_mode
+from rlspeed.registry import TASKS
+
+MODES = ("train", "eval")
+# Keys every rlspeed config.yaml has: one without them (an empty file) is not a run's.
+IDENTITY_KEYS = ("algo.name", "backend.name", "env.name", "task.name")
+# What a host-driven (False) and a fused (True) run's resume files hold beside the format,
+# the config's training keys, the monitor's state and the tracked run's id.
+STATE_KEYS = {False: ("step", "updates", "obs", "parts"), True: ("state", "iterations")}
+
+
+def check_modes(cfg: Any) -> None:
+    """``mode``, ``resume``, ``checkpoint`` and ``video``: one ConfigError line for a value
+    that cannot work (called by ``validate``)."""
+    if cfg.mode not in MODES:
+        raise ConfigError("mode", cfg.mode, f"one of {', '.join(MODES)}")
+    if cfg.mode == "train":
+        for key in ("checkpoint", "video"):
+            if cfg[key] is not None:
+                raise ConfigError(key, cfg[key], "null unless mode=eval")
+        if cfg.resume is not None:
+            check_resume(cfg)
+        return
+    if cfg.resume is not None:
+        raise ConfigError("resume", cfg.resume, "null with mode=eval (use checkpoint=PATH)")
+    paths = agent_files(cfg.checkpoint) if cfg.checkpoint is not None else []
+    if not paths or not (paths[0].parent / CONFIG_FILE).is_file():
+        raise ConfigError(
+            "checkpoint",
+            cfg.checkpoint,
+            "a run folder or a checkpoint file in one (checkpoint.pt, checkpoint.msgpack, "
+            f"checkpoint_seed<i>.*) with its {CONFIG_FILE}",
+        )
+    saved = readable_config("checkpoint", cfg.checkpoint, paths[0].parent)
+    if cfg.video is not None:
+        check_video(cfg.video, saved)
+    load_agents(cfg.checkpoint)  # every agent read back now: a damaged file is one line
+
+
+def check_video(value: str, saved: Any) -> None:
+    suffixes = [".gif"] + ([".mp4"] if importlib.util.find_spec("imageio_ffmpeg") else [])
+    path = Path(value).expanduser()
+    if path.suffix.lower() not in suffixes:
+        extra = "" if ".mp4" in suffixes else " (.mp4 needs the imageio-ffmpeg package)"
+        raise ConfigError("video", value, f"a file name ending in {', '.join(suffixes)}{extra}")
+    allowed = "a file in an existing folder rlspeed can write to"
+    if not path.parent.is_dir():
+        raise ConfigError("video", value, allowed)
+    check_creatable("video", value, path.parent, allowed)  # os.access says yes to root
+    task = TASKS.get(saved.task.name)
+    env = task.make_env(saved.task)
+    mode = render_mode(env)
+    env.close()
+    if mode is None:
+        raise ConfigError(
+            "video",
+            value,
+            f"null: task={saved.task.name} cannot be filmed here (its rgb_array frames need "
+            "pygame, which is not installed); doors and gridworld can",
+        )
+
+
+def load_resume(cfg: Any) -> dict[int, dict[str, Any]]:
+    """Seed index -> that agent's saved state, from ``cfg.resume``'s folder, checked as
+    ``check_resume`` does (which has read the files already when the config was checked in
+    this process: they are not read again)."""
+    states = check_resume(cfg)
+    forget_read_states()
+    return states
+
+
+def check_resume(cfg: Any) -> dict[int, dict[str, Any]]:
+    """``resume=PATH``: a run folder (or a file in one) whose ``config.yaml`` and resume
+    files a run of this config wrote, whole. Returns seed index -> that agent's saved state;
+    one ConfigError line otherwise. Only the files a run of ``cfg`` writes are read:
+    ``resume.npz`` (one seed, or every seed of a fused run), else ``resume_seed<i>.npz`` for
+    the seeds it reached."""
+    value = cfg.resume
+    folder = run_folder(value)
+    if not Path(value).expanduser().exists():
+        raise ConfigError("resume", value, "an existing run folder or checkpoint file")
+    saved_files, pickled = resume_files(folder), sorted(folder.glob(PICKLED_RESUME_FILES))
+    if pickled and not saved_files:
+        raise ConfigError(
+            "resume",
+            value,
+            f"a run folder with {RESUME_FILE}: its {pickled[0].name} was saved by an older "
+            "rlspeed in a format that is not read, for safety (reading a pickle can run "
+            "code); start that run anew",
+        )
+    if not saved_files or not (folder / CONFIG_FILE).is_file():
+        raise ConfigError(
+            "resume",
+            value,
+            f"a run folder (or a file in one) with {RESUME_FILE} and {CONFIG_FILE}, "
+            "as rlspeed runs write",
+        )
+    current = training_keys(flatten(cfg))
+    saved = training_keys(flatten(readable_config("resume", value, folder)))
+    _same_config(value, saved, current, "it ran with")
+    fused = is_fused(cfg)
+    resume = folder / RESUME_FILE
+    if cfg.num_seeds == 1 or fused:
+        wanted = {0: resume}
+    else:
+        wanted = {i: seed_file(resume, i) for i in range(cfg.num_seeds)}
+    # A host-driven seed the run had not reached has no file.
+    paths = {index: path for index, path in wanted.items() if path.is_file()}
+    if not paths:
+        names = ", ".join(path.name for path in wanted.values())
+        raise ConfigError("resume", value, f"a run folder with this config's {names}")
+    states = read_states(value, paths)
+    for path, state in zip(paths.values(), states.values(), strict=True):
+        _same_config(value, training_keys(state["config"]), current, f"its {path.name} has")
+        if missing := [key for key in STATE_KEYS[fused] if key not in state]:
+            kind = "fused" if fused else "host-driven"
+            raise ConfigError(
+                "resume", value, f"a {path.name} of a {kind} run (it has no {missing[0]})"
+            )
+    return states
+
+
+def readable_config(key: str, value: str, folder: Path) -> Any:
+    """The ``config.yaml`` in ``folder`` (of ``key=value``: resume, checkpoint), as rlspeed
+    runs write it; one ConfigError line for one that is not."""
+    try:
+        saved = saved_config(folder)
+        flat = flatten(saved)
+    except Exception as error:  # not YAML, not a mapping, interpolations that do not resolve
+        raise ConfigError(key, value, f"a readable {CONFIG_FILE} ({why(error)})") from None
+    if missing := [name for name in IDENTITY_KEYS if name not in flat]:
+        raise ConfigError(
+            key, value, f"a {CONFIG_FILE} as rlspeed runs write (it has no {missing[0]})"
+        )
+    return saved
+
+
+def _same_config(value: str, saved: dict[str, Any], current: dict[str, Any], ran: str) -> None:
+    # Keys both have: a key added to rlspeed since that run has its default there.
+    for key in sorted(saved.keys() & current.keys()):
+        if saved[key] != current[key]:
+            raise ConfigError(
+                "resume",
+                value,
+                f"a run of this config ({ran} {key}={saved[key]}, this run has "
+                f"{key}={current[key]}); repeat that run's settings",
+            )

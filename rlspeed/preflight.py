@@ -254,8 +254,8 @@ def _check_sweep(full: DictConfig, arguments: list[str], compose_job: Callable) 
     """The Optuna sweeper's settings (search space, keys, direction, sampler, pruner,
     storage), then the job config at both ends of every range and at every choice, so a
     value outside a key's allowed range fails now rather than as a FAIL trial."""
-    from hydra_plugins.rlspeed_optuna_sweeper._impl import sweep_storage
     from hydra_plugins.rlspeed_optuna_sweeper._space import build
+    from hydra_plugins.rlspeed_optuna_sweeper._sweep import sweep_storage
 
     setup = build(full.hydra.sweeper, full, arguments)
     sweep_storage(full)  # raises if trials cannot be recorded in hydra.sweeper.storage

@@ -1,4 +1,4 @@
-"""``hydra/sweeper=optuna``: the Hydra sweeper plugin (the work is in ``_impl``).
+"""``hydra/sweeper=optuna``: the Hydra sweeper plugin (the work is in ``_sweep``).
 
 Hydra imports this module on every start to discover plugins, so Optuna is imported only
 when a sweep actually runs.
@@ -39,7 +39,7 @@ class OptunaSweeper(Sweeper):
     ) -> None:
         # The settings are read back from the composed config's hydra.sweeper node, where
         # the pre-flight check reads them too; the arguments are what Hydra passes.
-        from hydra_plugins.rlspeed_optuna_sweeper._impl import OptunaSweeperImpl
+        from hydra_plugins.rlspeed_optuna_sweeper._sweep import OptunaSweeperImpl
 
         self.hydra_context: HydraContext | None = None
         self.config: DictConfig | None = None

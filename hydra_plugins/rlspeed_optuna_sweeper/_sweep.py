@@ -1,4 +1,4 @@
-"""The Optuna sweeper: a persistent study, trials launched in batches, pruning, MLflow.
+"""The Optuna sweeper's loop: a persistent study, trials launched in batches, pruning.
 
 Every batch asks the study for ``n_jobs`` trials, launches them as one batch of Hydra jobs
 (in parallel processes with ``hydra/launcher=joblib``) and tells the study how each ended:
@@ -6,6 +6,8 @@ COMPLETE with the job's return value, PRUNED when the job raised ``optuna.TrialP
 (the job side is :mod:`rlspeed.sweep`), FAIL otherwise. Finished trials of earlier sweeps
 of the same study count toward ``n_trials``, so running the same command again resumes;
 so do the live trials of sweeps of the study running at the same time (see ``_trials``).
+The study's results and plots are written by ``_results``, its MLflow parent run is kept
+by ``_parent_run``.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import logging
 import math
 import os
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,14 +29,11 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 from optuna.trial import TrialState
 
+from hydra_plugins.rlspeed_optuna_sweeper._parent_run import StudyRun
+from hydra_plugins.rlspeed_optuna_sweeper._results import fmt_values, show_best, write_results
 from hydra_plugins.rlspeed_optuna_sweeper._space import SweepConfigError, SweepSetup, build, quote
 from hydra_plugins.rlspeed_optuna_sweeper._submitit import is_submitit, launch_each
-from hydra_plugins.rlspeed_optuna_sweeper._trials import (
-    SURPLUS_ATTR,
-    TrialKeeper,
-    counted,
-    is_surplus,
-)
+from hydra_plugins.rlspeed_optuna_sweeper._trials import TrialKeeper, counted, is_surplus
 from rlspeed import secrets
 from rlspeed.errors import RLSpeedError
 from rlspeed.sweep import (
@@ -49,11 +48,6 @@ from rlspeed.sweep import (
 )
 
 log = logging.getLogger(__name__)
-
-FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
-# Study system attribute: the MLflow parent run of the study, per tracking store.
-PARENT_ATTR = "rlspeed:mlflow_parent"
-TOP_TRIALS = 5
 
 
 def default_study_name(config: DictConfig) -> str:
@@ -337,7 +331,7 @@ class OptunaSweeperImpl:
             )
             if not isinstance(values, str):
                 _tell(study, trial, values=values)
-                log.info("Trial %d: COMPLETE, %s", trial.number, _fmt_values(study, values))
+                log.info("Trial %d: COMPLETE, %s", trial.number, fmt_values(study, values))
                 return 0
             reason = values
         else:
@@ -432,340 +426,3 @@ def _objective_values(
     if len(numbers) != n_objectives or not all(math.isfinite(v) for v in numbers):
         return f"{what}, not {n_objectives} finite number(s)"
     return [study_value(v) for v in numbers]
-
-
-def _objective_names(study: Any) -> list[str]:
-    """The objectives' metric names; ``value`` (or ``objective <i>``) without them."""
-    if study.metric_names is not None:
-        return list(study.metric_names)
-    if len(study.directions) == 1:
-        return ["value"]
-    return [f"objective {i}" for i in range(len(study.directions))]
-
-
-def _fmt_values(study: Any, values: Sequence[float]) -> str:
-    """``name value`` per objective, e.g. ``score 0.742, wall_time_s 12.31``."""
-    names = _objective_names(study)
-    return ", ".join(f"{name} {value:.6g}" for name, value in zip(names, values, strict=True))
-
-
-# --- results -------------------------------------------------------------------------
-
-
-def _best_trials(study: Any) -> list[Any]:
-    """Up to TOP_TRIALS complete trials, best first; the Pareto front if multi-objective
-    (all of it, in the order of its first objective, best first)."""
-    if len(study.directions) > 1:
-        first = study.directions[0] == optuna.study.StudyDirection.MAXIMIZE
-        return sorted(study.best_trials, key=lambda t: (t.values[0], t.number), reverse=first)
-    complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    maximize = study.direction == optuna.study.StudyDirection.MAXIMIZE
-    return sorted(complete, key=lambda t: t.value, reverse=maximize)[:TOP_TRIALS]
-
-
-def _counts(study: Any) -> dict[str, int]:
-    counts = {state.name: 0 for state in FINISHED}
-    for trial in study.get_trials(deepcopy=False, states=FINISHED):
-        if SURPLUS_ATTR not in trial.user_attrs:  # never ran
-            counts[trial.state.name] += 1
-    return counts
-
-
-def write_results(study: Any, storage_spec: str, sweep_dir: Path) -> list[Path]:
-    """``optimization_results.yaml``, the trials table and Optuna's plots in the sweep
-    folder; returns the files written."""
-    files = []
-    results: dict[str, Any] = {
-        "name": "optuna",
-        "study_name": study.study_name,
-        "storage": secrets.mask(storage_spec),
-        "directions": [d.name.lower() for d in study.directions],
-        "objectives": study.metric_names,
-        "trials": _counts(study),
-    }
-    best = _best_trials(study)
-    if len(study.directions) == 1:
-        results["best_trial"] = best[0].number if best else None
-        results["best_value"] = best[0].value if best else None
-        results["best_params"] = dict(best[0].params) if best else None
-    else:
-        names = _objective_names(study)
-        results["pareto_front"] = [
-            {
-                "number": t.number,
-                "values": dict(zip(names, t.values, strict=True)),
-                "params": dict(t.params),
-            }
-            for t in best
-        ]
-    path = sweep_dir / "optimization_results.yaml"
-    OmegaConf.save(OmegaConf.create(results), path)
-    files.append(path)
-    try:
-        table = sweep_dir / "trials.csv"
-        study.trials_dataframe().to_csv(table, index=False)
-        files.append(table)
-    except Exception as error:  # noqa: BLE001 - results must not sink the sweep
-        log.warning("No trials table: %s", error)
-    if best:
-        files += write_plots(study, sweep_dir / "plots")
-    return files
-
-
-# Parameters of the contour plot: its grid has one panel per pair, unreadable beyond 4.
-CONTOUR_PARAMS = 4
-CONTOUR_PANEL_PX = 280
-
-
-def write_plots(study: Any, out_dir: Path) -> list[Path]:
-    """Parameter importance, contour (of the CONTOUR_PARAMS most important parameters),
-    optimization history and, for several objectives, the Pareto front: HTML (plotly,
-    interactive, sharing one ``plotly.min.js``) and PNG (matplotlib; plotly's static export
-    needs a browser). Plots of one objective show the first."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-    import optuna.visualization as vis
-    import optuna.visualization.matplotlib as vis_mpl
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    multi = len(study.directions) > 1
-    names = _objective_names(study)
-    target: dict[str, Any] = {"target_name": names[0]}
-    if multi:
-        target["target"] = lambda t: t.values[0]
-    files = []
-    verbosity = optuna.logging.get_verbosity()
-    optuna.logging.set_verbosity(optuna.logging.ERROR)  # e.g. "unique value length < 2"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        top = _top_params(study, target.get("target"))
-        # The contour's grid grows with its parameters (None: all of them, few enough).
-        big_contour = top is not None and len(top) > 2
-        plots = {
-            "param_importances": target,
-            "contour": {**target, "params": top},
-            "optimization_history": target,
-        }
-        if multi:
-            plots["pareto_front"] = {"target_names": names}
-        for name, args in plots.items():
-            try:
-                fig = getattr(vis, f"plot_{name}")(study, **args)
-                if name == "contour" and big_contour:
-                    size = CONTOUR_PANEL_PX * len(top)
-                    fig.update_layout(width=size + 200, height=size)
-                html = out_dir / f"{name}.html"
-                # plotly.js (3.6 MB) once, as plotly.min.js beside the pages.
-                fig.write_html(html, include_plotlyjs="directory")
-                _add_plotly_fallback(html)
-                files.append(html)
-                axes = getattr(vis_mpl, f"plot_{name}")(study, **args)
-                figure = np.atleast_1d(axes).flat[0].figure
-                if name == "contour" and big_contour:
-                    figure.set_size_inches(2.5 * len(top) + 1.5, 2.5 * len(top))
-                png = out_dir / f"{name}.png"
-                figure.savefig(png, dpi=100, bbox_inches="tight")
-                plt.close(figure)
-                files.append(png)
-            except Exception as error:  # noqa: BLE001 - e.g. too few trials for importances
-                log.warning("No %s plot: %s", name, " ".join(str(error).split()))
-    optuna.logging.set_verbosity(verbosity)
-    script = out_dir / "plotly.min.js"
-    if script.exists():
-        files.append(script)
-    return files
-
-
-LOCAL_PLOTLY = '<script charset="utf-8" src="plotly.min.js"></script>'
-
-
-def _add_plotly_fallback(page: Path) -> None:
-    """Load plotly.js from its CDN where the page cannot reach the plotly.min.js beside it:
-    MLflow shows an HTML artifact alone (in an iframe of its own), so the relative script
-    is not found there and the plot would stay blank."""
-    from plotly.offline import get_plotlyjs_version
-
-    cdn = f"https://cdn.plot.ly/plotly-{get_plotlyjs_version()}.min.js"
-    load = f"document.write('<script src=\"{cdn}\"><\\/script>')"
-    fallback = f"<script>window.Plotly || {load}</script>"
-    page.write_text(page.read_text().replace(LOCAL_PLOTLY, LOCAL_PLOTLY + fallback, 1))
-
-
-def _top_params(study: Any, target: Any) -> list[str] | None:
-    """The CONTOUR_PARAMS most important parameters (all of them if their importances
-    cannot be had yet, e.g. from one complete trial)."""
-    try:
-        importances = optuna.importance.get_param_importances(study, target=target)
-    except Exception:  # noqa: BLE001 - Optuna raises several kinds for too few trials
-        return None
-    return list(importances)[:CONTOUR_PARAMS]
-
-
-def show_best(study: Any) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    counts = _counts(study)
-    best = _best_trials(study)
-    multi = len(study.directions) > 1
-    title = (
-        f"{'Pareto front' if multi else 'Best trials'} of study '{study.study_name}' "
-        f"({counts['COMPLETE']} complete, {counts['PRUNED']} pruned, {counts['FAIL']} failed)"
-    )
-    # One column per trial: parameter names are long and a terminal is narrow.
-    table = Table(title=title)
-    table.add_column("trial")
-    for trial in best:
-        table.add_column(f"#{trial.number}", justify="right")
-    for i, name in enumerate(_objective_names(study)):
-        directed = f"{name} ({study.directions[i].name.lower()})" if multi else name
-        table.add_row(directed, *[f"{t.values[i]:.6g}" for t in best])
-    for name in sorted({name for trial in best for name in trial.params}):
-        table.add_row(name, *[_fmt_param(t.params.get(name)) for t in best])
-    Console().print(table)
-
-
-def _fmt_param(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return "-" if value is None else str(value)
-
-
-# --- MLflow ----------------------------------------------------------------------------
-
-
-class StudyRun:
-    """The study's MLflow parent run: trials nest under it; it gets the results at the end.
-
-    Resuming a study reuses its parent run. MLflow params cannot change once logged, so the
-    best params are logged as params (``best.<name>``) the first time and kept current as
-    tags of the same names; ``best_value`` is a metric stepped by the finished trial count.
-    """
-
-    def __init__(self, client: Any, run_id: str) -> None:
-        self.client = client
-        self.run_id = run_id
-        # Why something could not be sent to the parent run (None while all was).
-        self.failure: str | None = None
-
-    @classmethod
-    def open(
-        cls, tracking: DictConfig, study: Any, study_id: int, storage: Any, storage_spec: str
-    ) -> StudyRun:
-        from rlspeed.tracking.mlflow import (
-            mlflow_client,
-            resolve_uri,
-            server_credentials,
-            use_mlflow_defaults,
-        )
-
-        use_mlflow_defaults()
-        import mlflow
-
-        uri = resolve_uri(tracking)
-        bare_uri, credentials = server_credentials(uri)
-        os.environ.update(credentials)  # where MLflow reads a server's user and password
-        client = mlflow_client(bare_uri or mlflow.get_tracking_uri())
-        experiment = client.get_experiment_by_name(tracking.experiment)
-        if experiment is None:
-            try:
-                experiment_id = client.create_experiment(tracking.experiment)
-            except Exception:  # noqa: BLE001 - created meanwhile by another process
-                experiment_id = client.get_experiment_by_name(tracking.experiment).experiment_id
-        else:
-            experiment_id = experiment.experiment_id
-        # Recorded in the study: without a server's user and password, a database's masked.
-        where = {"uri": secrets.mask(bare_uri or ""), "experiment": tracking.experiment}
-        known = storage.get_study_system_attrs(study_id).get(PARENT_ATTR)
-        if known and {k: known.get(k) for k in where} == where:
-            try:
-                run = client.get_run(known["run_id"])
-                if run.info.lifecycle_stage == "active":
-                    client.update_run(run.info.run_id, status="RUNNING")
-                    log.info("MLflow: resuming the study's parent run %s", run.info.run_id)
-                    return cls(client, run.info.run_id)
-            except Exception:  # noqa: BLE001 - deleted or gone: start a new parent run
-                pass
-        sampler = type(study.sampler).__name__
-        pruner = type(study.pruner).__name__
-        run = client.create_run(
-            experiment_id,
-            run_name=study.study_name,
-            tags={
-                "optuna.study": study.study_name,
-                "optuna.storage": secrets.mask(storage_spec),
-                "optuna.sampler": sampler,
-                "optuna.pruner": pruner,
-                "optuna.directions": ",".join(d.name.lower() for d in study.directions),
-            },
-        )
-        storage.set_study_system_attr(study_id, PARENT_ATTR, {**where, "run_id": run.info.run_id})
-        log.info("MLflow: study parent run %s", run.info.run_id)
-        return cls(client, run.info.run_id)
-
-    def _try(self, what: str, send: Callable[[], None]) -> None:
-        """``send()``, or, if the tracking store fails, one warning: a store that dies
-        mid-sweep costs its copy of the results, not the sweep."""
-        from rlspeed.tracking import cause
-
-        try:
-            send()
-        except Exception as error:  # noqa: BLE001 - MLflow raises its own and requests' errors
-            if self.failure is None:
-                log.warning(
-                    "MLflow: could not %s (%s); the sweep goes on, its results are in the "
-                    "study and the sweep folder",
-                    what,
-                    cause(error),
-                )
-            self.failure = f"{what} ({cause(error)})"
-
-    def fail_stale_children(self, numbers: list[int]) -> None:
-        """Child runs of trials a killed sweep left running end FAILED, like their trials."""
-        if numbers:
-            self._try("end stale trials' runs", lambda: self._fail_children(numbers))
-
-    def _fail_children(self, numbers: list[int]) -> None:
-        run = self.client.get_run(self.run_id)
-        children = self.client.search_runs(
-            [run.info.experiment_id],
-            filter_string=f"tags.mlflow.parentRunId = '{self.run_id}' "
-            "and attributes.status = 'RUNNING'",
-        )
-        for child in children:
-            if child.data.tags.get("optuna.trial") in {str(n) for n in numbers}:
-                self.client.set_terminated(child.info.run_id, status="FAILED")
-
-    def finish(self, study: Any, files: list[Path], status: str) -> None:
-        """The study's results and files into the parent run, which then ends."""
-        self._try("record the study's results", lambda: self._log_results(study, files))
-        self._try("end the study's run", lambda: self.client.set_terminated(self.run_id, status))
-
-    def _log_results(self, study: Any, files: list[Path]) -> None:
-        client, run_id = self.client, self.run_id
-        counts = _counts(study)
-        step = sum(counts.values())
-        for state, count in counts.items():
-            client.log_metric(run_id, f"trials_{state.lower()}", count, step=step)
-        best = _best_trials(study)
-        if best and len(study.directions) == 1:
-            trial = best[0]
-            client.log_metric(run_id, "best_value", trial.value, step=step)
-            client.set_tag(run_id, "best_trial", str(trial.number))
-            logged = client.get_run(run_id).data.params
-            for name, value in trial.params.items():
-                key = f"best.{name}"
-                if key not in logged:
-                    client.log_param(run_id, key, value)
-                client.set_tag(run_id, key, str(value))
-        elif best:
-            client.set_tag(run_id, "pareto_front", ",".join(str(t.number) for t in best))
-        for path in files:
-            client.log_artifact(
-                run_id,
-                str(path),
-                artifact_path="plots" if path.parent.name == "plots" else None,
-            )

@@ -1,0 +1,222 @@
+"""The study's results: ``optimization_results.yaml``, the trials table and Optuna's plots
+in the sweep folder (``write_results``, ``write_plots``), the best trials as a table in the
+terminal (``show_best``), and what these are made of, which the loop and the parent run use
+too: the best trials, the trial counts, a trial's objective values as the log writes them.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import optuna
+from omegaconf import OmegaConf
+from optuna.trial import TrialState
+
+from hydra_plugins.rlspeed_optuna_sweeper._trials import SURPLUS_ATTR
+from rlspeed import secrets
+
+log = logging.getLogger(__name__)
+
+FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+TOP_TRIALS = 5
+
+
+def _objective_names(study: Any) -> list[str]:
+    """The objectives' metric names; ``value`` (or ``objective <i>``) without them."""
+    if study.metric_names is not None:
+        return list(study.metric_names)
+    if len(study.directions) == 1:
+        return ["value"]
+    return [f"objective {i}" for i in range(len(study.directions))]
+
+
+def fmt_values(study: Any, values: Sequence[float]) -> str:
+    """``name value`` per objective, e.g. ``score 0.742, wall_time_s 12.31``."""
+    names = _objective_names(study)
+    return ", ".join(f"{name} {value:.6g}" for name, value in zip(names, values, strict=True))
+
+
+def best_trials(study: Any) -> list[Any]:
+    """Up to TOP_TRIALS complete trials, best first; the Pareto front if multi-objective
+    (all of it, in the order of its first objective, best first)."""
+    if len(study.directions) > 1:
+        first = study.directions[0] == optuna.study.StudyDirection.MAXIMIZE
+        return sorted(study.best_trials, key=lambda t: (t.values[0], t.number), reverse=first)
+    complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    maximize = study.direction == optuna.study.StudyDirection.MAXIMIZE
+    return sorted(complete, key=lambda t: t.value, reverse=maximize)[:TOP_TRIALS]
+
+
+def trial_counts(study: Any) -> dict[str, int]:
+    counts = {state.name: 0 for state in FINISHED}
+    for trial in study.get_trials(deepcopy=False, states=FINISHED):
+        if SURPLUS_ATTR not in trial.user_attrs:  # never ran
+            counts[trial.state.name] += 1
+    return counts
+
+
+def write_results(study: Any, storage_spec: str, sweep_dir: Path) -> list[Path]:
+    """``optimization_results.yaml``, the trials table and Optuna's plots in the sweep
+    folder; returns the files written."""
+    files = []
+    results: dict[str, Any] = {
+        "name": "optuna",
+        "study_name": study.study_name,
+        "storage": secrets.mask(storage_spec),
+        "directions": [d.name.lower() for d in study.directions],
+        "objectives": study.metric_names,
+        "trials": trial_counts(study),
+    }
+    best = best_trials(study)
+    if len(study.directions) == 1:
+        results["best_trial"] = best[0].number if best else None
+        results["best_value"] = best[0].value if best else None
+        results["best_params"] = dict(best[0].params) if best else None
+    else:
+        names = _objective_names(study)
+        results["pareto_front"] = [
+            {
+                "number": t.number,
+                "values": dict(zip(names, t.values, strict=True)),
+                "params": dict(t.params),
+            }
+            for t in best
+        ]
+    path = sweep_dir / "optimization_results.yaml"
+    OmegaConf.save(OmegaConf.create(results), path)
+    files.append(path)
+    try:
+        table = sweep_dir / "trials.csv"
+        study.trials_dataframe().to_csv(table, index=False)
+        files.append(table)
+    except Exception as error:  # noqa: BLE001 - results must not sink the sweep
+        log.warning("No trials table: %s", error)
+    if best:
+        files += write_plots(study, sweep_dir / "plots")
+    return files
+
+
+# Parameters of the contour plot: its grid has one panel per pair, unreadable beyond 4.
+CONTOUR_PARAMS = 4
+CONTOUR_PANEL_PX = 280
+
+
+def write_plots(study: Any, out_dir: Path) -> list[Path]:
+    """Parameter importance, contour (of the CONTOUR_PARAMS most important parameters),
+    optimization history and, for several objectives, the Pareto front: HTML (plotly,
+    interactive, sharing one ``plotly.min.js``) and PNG (matplotlib; plotly's static export
+    needs a browser). Plots of one objective show the first."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+    import optuna.visualization as vis
+    import optuna.visualization.matplotlib as vis_mpl
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    multi = len(study.directions) > 1
+    names = _objective_names(study)
+    target: dict[str, Any] = {"target_name": names[0]}
+    if multi:
+        target["target"] = lambda t: t.values[0]
+    files = []
+    verbosity = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.ERROR)  # e.g. "unique value length < 2"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        top = _top_params(study, target.get("target"))
+        # The contour's grid grows with its parameters (None: all of them, few enough).
+        big_contour = top is not None and len(top) > 2
+        plots = {
+            "param_importances": target,
+            "contour": {**target, "params": top},
+            "optimization_history": target,
+        }
+        if multi:
+            plots["pareto_front"] = {"target_names": names}
+        for name, args in plots.items():
+            try:
+                fig = getattr(vis, f"plot_{name}")(study, **args)
+                if name == "contour" and big_contour:
+                    size = CONTOUR_PANEL_PX * len(top)
+                    fig.update_layout(width=size + 200, height=size)
+                html = out_dir / f"{name}.html"
+                # plotly.js (3.6 MB) once, as plotly.min.js beside the pages.
+                fig.write_html(html, include_plotlyjs="directory")
+                _add_plotly_fallback(html)
+                files.append(html)
+                axes = getattr(vis_mpl, f"plot_{name}")(study, **args)
+                figure = np.atleast_1d(axes).flat[0].figure
+                if name == "contour" and big_contour:
+                    figure.set_size_inches(2.5 * len(top) + 1.5, 2.5 * len(top))
+                png = out_dir / f"{name}.png"
+                figure.savefig(png, dpi=100, bbox_inches="tight")
+                plt.close(figure)
+                files.append(png)
+            except Exception as error:  # noqa: BLE001 - e.g. too few trials for importances
+                log.warning("No %s plot: %s", name, " ".join(str(error).split()))
+    optuna.logging.set_verbosity(verbosity)
+    script = out_dir / "plotly.min.js"
+    if script.exists():
+        files.append(script)
+    return files
+
+
+LOCAL_PLOTLY = '<script charset="utf-8" src="plotly.min.js"></script>'
+
+
+def _add_plotly_fallback(page: Path) -> None:
+    """Load plotly.js from its CDN where the page cannot reach the plotly.min.js beside it:
+    MLflow shows an HTML artifact alone (in an iframe of its own), so the relative script
+    is not found there and the plot would stay blank."""
+    from plotly.offline import get_plotlyjs_version
+
+    cdn = f"https://cdn.plot.ly/plotly-{get_plotlyjs_version()}.min.js"
+    load = f"document.write('<script src=\"{cdn}\"><\\/script>')"
+    fallback = f"<script>window.Plotly || {load}</script>"
+    page.write_text(page.read_text().replace(LOCAL_PLOTLY, LOCAL_PLOTLY + fallback, 1))
+
+
+def _top_params(study: Any, target: Any) -> list[str] | None:
+    """The CONTOUR_PARAMS most important parameters (all of them if their importances
+    cannot be had yet, e.g. from one complete trial)."""
+    try:
+        importances = optuna.importance.get_param_importances(study, target=target)
+    except Exception:  # noqa: BLE001 - Optuna raises several kinds for too few trials
+        return None
+    return list(importances)[:CONTOUR_PARAMS]
+
+
+def show_best(study: Any) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    counts = trial_counts(study)
+    best = best_trials(study)
+    multi = len(study.directions) > 1
+    title = (
+        f"{'Pareto front' if multi else 'Best trials'} of study '{study.study_name}' "
+        f"({counts['COMPLETE']} complete, {counts['PRUNED']} pruned, {counts['FAIL']} failed)"
+    )
+    # One column per trial: parameter names are long and a terminal is narrow.
+    table = Table(title=title)
+    table.add_column("trial")
+    for trial in best:
+        table.add_column(f"#{trial.number}", justify="right")
+    for i, name in enumerate(_objective_names(study)):
+        directed = f"{name} ({study.directions[i].name.lower()})" if multi else name
+        table.add_row(directed, *[f"{t.values[i]:.6g}" for t in best])
+    for name in sorted({name for trial in best for name in trial.params}):
+        table.add_row(name, *[_fmt_param(t.params.get(name)) for t in best])
+    Console().print(table)
+
+
+def _fmt_param(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return "-" if value is None else str(value)

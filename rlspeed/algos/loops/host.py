@@ -1,20 +1,77 @@
-"""What every loop driven from Python does around its steps, and where it stands after its
-last whole iteration (``ResumePoint``)."""
+"""The training loop driven from Python (every pairing but flax + jax-vmap): the algorithm's
+learner says what an iteration does (``HostLearner.iteration``); ``train_host`` runs the
+iterations with what every run needs around them: log intervals, the resume point after each
+whole iteration, checkpoints, interrupts held to the iteration's end."""
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
 from functools import partial
-from typing import Any
+from pathlib import Path
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
 from rlspeed.algos.loops.records import IntervalMetrics, log_seed
 from rlspeed.checkpoint import capture, restore
-from rlspeed.context import CheckpointSchedule, RunContext
+from rlspeed.context import CheckpointSchedule, RunContext, TrainResult
 from rlspeed.engines import Engine
 from rlspeed.errors import deferred_interrupts
+from rlspeed.monitor import SeedMonitor
+
+
+class Iteration(NamedTuple):
+    """What one iteration of an algorithm's host-driven training did."""
+
+    # The envs' latest observations, what the next iteration acts on.
+    obs: Any
+    # Env steps it took (over every env) and gradient updates it made.
+    steps: int
+    updates: int
+    # Each update's metrics as backend scalars (no host sync): averaged per log interval.
+    metrics: list[dict[str, Any]]
+    # Values as of now (schedules such as epsilon), logged as they are.
+    latest: dict[str, float] | None = None
+
+
+class HostLearner(Protocol):
+    """An algorithm's learner as ``train_host`` drives it: its file says, top to bottom,
+    how an iteration collects, computes its targets and updates."""
+
+    def iteration(self, engine: Engine, obs: Any, step: int, episodes: SeedMonitor) -> Iteration:
+        """One iteration from env step ``step``: act on ``obs`` and step ``engine`` (handing
+        finished episodes to ``episodes``), store, learn."""
+
+    def greedy(self, obs: np.ndarray) -> np.ndarray:
+        """Deterministic actions as NumPy, for evaluation."""
+
+    def save(self, path: Path) -> Path:
+        """Write the agent's checkpoint file."""
+
+
+def train_host(
+    ctx: RunContext, make_learner: Callable[[Any, Any], HostLearner], checkpoint_name: str
+) -> TrainResult:
+    """Train one agent from Python: ``make_learner(observation_space, action_space)``'s
+    iterations until ``total_steps``, with logs, resume points, checkpoints and interrupts
+    around them. A learner's ``carried`` (a dict, optional) names the parts besides itself
+    that a resume continues from (a replay buffer)."""
+    engine = ctx.make_engine()
+    learner = make_learner(engine.single_observation_space, engine.single_action_space)
+    carried = getattr(learner, "carried", {})
+    with host_training(ctx, engine, learner, checkpoint_name, **carried) as parts:
+        interval, point, check_interrupt = parts
+        obs, step, updates = point.start(ctx.resume_state(), engine.reset)
+        while step < ctx.cfg.total_steps:
+            done = learner.iteration(engine, obs, step, ctx.monitor)
+            obs, step, updates = done.obs, step + done.steps, updates + done.updates
+            for metrics in done.metrics:
+                interval.add(metrics)
+            interval.log_if_due(step, updates, learner.greedy, done.latest)
+            point.reached(step, updates, obs)
+            check_interrupt()
+    return TrainResult(steps=step, updates=updates)
 
 
 @contextlib.contextmanager

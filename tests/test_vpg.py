@@ -17,8 +17,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from rlspeed.algos.loops.jax_onpolicy import gae_scan
-from rlspeed.algos.loops.onpolicy import RolloutBatch, gae
+from rlspeed.algos.rollout import RolloutBatch, gae
+from rlspeed.algos.rollout_jax import gae_scan
 from rlspeed.algos.vpg import VPGConfig
 from rlspeed.algos.vpg.flax import FlaxLearner, VPGFunctions
 from rlspeed.algos.vpg.torch import TorchLearner
@@ -114,8 +114,12 @@ def test_torch_and_flax_compute_the_same_update(make_batch, overrides):
         VPGConfig(hidden_sizes=[32, 32], value_iterations=3, initial_log_std=-0.5, **overrides)
     )
     obs_space, action_space, batch = make_batch(np.random.default_rng(0), 64)
-    flax_learner = FlaxLearner(obs_space, action_space, learner_cfg(algo), seed=0)
-    torch_learner = TorchLearner(obs_space, action_space, learner_cfg(algo), seed=0)
+    flax_learner = FlaxLearner(
+        obs_space, action_space, learner_cfg(algo, total_steps=1000, num_envs=1), seed=0
+    )
+    torch_learner = TorchLearner(
+        obs_space, action_space, learner_cfg(algo, total_steps=1000, num_envs=1), seed=0
+    )
     _copy_flax_to_torch(flax_learner, torch_learner)
 
     np.testing.assert_allclose(

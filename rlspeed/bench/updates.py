@@ -21,8 +21,8 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from rlspeed.algos.loops.onpolicy import RolloutBatch
 from rlspeed.algos.replay import Batch
+from rlspeed.algos.rollout import RolloutBatch
 from rlspeed.bench.common import Table, calls_per_second, write_results
 
 HALFCHEETAH = (

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 # Loop kind -> its ``train(ctx, make_learner, checkpoint_name)``.
 HOST_LOOPS = {
     "off_policy": "rlspeed.algos.loops.offpolicy:train_off_policy",
-    "on_policy": "rlspeed.algos.loops.onpolicy:train_on_policy",
+    "on_policy": "rlspeed.algos.loops.host:train_host",
     "tabular": "rlspeed.algos.loops.tabular:train_tabular",
 }
 # The agent's file in the run folder, by backend (``mode=eval`` loads it).

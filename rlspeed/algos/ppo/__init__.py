@@ -2,7 +2,7 @@
 ``ppo.py`` runs it: GAE(lambda) advantages, several epochs of minibatch steps per batch.
 
 Each batch is ``num_steps`` steps of every env, with GAE advantages and value targets from
-the on-policy loop (``rlspeed/algos/loops/onpolicy.py``). Per batch, ``update_epochs``
+the on-policy rollouts (``rlspeed/algos/rollout.py``). Per batch, ``update_epochs``
 passes over a fresh random permutation of it, each in ``num_minibatches`` minibatches; one
 gradient step per minibatch on ``policy loss - ent_coef * entropy + vf_coef * value loss``,
 with one Adam over the separate policy and value networks. ``updates``
@@ -84,7 +84,7 @@ def minibatch_positions(
 
 def batches_in_run(algo: Any, cfg: Any) -> int:
     """Batches (iterations) the run collects, the last one cut to end at ``total_steps``
-    (``onpolicy.rollout_length``): the annealed step size reaches 0 after them."""
+    (``rollout.rollout_length``): the annealed step size reaches 0 after them."""
     return math.ceil(cfg.total_steps / (algo.num_steps * cfg.num_envs))
 
 

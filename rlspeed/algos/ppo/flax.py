@@ -1,7 +1,8 @@
-"""PPO in Flax + Optax: ``PPOFunctions``, the pure functions the on-policy loop's flax side
-(``rlspeed/algos/loops/jax_onpolicy.py``) turns into the host learner (Gymnasium engines)
-and the fused program (``env=jax-vmap``). The networks, acting and log-probabilities are
-the on-policy ``ActorCritic`` VPG has too; PPO brings its own optimizer and update.
+"""PPO in Flax + Optax: ``PPOFunctions``, the pure functions (loss, update) that the
+on-policy rollouts in JAX (``rlspeed/algos/rollout_jax.py``: collect, GAE) turn into
+the host learner (Gymnasium engines) and the fused program (``env=jax-vmap``). The
+networks, acting and log-probabilities are the on-policy ``ActorCritic`` VPG has too; PPO
+brings its own optimizer, loss and update.
 """
 
 from __future__ import annotations
@@ -14,15 +15,15 @@ import jax.numpy as jnp
 import optax
 
 from rlspeed.algos.loops.fused import FusedTrainer, saved_agent_policies
-from rlspeed.algos.loops.jax_onpolicy import (
+from rlspeed.algos.networks.flax import ActorCritic
+from rlspeed.algos.ppo import batches_in_run, minibatch_positions
+from rlspeed.algos.rollout import RolloutBatch
+from rlspeed.algos.rollout_jax import (
     OnPolicyJaxLearner,
     make_on_policy_train,
     normalized,
     weighted_mean,
 )
-from rlspeed.algos.loops.onpolicy import RolloutBatch
-from rlspeed.algos.networks.flax import ActorCritic
-from rlspeed.algos.ppo import batches_in_run, minibatch_positions
 from rlspeed.envs.vmap import VmapEnv
 from rlspeed.tasks import Policy as GreedyPolicy
 
@@ -150,7 +151,8 @@ def functions(cfg: Any, obs_space: Any, action_space: Any) -> PPOFunctions:
 
 class FlaxLearner(OnPolicyJaxLearner):
     def __init__(self, obs_space: Any, action_space: Any, cfg: Any, seed: int) -> None:
-        super().__init__(functions(cfg, obs_space, action_space), seed)
+        fns = functions(cfg, obs_space, action_space)
+        super().__init__(fns, obs_space, action_space, cfg, seed)
 
 
 def make_train(cfg: Any, env: VmapEnv) -> FusedTrainer:

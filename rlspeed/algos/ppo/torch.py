@@ -1,5 +1,7 @@
-"""PPO in PyTorch, on any engine (Gymnasium or JAX through DLPack). The networks and acting
-are the on-policy ``ActorCritic`` VPG has too; PPO brings its own optimizer and update."""
+"""PPO in PyTorch, on any engine (Gymnasium or JAX through DLPack), top to bottom: each
+iteration collects a rollout and its GAE advantages (``rlspeed/algos/rollout.py``, shared with
+VPG), then the clipped surrogate loss over minibatches. The networks and acting are the
+on-policy ``ActorCritic`` VPG has too (``rlspeed/algos/networks/torch.py``)."""
 
 from __future__ import annotations
 
@@ -10,11 +12,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from rlspeed.algos.loops.onpolicy import RolloutBatch
+from rlspeed.algos.loops.host import Iteration
 from rlspeed.algos.networks.torch import ActorCritic, from_numpy, load_checkpoint
 from rlspeed.algos.ppo import batches_in_run, minibatch_positions
+from rlspeed.algos.rollout import Rollout, RolloutBatch, rollout_length
 from rlspeed.backends.torch import device_of
 from rlspeed.checkpoint import save_torch
+from rlspeed.engines import Engine
+from rlspeed.monitor import SeedMonitor
 from rlspeed.seeding import Stream, int_seed
 from rlspeed.tasks import Policy as GreedyPolicy
 
@@ -33,6 +38,15 @@ class TorchLearner(ActorCritic):
         self.batches = batches_in_run(algo, cfg)
         self.batches_done = 0
         self.minibatch_generator = torch.Generator().manual_seed(int_seed(seed, Stream.REPLAY))
+        self.total_steps, self.num_envs = cfg.total_steps, cfg.num_envs
+        self.rollout = Rollout(obs_space, action_space, cfg.num_envs, algo.num_steps)
+
+    def iteration(self, engine: Engine, obs: Any, step: int, episodes: SeedMonitor) -> Iteration:
+        """Collect a rollout, compute its GAE advantages, then PPO's update on it."""
+        length = int(rollout_length(self.total_steps - step, self.num_envs, self.algo.num_steps))
+        obs = self.rollout.collect(engine, self.act, obs, length, episodes)
+        batch = self.rollout.batch(length, self.values, self.algo.gamma, self.algo.gae_lambda)
+        return Iteration(obs, length * self.num_envs, self.updates_per_batch, [self.update(batch)])
 
     def loss(
         self, minibatch: tuple[torch.Tensor, ...]

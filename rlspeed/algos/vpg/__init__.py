@@ -2,7 +2,7 @@
 baseline and GAE(lambda) advantages.
 
 Each batch is ``num_steps`` steps of every env, with GAE advantages and value targets from
-the on-policy loop (``rlspeed/algos/loops/onpolicy.py``). Per batch the policy takes ONE
+the on-policy rollouts (``rlspeed/algos/rollout.py``). Per batch the policy takes ONE
 gradient step on ``-mean(logp * normalised advantage)`` (minus an optional
 entropy bonus) and the value function ``value_iterations`` full-batch MSE steps, each with
 its own Adam. ``updates`` (``gradient_updates`` in the outputs) counts gradient steps:

@@ -1,6 +1,6 @@
-"""VPG in Flax + Optax: ``VPGFunctions``, the pure functions the on-policy loop's flax side
-(``rlspeed/algos/loops/jax_onpolicy.py``) turns into the host learner (Gymnasium engines)
-and the fused program (``env=jax-vmap``).
+"""VPG in Flax + Optax: ``VPGFunctions``, the pure functions (losses, update) that the
+on-policy rollouts in JAX (``rlspeed/algos/rollout_jax.py``: collect, GAE) turn into
+the host learner (Gymnasium engines) and the fused program (``env=jax-vmap``).
 """
 
 from __future__ import annotations
@@ -12,15 +12,15 @@ import jax
 import optax
 
 from rlspeed.algos.loops.fused import FusedTrainer, saved_agent_policies
-from rlspeed.algos.loops.jax_onpolicy import (
+from rlspeed.algos.networks.flax import ActorCritic
+from rlspeed.algos.rollout import RolloutBatch
+from rlspeed.algos.rollout_jax import (
     OnPolicyJaxLearner,
     make_on_policy_train,
     normalized,
     sample_weights,
     weighted_mean,
 )
-from rlspeed.algos.loops.onpolicy import RolloutBatch
-from rlspeed.algos.networks.flax import ActorCritic
 from rlspeed.envs.vmap import VmapEnv
 from rlspeed.tasks import Policy as GreedyPolicy
 
@@ -111,7 +111,8 @@ class VPGFunctions(ActorCritic):
 
 class FlaxLearner(OnPolicyJaxLearner):
     def __init__(self, obs_space: Any, action_space: Any, cfg: Any, seed: int) -> None:
-        super().__init__(VPGFunctions(obs_space, action_space, cfg.algo), seed)
+        fns = VPGFunctions(obs_space, action_space, cfg.algo)
+        super().__init__(fns, obs_space, action_space, cfg, seed)
 
 
 def make_train(cfg: Any, env: VmapEnv) -> FusedTrainer:

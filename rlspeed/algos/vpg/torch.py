@@ -1,4 +1,7 @@
-"""VPG in PyTorch, on any engine (Gymnasium or JAX through DLPack)."""
+"""VPG in PyTorch, on any engine (Gymnasium or JAX through DLPack), top to bottom: each
+iteration collects a rollout and its GAE advantages (``rlspeed/algos/rollout.py``, shared with
+PPO), then one policy-gradient step and the value steps. The networks and acting are the
+on-policy ``ActorCritic`` (``rlspeed/algos/networks/torch.py``)."""
 
 from __future__ import annotations
 
@@ -9,10 +12,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rlspeed.algos.loops.onpolicy import RolloutBatch
+from rlspeed.algos.loops.host import Iteration
 from rlspeed.algos.networks.torch import ActorCritic, from_numpy, load_checkpoint, optimizer
+from rlspeed.algos.rollout import Rollout, RolloutBatch, rollout_length
 from rlspeed.backends.torch import device_of
 from rlspeed.checkpoint import save_torch
+from rlspeed.engines import Engine
+from rlspeed.monitor import SeedMonitor
 from rlspeed.tasks import Policy as GreedyPolicy
 
 
@@ -23,6 +29,15 @@ class TorchLearner(ActorCritic):
         self.updates_per_batch = 1 + algo.value_iterations
         self.policy_optimizer = optimizer("adam", self.policy.parameters(), algo.policy_lr)
         self.value_optimizer = optimizer("adam", self.value.parameters(), algo.value_lr)
+        self.total_steps, self.num_envs = cfg.total_steps, cfg.num_envs
+        self.rollout = Rollout(obs_space, action_space, cfg.num_envs, algo.num_steps)
+
+    def iteration(self, engine: Engine, obs: Any, step: int, episodes: SeedMonitor) -> Iteration:
+        """Collect a rollout, compute its GAE advantages, then VPG's update on it."""
+        length = int(rollout_length(self.total_steps - step, self.num_envs, self.algo.num_steps))
+        obs = self.rollout.collect(engine, self.act, obs, length, episodes)
+        batch = self.rollout.batch(length, self.values, self.algo.gamma, self.algo.gae_lambda)
+        return Iteration(obs, length * self.num_envs, self.updates_per_batch, [self.update(batch)])
 
     def _step(self, optimizer: torch.optim.Optimizer, net: nn.Module, loss: torch.Tensor) -> None:
         optimizer.zero_grad()

@@ -1,8 +1,10 @@
-"""The on-policy loop's flax side (VPG, PPO): an algorithm writes its pure functions
-(``OnPolicyFunctions``) and gets from here both the learner the host loop of ``onpolicy.py``
-drives (Gymnasium engines) and the fused program of ``backend=flax env=jax-vmap``, in which
-one ``lax.scan`` iteration is a ``num_steps`` rollout (an inner ``lax.scan``), GAE (a reverse
-``lax.scan``) and the algorithm's update.
+"""On-policy rollouts and their GAE advantages in JAX: what VPG and PPO share on flax. An
+algorithm writes its pure functions (``OnPolicyFunctions``: act, values, update) and gets
+from here both the learner ``train_host`` drives on the Gymnasium engines
+(``OnPolicyJaxLearner``: host rollouts of ``rollout.py``, jitted functions) and the fused
+program of ``backend=flax env=jax-vmap``, in which one ``lax.scan`` iteration is a
+``num_steps`` rollout (an inner ``lax.scan``), GAE (a reverse ``lax.scan``) and the
+algorithm's update.
 """
 
 from __future__ import annotations
@@ -15,10 +17,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from rlspeed.algos.loops.fused import FusedTrainer, per_seed_mean, scan_iterations
+from rlspeed.algos.loops.host import Iteration
 from rlspeed.algos.loops.jax_learner import JaxLearner
-from rlspeed.algos.loops.onpolicy import RolloutBatch, advantage_terms, rollout_length
-from rlspeed.engines import StepResult
+from rlspeed.algos.rollout import Rollout, RolloutBatch, advantage_terms, rollout_length
+from rlspeed.engines import Engine, StepResult
 from rlspeed.envs.vmap import VmapEnv, VmapState
+from rlspeed.monitor import SeedMonitor
 from rlspeed.seeding import JaxKeys, Stream, jax_key
 
 
@@ -74,7 +78,7 @@ def gae_scan(
     gamma: float,
     lam: float,
 ) -> jax.Array:
-    """GAE advantages [T, N]: the recursion of ``onpolicy.gae`` as a reverse scan."""
+    """GAE advantages [T, N]: the recursion of ``rollout.gae`` as a reverse scan."""
     deltas, decays = advantage_terms(rewards, values, next_values, terminated, dones, gamma, lam)
 
     def backward(next_advantage: jax.Array, term: tuple[jax.Array, jax.Array]) -> tuple:
@@ -89,17 +93,30 @@ def gae_scan(
 
 
 class OnPolicyJaxLearner(JaxLearner):
-    """The functions jitted, for the Python-driven loop (Gymnasium engines)."""
+    """The functions jitted, for ``train_host`` (Gymnasium engines): each iteration collects
+    a rollout on the host, computes its GAE advantages there, and updates in one jitted
+    call."""
 
-    def __init__(self, fns: OnPolicyFunctions, seed: int) -> None:
+    def __init__(
+        self, fns: OnPolicyFunctions, obs_space: Any, action_space: Any, cfg: Any, seed: int
+    ) -> None:
         super().__init__(fns.init, seed)
+        self.algo, self.total_steps, self.num_envs = cfg.algo, cfg.total_steps, cfg.num_envs
         self.updates_per_batch = fns.updates_per_batch
+        self.rollout = Rollout(obs_space, action_space, cfg.num_envs, cfg.algo.num_steps)
         # Minibatch draws have a stream of their own, so the actions' stays as it was.
         self.update_key = jax_key(seed, Stream.REPLAY)
         self._act = jax.jit(fns.act)
         self._values = jax.jit(fns.values)
         self._greedy = jax.jit(fns.greedy)
         self._update = jax.jit(fns.update)
+
+    def iteration(self, engine: Engine, obs: Any, step: int, episodes: SeedMonitor) -> Iteration:
+        """Collect a rollout, compute its advantages, update on it."""
+        length = int(rollout_length(self.total_steps - step, self.num_envs, self.algo.num_steps))
+        obs = self.rollout.collect(engine, self.act, obs, length, episodes)
+        batch = self.rollout.batch(length, self.values, self.algo.gamma, self.algo.gae_lambda)
+        return Iteration(obs, length * self.num_envs, self.updates_per_batch, [self.update(batch)])
 
     def act(self, obs: Any) -> tuple[jax.Array, jax.Array, jax.Array]:
         return self._act(self.agent.policy_params, obs, self.next_key())

@@ -36,6 +36,7 @@ from rlspeed.algos.loops.jax_learner import JaxLearner
 from rlspeed.algos.networks.flax import apply_output
 from rlspeed.algos.replay import Batch, jax_replay_sample
 from rlspeed.algos.td3 import (
+    TD3Config,
     action_bounds,
     explore,
     is_actor_step,
@@ -89,7 +90,7 @@ class Agent(NamedTuple):
 class TD3Functions:
     """Pure functions of one TD3 configuration: init, act, and the update."""
 
-    def __init__(self, obs_space: Any, action_space: Any, algo: Any) -> None:
+    def __init__(self, obs_space: Any, action_space: Any, algo: TD3Config) -> None:
         self.algo = algo
         self.bounds = action_bounds(action_space, jnp.asarray)
         self.action_shape = tuple(action_space.shape)

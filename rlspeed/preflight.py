@@ -62,6 +62,12 @@ def _parse(overrides: list[str]) -> list[Override]:
     return parsed
 
 
+def _line(override: Override) -> str:
+    """The override as given (the parser keeps every override's input line)."""
+    assert override.input_line is not None
+    return override.input_line
+
+
 def _group_options(group: str) -> list[str]:
     return GlobalHydra.instance().config_loader().get_group_options(group)
 
@@ -152,7 +158,8 @@ def _sweep_values(override: Override) -> tuple[list[str], int]:
         values = list(override.sweep_string_iterator())
         return values, len(values)
     start, stop, step = sweep.start, sweep.stop, sweep.step
-    if all(isinstance(x, int) for x in (start, stop, step)) and step:
+    assert start is not None and stop is not None  # a parsed range() has both
+    if isinstance(start, int) and isinstance(stop, int) and isinstance(step, int) and step:
         count = len(range(start, stop, step))
     else:
         count = max(0, math.ceil((stop - start) / step)) if step else 0
@@ -169,7 +176,7 @@ def _variants(parsed: list[Override]) -> tuple[list[list[str]], int]:
     jobs = 1
     for override in parsed:
         if not override.is_sweep_override():
-            choices.append([override.input_line])
+            choices.append([_line(override)])
             continue
         try:
             values, count = _sweep_values(override)
@@ -299,7 +306,7 @@ def preflight(argv: list[str], conf_dir: str) -> None:
         for override in _parse(hydra_overrides):
             if override.is_sweep_override() and override.key_or_group.startswith(SEARCH_SPACE):
                 key = override.key_or_group.removeprefix(SEARCH_SPACE + ".")
-                space = override.input_line.split("=", 1)[1]
+                space = _line(override).split("=", 1)[1]
                 raise RLSpeedError(
                     f"rlspeed: invalid override '{override.input_line}': a search goes on the "
                     f"key it searches, expected {key}={space} with -m"
@@ -323,7 +330,7 @@ def preflight(argv: list[str], conf_dir: str) -> None:
             _check_forced_keys(parsed, compose_job, variants[0])
             optuna = full.hydra.sweeper.get("_target_") == SWEEPER_TARGET
             if multirun and not optuna and jobs > MAX_SWEEP_JOBS:
-                sweeps = " ".join(o.input_line for o in parsed if o.is_sweep_override())
+                sweeps = " ".join(_line(o) for o in parsed if o.is_sweep_override())
                 raise RLSpeedError(
                     f"rlspeed: invalid sweep {sweeps}: it makes {jobs:,} jobs, expected at "
                     f"most {MAX_SWEEP_JOBS:,} (Hydra lists every job before the first starts)"

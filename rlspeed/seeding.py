@@ -56,11 +56,12 @@ def jax_key(seed: int | Sequence[int], stream: Stream) -> Any:
     """A JAX key (of JAX's default kind) of the stream; for a list of seeds, their keys
     stacked on a leading axis (agent ``i`` of a vmapped run gets seed ``i``'s key)."""
     import jax
+    import jax.numpy as jnp
 
     words = jax.random.key_data(jax.random.key(0)).size
     seeds = [seed] if isinstance(seed, int) else list(seed)
     data = np.stack([sequence(s, stream).generate_state(words, np.uint32) for s in seeds])
-    return jax.random.wrap_key_data(data[0] if isinstance(seed, int) else data)
+    return jax.random.wrap_key_data(jnp.asarray(data[0] if isinstance(seed, int) else data))
 
 
 class JaxKeys(NamedTuple):

@@ -19,7 +19,7 @@ trial) and by the sweeper itself.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard, cast
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import (
@@ -145,7 +145,7 @@ def _key_exists(cfg: DictConfig, key: str) -> bool:
     return OmegaConf.select(cfg, key, default=_ABSENT, throw_on_missing=False) is not _ABSENT
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -164,29 +164,30 @@ def distribution(override: Override, current: Any) -> BaseDistribution | None:
     if not override.is_sweep_override():
         return None
     sweep = override.value()
-    tags = getattr(sweep, "tags", set())
+    tags: set[str] = getattr(sweep, "tags", set())
     unknown = sorted(set(tags) - {"log", "int"})
     if unknown:
         raise ValueError(f"unknown tag '{unknown[0]}': the tags Optuna's space reads are log, int")
     log = "log" in tags
-    if isinstance(sweep, ChoiceSweep) or getattr(sweep, "shuffle", False):
+    if isinstance(sweep, ChoiceSweep) or (isinstance(sweep, RangeSweep) and sweep.shuffle):
         values = list(override.sweep_iterator()) if isinstance(sweep, RangeSweep) else sweep.list
         return CategoricalDistribution([_choice_value(v)[0] for v in values])
     if isinstance(sweep, RangeSweep):
-        values = list(sweep.range())
-        if not values:
+        numbers = list(sweep.range())
+        if not numbers:
             raise ValueError("the range is empty")
-        low, high = min(values), max(values)
+        low, high = min(numbers), max(numbers)
         step = abs(sweep.step)
-        if all(_is_int(v) for v in (sweep.start, sweep.stop, sweep.step)):
+        if _is_int(sweep.start) and _is_int(sweep.stop) and _is_int(sweep.step):
             if log and step != 1:
                 raise ValueError("a log scale needs step 1")
-            return IntDistribution(low, high, step=step, log=log)
+            return IntDistribution(low, high, step=abs(sweep.step), log=log)
         if log:
             raise ValueError("a log scale cannot have a step: use tag(log, interval(a, b))")
         return FloatDistribution(float(low), float(high), step=float(step))
     if isinstance(sweep, IntervalSweep):
         low, high = sweep.start, sweep.end
+        assert low is not None and high is not None  # a parsed interval() has both
         integral = float(low).is_integer() and float(high).is_integer()
         if integral and ("int" in tags or _is_int(current)):
             return IntDistribution(int(low), int(high), log=log)
@@ -336,7 +337,8 @@ def build(sweeper: DictConfig, cfg: DictConfig, arguments: list[str]) -> SweepSe
                 f"(cfg, trial) -> None ({_first_line(error)})"
             ) from None
     sampler = _instantiate("sampler", sweeper.sampler, space)
-    pruner_cfg = OmegaConf.to_container(sweeper.pruner, resolve=True)
+    # Keyword arguments of the pruner: string keys.
+    pruner_cfg = cast(dict[str, Any], OmegaConf.to_container(sweeper.pruner, resolve=True))
     assert isinstance(pruner_cfg, dict)
     hyperband = str(pruner_cfg.get("_target_")).endswith("HyperbandPruner")
     if hyperband and pruner_cfg.get("min_resource") is None:  # resources are env steps

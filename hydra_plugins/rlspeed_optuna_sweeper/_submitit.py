@@ -72,8 +72,14 @@ def launch_each(
     columns: list[list[Any]] = [[], [], [], [], []]  # the launcher's arguments, per job
     for idx, overrides in enumerate(job_overrides, start=initial_job_idx):
         log.info("\t#%d : %s", idx, " ".join(filter_overrides(overrides)))
-        job = (list(overrides), "hydra.sweep.dir", idx, f"job_id_for_{idx}", Singleton.get_state())
-        for column, value in zip(columns, job, strict=True):
+        arguments = (
+            list(overrides),
+            "hydra.sweep.dir",
+            idx,
+            f"job_id_for_{idx}",
+            Singleton.get_state(),
+        )
+        for column, value in zip(columns, arguments, strict=True):
             column.append(value)
     # A worker that is itself a SLURM job must not pass its job's SLURM_* variables on: its
     # trial jobs would take its array id for theirs. The cluster's config file stays.

@@ -14,17 +14,25 @@ truncated, its final observation goes to a small ring of its own (``final_capaci
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar
 
 import numpy as np
 
+if TYPE_CHECKING:
+    import jax
 
-class Batch(NamedTuple):
-    obs: np.ndarray
-    next_obs: np.ndarray
-    actions: np.ndarray
-    rewards: np.ndarray
-    dones: np.ndarray  # 1.0 where the episode terminated (not merely truncated)
+ArrayT = TypeVar("ArrayT")
+
+
+class Batch(NamedTuple, Generic[ArrayT]):
+    """Sampled transitions: NumPy arrays from ``ReplayBuffer``, JAX arrays from
+    ``jax_replay_sample``."""
+
+    obs: ArrayT
+    next_obs: ArrayT
+    actions: ArrayT
+    rewards: ArrayT
+    dones: ArrayT  # 1.0 where the episode terminated (not merely truncated)
 
 
 def final_capacity(capacity: int, num_envs: int, max_steps: int) -> int:
@@ -152,7 +160,7 @@ class ReplayBuffer:
             int(x) for x in (plan.position, plan.final_position, plan.size)
         )
 
-    def sample(self, batch_size: int) -> Batch:
+    def sample(self, batch_size: int) -> Batch[np.ndarray]:
         draws = self._rng.integers(0, self.size, size=batch_size)
         slots, next_obs = _draw(
             self.obs,
@@ -246,7 +254,9 @@ def jax_replay_add(
     )
 
 
-def jax_replay_sample(replay: JaxReplay, key: Any, batch_size: int, num_envs: int) -> Batch:
+def jax_replay_sample(
+    replay: JaxReplay, key: Any, batch_size: int, num_envs: int
+) -> Batch[jax.Array]:
     """A uniform batch (with replacement) of the stored transitions."""
     import jax
     import jax.numpy as jnp

@@ -81,7 +81,9 @@ def gae_scan(
     """GAE advantages [T, N]: the recursion of ``rollout.gae`` as a reverse scan."""
     deltas, decays = advantage_terms(rewards, values, next_values, terminated, dones, gamma, lam)
 
-    def backward(next_advantage: jax.Array, term: tuple[jax.Array, jax.Array]) -> tuple:
+    def backward(
+        next_advantage: jax.Array, term: tuple[jax.Array, jax.Array]
+    ) -> tuple[jax.Array, jax.Array]:
         delta, decay = term
         advantage = delta + decay * next_advantage
         return advantage, advantage

@@ -48,7 +48,8 @@ def setup(cfg: Any, seed: int) -> None:
 def device_name(cfg: Any) -> str:
     import jax
 
-    device = jax.config.jax_default_device or jax.devices()[0]
+    # A config option that jax sets as an attribute at runtime (unknown to type checkers).
+    device = jax.config.jax_default_device or jax.devices()[0]  # type: ignore[attr-defined]
     return f"{device.platform}:{device.id}"
 
 

@@ -66,14 +66,16 @@ def parse_args() -> Args:
 class QNetwork(nn.Module):
     def __init__(self, envs: gym.vector.VectorEnv, hidden_sizes: list[int]) -> None:
         super().__init__()
-        space = envs.single_observation_space
+        space, action_space = envs.single_observation_space, envs.single_action_space
+        assert space.shape is not None, "an observation space with a shape"
+        assert isinstance(action_space, gym.spaces.Discrete), "DQN: discrete actions only"
         # Integer observations (Doors' cell codes) enter one-hot, as in rlspeed.
         self.classes = int(space.nvec.max()) if isinstance(space, gym.spaces.MultiDiscrete) else 0
         sizes = [int(np.prod(space.shape)) * (self.classes or 1), *hidden_sizes]
         layers: list[nn.Module] = []
         for fan_in, fan_out in zip(sizes[:-1], sizes[1:], strict=True):
             layers += [nn.Linear(fan_in, fan_out), nn.ReLU()]
-        layers.append(nn.Linear(sizes[-1], int(envs.single_action_space.n)))
+        layers.append(nn.Linear(sizes[-1], int(action_space.n)))
         self.network = nn.Sequential(*layers)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
@@ -110,9 +112,11 @@ def main(args: Args) -> dict[str, float]:
     # The loop takes whole vector steps: it runs to total_steps rounded up to num_envs.
     last_step = -(-args.total_steps // args.num_envs) * args.num_envs
     total_updates = multiples_crossed(0, last_step, args.train_frequency, args.learning_starts)
-    n_actions = int(envs.single_action_space.n)
+    action_space, obs_shape = envs.single_action_space, envs.single_observation_space.shape
+    assert isinstance(action_space, gym.spaces.Discrete), "DQN: discrete actions only"
+    assert obs_shape is not None, "an observation space with a shape"
+    n_actions = int(action_space.n)
 
-    obs_shape = envs.single_observation_space.shape
     buffer_obs = np.zeros((args.buffer_size, *obs_shape), envs.single_observation_space.dtype)
     buffer_next_obs = np.zeros_like(buffer_obs)
     buffer_actions = np.zeros(args.buffer_size, np.int64)

@@ -90,11 +90,14 @@ def purejaxrl_work() -> tuple[int, int]:
     """(env steps, gradient updates) of PureJaxRL's run, from its config as its loop counts:
     iteration i (from 1) ends at env step i * NUM_ENVS and updates when that is past
     LEARNING_STARTS and a multiple of TRAINING_INTERVAL (its buffer holds a batch by then)."""
-    c = PUREJAXRL_CONFIG
-    iterations = c["TOTAL_TIMESTEPS"] // c["NUM_ENVS"]
-    ends = (i * c["NUM_ENVS"] for i in range(1, iterations + 1))
-    updates = sum(t > c["LEARNING_STARTS"] and t % c["TRAINING_INTERVAL"] == 0 for t in ends)
-    return iterations * c["NUM_ENVS"], updates
+    total, num_envs, starts, interval = (
+        int(PUREJAXRL_CONFIG[key])  # the config's step counts (its other values are floats)
+        for key in ("TOTAL_TIMESTEPS", "NUM_ENVS", "LEARNING_STARTS", "TRAINING_INTERVAL")
+    )
+    iterations = total // num_envs
+    ends = (i * num_envs for i in range(1, iterations + 1))
+    updates = sum(t > starts and t % interval == 0 for t in ends)
+    return iterations * num_envs, updates
 
 
 @dataclass

@@ -42,9 +42,12 @@ def _batch(algo: str, size: int, rng: np.random.Generator) -> Any:
     obs_space, action_space = CASES[algo][1]
     rewards = rng.standard_normal(size, dtype=np.float32)
     if algo == "dqn":
+        assert isinstance(obs_space, gym.spaces.MultiDiscrete)
+        assert isinstance(action_space, gym.spaces.Discrete)
         obs, next_obs = rng.integers(0, 4, (2, size, obs_space.shape[0])).astype(np.int8)
         actions = rng.integers(0, action_space.n, size)
         return Batch(obs, next_obs, actions, rewards, np.zeros(size, np.float32))
+    assert isinstance(obs_space, gym.spaces.Box) and isinstance(action_space, gym.spaces.Box)
     obs, next_obs = rng.standard_normal((2, size, *obs_space.shape), dtype=np.float32)
     actions = rng.uniform(-1, 1, (size, *action_space.shape)).astype(np.float32)
     if algo == "td3":

@@ -52,6 +52,7 @@ def restore_saved(env: gym.Env) -> None:
             getattr(layer, name).bit_generator.state = value
         for name, value in saved["simulations"].items():
             data = getattr(layer, name)
+            assert mujoco is not None  # the saved simulation ran in this kind of env
             mujoco.mj_setState(data.model, data, value, mujoco.mjtState.mjSTATE_INTEGRATION)
 
 

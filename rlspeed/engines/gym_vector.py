@@ -19,7 +19,9 @@ from rlspeed.seeding import env_seeds
 class GymVectorEngine:
     """Wraps a Gymnasium vector env that resets finished envs in the same step."""
 
-    def __init__(self, vector_env: gym.vector.VectorEnv, seed: int) -> None:
+    def __init__(
+        self, vector_env: gym.vector.SyncVectorEnv | gym.vector.AsyncVectorEnv, seed: int
+    ) -> None:
         self.envs = vector_env
         self.seed = seed
         self.num_envs = vector_env.num_envs
@@ -30,7 +32,8 @@ class GymVectorEngine:
 
     def reset(self) -> np.ndarray:
         # Env i's own stream of the run's seed (not seed + i, which seed + 1's env i - 1 shares).
-        obs, _ = self.envs.reset(seed=env_seeds(self.seed, self.num_envs))
+        seeds: list[int | None] = [*env_seeds(self.seed, self.num_envs)]  # reset's list type
+        obs, _ = self.envs.reset(seed=seeds)
         self._returns[:] = 0.0
         self._lengths[:] = 0
         return obs
@@ -91,7 +94,7 @@ def make_vector_engine(
 ) -> GymVectorEngine:
     env_fns = [partial(_make_env, task, task_cfg, os.getpid())] * num_envs
     if asynchronous:
-        envs: gym.vector.VectorEnv = gym.vector.AsyncVectorEnv(
+        envs: gym.vector.SyncVectorEnv | gym.vector.AsyncVectorEnv = gym.vector.AsyncVectorEnv(
             env_fns, shared_memory=engine_cfg.shared_memory, autoreset_mode=AutoresetMode.SAME_STEP
         )
     else:

@@ -52,7 +52,7 @@ def wall_mask(grid_size: int, n_doors: int) -> np.ndarray:
     return walls
 
 
-def doors_observation_space(grid_size: int) -> spaces.MultiDiscrete:
+def doors_observation_space(grid_size: int) -> spaces.MultiDiscrete[np.int8]:
     return spaces.MultiDiscrete(np.full(grid_size * grid_size, N_CELL_TYPES), dtype=np.int8)
 
 

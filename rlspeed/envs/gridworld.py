@@ -30,7 +30,7 @@ def start_cell(size: int) -> int:
     return size * size - 1
 
 
-def grid_spaces(size: int) -> tuple[spaces.Discrete, spaces.Discrete]:
+def grid_spaces(size: int) -> tuple[spaces.Discrete[np.int32], spaces.Discrete[np.int64]]:
     if size < 2:
         raise ValueError(f"size must be >= 2, got {size}")
     # int32 observations: the dtype JAX produces with x64 disabled, so the NumPy and JAX
@@ -46,7 +46,8 @@ def render_ansi(cell: int, size: int) -> str:
     return "\n".join("".join(chars[r * size : (r + 1) * size]) for r in range(size)) + "\n"
 
 
-class GridWorldEnv(gymnasium.Env[int, np.int64]):
+# Observations: the Python ints it returns, or the space's NumPy int32.
+class GridWorldEnv(gymnasium.Env[int | np.int32, np.int64]):
     """Python implementation of GridWorld.
 
     No time limit is applied here; the registered ``rlspeed/GridWorld-v0`` wraps it in

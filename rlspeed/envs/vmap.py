@@ -132,6 +132,7 @@ class JaxVmapEngine:
         return self._state.obs
 
     def step(self, actions: Any) -> StepResult:
+        assert self._state is not None, "reset() before step()"
         if not isinstance(actions, jax.Array):
             # torch tensors and NumPy arrays come in through DLPack, sharing memory, then go
             # where the envs are (a no-op when both are on one device).

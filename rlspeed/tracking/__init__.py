@@ -9,7 +9,10 @@ from typing import Any, Protocol
 
 
 class Tracker(Protocol):
-    run_id: str | None
+    @property
+    def run_id(self) -> str | None:
+        """The tracked run's id (None before it starts, or where it could not)."""
+
     # Why the run could not be fully recorded (the store stopped answering), None while it
     # records. A tracker that fails stops recording and lets training go on.
     failure: str | None

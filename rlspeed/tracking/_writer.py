@@ -29,6 +29,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, NamedTuple, Protocol
@@ -241,24 +242,30 @@ def child_main(module: str) -> None:
         failure = secrets.mask_value(writer.failure)
         send({"done": index, "failure": failure, "run_id": run_id, "links": links})
 
+    # The calls on the store, each with its message's arguments (bound now: the writer's
+    # thread makes the call later).
+    def start(run: dict[str, Any], store: Store) -> None:
+        store.start(run["run_name"], run["params"], run["tags"], run["run_id"])
+
+    def log_artifact(path: Path, store: Store) -> None:
+        store.log_artifact(path)
+
+    def set_tags(tags: dict[str, str], store: Store) -> None:
+        store.set_tags(tags)
+
     status = "KILLED"  # unless the parent says how the run ended
     for line in sys.stdin:
         message = json.loads(line)
         if "start" in message:
-            run = message["start"]
-            writer.put(
-                lambda store, run=run: store.start(
-                    run["run_name"], run["params"], run["tags"], run["run_id"]
-                )
-            )
+            writer.put(partial(start, message["start"]))
             writer.flush()  # the run id, for the parent's checkpoints and summary
             done(-1)
         elif "rows" in message:
             writer.put([Row(metrics, step, stamp) for metrics, step, stamp in message["rows"]])
         elif "artifact" in message:
-            writer.put(lambda store, path=Path(message["artifact"]): store.log_artifact(path))
+            writer.put(partial(log_artifact, Path(message["artifact"])))
         elif "tags" in message:
-            writer.put(lambda store, tags=message["tags"]: store.set_tags(tags))
+            writer.put(partial(set_tags, message["tags"]))
         elif "flush" in message:
             writer.flush()
             done(message["flush"])

@@ -16,7 +16,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 from rlspeed.config import check_creatable, unreachable
 from rlspeed.errors import ConfigError, StoreUnreachable
@@ -61,6 +61,14 @@ def resolve_uri(cfg: Any) -> str | None:
 
 # Where MLflow reads a server's user and password (it sends them as HTTP basic auth).
 _CREDENTIAL_VARIABLES = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")
+
+
+@overload
+def server_credentials(uri: str) -> tuple[str, dict[str, str]]: ...
+
+
+@overload
+def server_credentials(uri: None) -> tuple[None, dict[str, str]]: ...
 
 
 def server_credentials(uri: str | None) -> tuple[str | None, dict[str, str]]:
@@ -194,6 +202,7 @@ def _portable(uri: str) -> str:
 
     url = make_url(uri)
     if url.get_backend_name() == "sqlite":
+        assert url.database is not None  # check() admits only a SQLite store with a file
         url = url.set(database=str(Path(url.database).resolve()))
     return url.render_as_string(hide_password=True)
 

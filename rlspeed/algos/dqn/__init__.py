@@ -47,13 +47,13 @@ class DQNConfig:
 OPTIMIZERS = ("adam", "sgd")
 
 
-def total_updates(algo: Any, total_steps: int, num_envs: int) -> int:
+def total_updates(algo: DQNConfig, total_steps: int, num_envs: int) -> int:
     """Gradient updates a DQN run does (past ``total_steps`` when that is not a multiple of
     ``num_envs``: the loop takes whole iterations)."""
     return updates_in_run(total_steps, num_envs, algo.train_frequency, algo.learning_starts)
 
 
-def learning_rate_at(update: Any, algo: Any, total_steps: int, num_envs: int) -> Any:
+def learning_rate_at(update: Any, algo: DQNConfig, total_steps: int, num_envs: int) -> Any:
     """Learning rate of gradient update number ``update`` (from 0); NumPy or JAX scalars.
     Annealed, the last update's rate is ``learning_rate / total_updates`` (never below 0)."""
     if not algo.anneal_lr:
@@ -65,7 +65,7 @@ class DQNSchedule:
     """Exploration and target syncs by env step, the same for every backend's learner
     (which sets ``algo``, ``total_steps``, ``num_envs`` and defines ``sync_target``)."""
 
-    algo: Any
+    algo: DQNConfig
     total_steps: int
     num_envs: int
 
@@ -86,7 +86,7 @@ class DQNSchedule:
         return {"charts/epsilon": self.epsilon(step)}
 
 
-def validate(algo: Any, cfg: Any) -> None:
+def validate(algo: DQNConfig, cfg: Any) -> None:
     if algo.optimizer not in OPTIMIZERS:
         raise ConfigError("algo.optimizer", algo.optimizer, f"one of {', '.join(OPTIMIZERS)}")
     check_ranges(

@@ -32,7 +32,7 @@ from rlspeed.algos.loops.fused import (
     scan_iterations,
 )
 from rlspeed.algos.loops.jax_learner import JaxLearner
-from rlspeed.algos.networks.flax import MLP
+from rlspeed.algos.networks.flax import MLP, apply_output
 from rlspeed.algos.replay import Batch, jax_replay_sample
 from rlspeed.algos.schedule import epsilon_at, multiples_between, polyak_weight
 from rlspeed.envs.vmap import VmapEnv
@@ -68,7 +68,7 @@ class DQNFunctions:
         return Agent(params, params, self.optimizer.init(params))
 
     def act(self, params: Any, obs: jax.Array, key: jax.Array, epsilon: jax.Array) -> jax.Array:
-        greedy = self.network.apply(params, obs).argmax(axis=1).astype(jnp.int32)
+        greedy = apply_output(self.network, params, obs).argmax(axis=1).astype(jnp.int32)
         explore_key, action_key = jax.random.split(key)
         n = obs.shape[0]
         explore = jax.random.uniform(explore_key, (n,)) < epsilon
@@ -76,18 +76,18 @@ class DQNFunctions:
         return jnp.where(explore, random, greedy)
 
     def greedy(self, params: Any, obs: jax.Array) -> jax.Array:
-        return self.network.apply(params, obs).argmax(axis=1)
+        return apply_output(self.network, params, obs).argmax(axis=1)
 
-    def td_targets(self, target_params: Any, batch: Batch) -> jax.Array:
-        next_q = self.network.apply(target_params, batch.next_obs).max(axis=1)
+    def td_targets(self, target_params: Any, batch: Batch[jax.Array]) -> jax.Array:
+        next_q = apply_output(self.network, target_params, batch.next_obs).max(axis=1)
         return batch.rewards + self.algo.gamma * next_q * (1.0 - batch.dones)
 
     def update(
-        self, agent: Agent, batch: Batch, td_target: jax.Array
+        self, agent: Agent, batch: Batch[jax.Array], td_target: jax.Array
     ) -> tuple[Agent, jax.Array, jax.Array]:
 
         def loss_fn(params: Any) -> tuple[jax.Array, jax.Array]:
-            q_all = self.network.apply(params, batch.obs)
+            q_all = apply_output(self.network, params, batch.obs)
             q = jnp.take_along_axis(q_all, batch.actions.astype(jnp.int32)[:, None], axis=1)[:, 0]
             return jnp.mean((q - td_target) ** 2), q.mean()
 
@@ -96,7 +96,7 @@ class DQNFunctions:
         params = optax.apply_updates(agent.params, updates)
         return Agent(params, agent.target_params, opt_state), loss, q_mean
 
-    def learn(self, agent: Agent, batch: Batch) -> tuple[Agent, jax.Array, jax.Array]:
+    def learn(self, agent: Agent, batch: Batch[jax.Array]) -> tuple[Agent, jax.Array, jax.Array]:
         """One update on ``batch``, its TD targets from the target network."""
         return self.update(agent, batch, self.td_targets(agent.target_params, batch))
 
@@ -124,7 +124,7 @@ class FlaxLearner(JaxLearner, DQNSchedule):
     def greedy(self, obs: np.ndarray) -> np.ndarray:
         return np.asarray(self._greedy(self.agent.params, obs))
 
-    def update(self, batch: Batch) -> dict[str, jax.Array]:
+    def update(self, batch: Batch[np.ndarray]) -> dict[str, jax.Array]:
         self.agent, loss, q_mean = self._update(self.agent, batch)
         return {"losses/td_loss": loss, "losses/q_values": q_mean}
 
@@ -183,7 +183,7 @@ def make_train(cfg: Any, env: VmapEnv) -> FusedTrainer:
             )
             td_targets = fns.td_targets(carry[0].target_params, batches)
 
-            def one_update(batch: Batch, td_target: jax.Array, carry: tuple) -> tuple:
+            def one_update(batch: Batch[jax.Array], td_target: jax.Array, carry: tuple) -> tuple:
                 agent, loss_sum, q_sum = carry
                 agent, loss, q_mean = fns.update(agent, batch, td_target)
                 return agent, loss_sum + loss, q_sum + q_mean
@@ -195,12 +195,12 @@ def make_train(cfg: Any, env: VmapEnv) -> FusedTrainer:
                 (batches, td_targets),
             )
             count = jnp.minimum(group_size, n_updates - group * group_size)
-            return jax.lax.fori_loop(
-                0,
-                count,
-                lambda i, carry: one_update(*jax.tree.map(lambda x: x[i], grouped), carry),
-                carry,
-            )
+
+            def update_at(i: jax.Array, carry: tuple) -> tuple:
+                batch, td_target = jax.tree.map(lambda x: x[i], grouped)
+                return one_update(batch, td_target, carry)
+
+            return jax.lax.fori_loop(0, count, update_at, carry)
 
         agent, loss_sum, q_sum = jax.lax.fori_loop(
             0,

@@ -65,7 +65,7 @@ class TorchLearner(DQNSchedule):
     def greedy(self, obs: np.ndarray) -> np.ndarray:
         return greedy_actions(self.q_network, obs)
 
-    def update(self, batch: Batch) -> dict[str, torch.Tensor]:
+    def update(self, batch: Batch[np.ndarray]) -> dict[str, torch.Tensor]:
         obs, next_obs, actions, rewards, dones = (from_numpy(x, self.device) for x in batch)
         with torch.no_grad():
             next_q = self.target_network(next_obs).max(dim=1).values

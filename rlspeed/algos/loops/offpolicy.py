@@ -30,7 +30,7 @@ class OffPolicyLearner(Protocol):
     def greedy(self, obs: np.ndarray) -> np.ndarray:
         """Greedy actions as NumPy, for evaluation."""
 
-    def update(self, batch: Batch) -> dict[str, Any]:
+    def update(self, batch: Batch[np.ndarray]) -> dict[str, Any]:
         """One gradient step; its metrics as backend scalars (averaged per log interval)."""
 
     def after_env_steps(self, prev_step: int, step: int) -> dict[str, float]:

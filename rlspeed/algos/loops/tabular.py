@@ -53,6 +53,7 @@ def train_tabular(
     """``make_learner(num_states, n_actions)``: see ``rlspeed.algos.loops``."""
     cfg = ctx.cfg
     tabular = ctx.task.tabular
+    assert tabular is not None  # the config check admits only tasks with a tabular state
     engine = ctx.make_engine()
     learner = make_learner(*table_shape(cfg, engine.single_action_space))
 

@@ -17,6 +17,13 @@ from rlspeed.algos.encoding import one_hot_classes
 LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 
 
+def apply_output(module: nn.Module, params: Any, *inputs: jax.Array) -> jax.Array:
+    """``module.apply(params, *inputs)`` of a module that returns one array. Without
+    ``mutable``, ``apply`` returns the module's output alone; flax's annotation also admits
+    the (output, updated variables) pair it returns with ``mutable``."""
+    return module.apply(params, *inputs)  # type: ignore[return-value]
+
+
 class MLP(nn.Module):
     """Observations -> ``activation`` after each hidden layer -> ``out_size`` outputs."""
 
@@ -82,13 +89,19 @@ class ActorCritic:
             self.value.init(value_key, self._dummy_obs),
         )
 
+    def _policy_outputs(self, params: Any, obs: jax.Array) -> tuple[jax.Array, jax.Array | None]:
+        """The policy's (logits or mean, log std: None for a categorical)."""
+        # Without ``mutable``, flax's ``apply`` returns the output alone (see apply_output).
+        return self.policy.apply(params, obs)  # type: ignore[return-value]
+
     def act(
         self, params: Any, obs: jax.Array, key: jax.Array
     ) -> tuple[jax.Array, jax.Array, jax.Array]:
         """Sampled actions: (as sampled, as sent to the env: clipped to the bounds, their
         log-probabilities)."""
-        out, log_std = self.policy.apply(params, obs)
+        out, log_std = self._policy_outputs(params, obs)
         if self.continuous:
+            assert log_std is not None  # a Gaussian policy: its log std is a parameter
             actions = out + jnp.exp(log_std) * jax.random.normal(key, out.shape)
             env_actions = jnp.clip(actions, self.low, self.high)
         else:
@@ -96,25 +109,26 @@ class ActorCritic:
         return actions, env_actions, self._log_prob_entropy(out, log_std, actions)[0]
 
     def greedy(self, params: Any, obs: jax.Array) -> jax.Array:
-        out, _ = self.policy.apply(params, obs)
+        out, _ = self._policy_outputs(params, obs)
         if self.continuous:
             return jnp.clip(out, self.low, self.high)
         return out.argmax(axis=1)
 
     def values(self, params: Any, obs: jax.Array) -> jax.Array:
-        return self.value.apply(params, obs)[:, 0]
+        return apply_output(self.value, params, obs)[:, 0]
 
     def log_prob_entropy(
         self, params: Any, obs: jax.Array, actions: jax.Array
     ) -> tuple[jax.Array, jax.Array]:
         """Log-probabilities of ``actions`` [B] and the policy's entropy at each obs [B]
         (a loss weighs them: the masked samples of a run's last batch count for nothing)."""
-        return self._log_prob_entropy(*self.policy.apply(params, obs), actions)
+        return self._log_prob_entropy(*self._policy_outputs(params, obs), actions)
 
     def _log_prob_entropy(
         self, out: jax.Array, log_std: jax.Array | None, actions: jax.Array
     ) -> tuple[jax.Array, jax.Array]:
         if self.continuous:
+            assert log_std is not None  # a Gaussian policy: its log std is a parameter
             z = (actions - out) * jnp.exp(-log_std)
             log_prob = jnp.sum(-0.5 * z**2 - log_std - LOG_SQRT_2PI, axis=-1)
             # A state-independent std: the same entropy at every observation.

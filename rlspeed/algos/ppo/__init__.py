@@ -82,13 +82,13 @@ def minibatch_positions(
     return positions, xp.broadcast_to(index < per, positions.shape)
 
 
-def batches_in_run(algo: Any, cfg: Any) -> int:
+def batches_in_run(algo: PPOConfig, cfg: Any) -> int:
     """Batches (iterations) the run collects, the last one cut to end at ``total_steps``
     (``rollout.rollout_length``): the annealed step size reaches 0 after them."""
     return math.ceil(cfg.total_steps / (algo.num_steps * cfg.num_envs))
 
 
-def validate(algo: Any, cfg: Any) -> None:
+def validate(algo: PPOConfig, cfg: Any) -> None:
     check_ranges(
         algo,
         count=("num_steps", "num_minibatches"),

@@ -16,7 +16,7 @@ import optax
 
 from rlspeed.algos.loops.fused import FusedTrainer, saved_agent_policies
 from rlspeed.algos.networks.flax import ActorCritic
-from rlspeed.algos.ppo import batches_in_run, minibatch_positions
+from rlspeed.algos.ppo import PPOConfig, batches_in_run, minibatch_positions
 from rlspeed.algos.rollout import RolloutBatch
 from rlspeed.algos.rollout_jax import (
     OnPolicyJaxLearner,
@@ -39,7 +39,7 @@ class PPOFunctions(ActorCritic):
     """Pure functions of one PPO configuration: init, act, values, greedy, update.
     ``batches``: the batches of the run, over which ``anneal_lr`` takes the step size to 0."""
 
-    def __init__(self, obs_space: Any, action_space: Any, algo: Any, batches: int) -> None:
+    def __init__(self, obs_space: Any, action_space: Any, algo: PPOConfig, batches: int) -> None:
         super().__init__(obs_space, action_space, algo)
         self.algo = algo
         self.updates_per_batch = algo.update_epochs * algo.num_minibatches
@@ -131,7 +131,9 @@ class PPOFunctions(ActorCritic):
         return agent, {name: values.mean() for name, values in metrics.items()}
 
 
-def optimizer(algo: Any, updates_per_batch: int, batches: int) -> optax.GradientTransformation:
+def optimizer(
+    algo: PPOConfig, updates_per_batch: int, batches: int
+) -> optax.GradientTransformation:
     """Adam (eps 1e-5) after global-norm clipping; annealed, the step size of batch ``i``
     (from 0) is ``learning_rate * (1 - i / batches)``."""
 

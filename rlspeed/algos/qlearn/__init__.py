@@ -32,7 +32,7 @@ class QLearnConfig:
     exploration_fraction: float = 0.5
 
 
-def validate(algo: Any, cfg: Any) -> None:
+def validate(algo: QLearnConfig, cfg: Any) -> None:
     check_ranges(algo, step=("alpha",), unit=("gamma", "start_e", "end_e", "exploration_fraction"))
     if TASKS.get(cfg.task.name).tabular is None:
         tabular = sorted(task.name for task in TASKS if task.tabular is not None)

@@ -98,11 +98,21 @@ class FlaxQTable:
         self.q = jnp.zeros((num_states, n_actions))
         self.key = jax_key(seed, Stream.ACT)
 
-        def act(q: jax.Array, states: jax.Array, step: int, epsilon: float) -> jax.Array:
+        # Jitted: step and epsilon arrive as (traced) arrays.
+        def act(q: jax.Array, states: jax.Array, step: jax.Array, epsilon: jax.Array) -> jax.Array:
             return explore_greedy(q, states, step_uniforms(self.key, step, len(states)), epsilon)
 
-        def update(q: jax.Array, *batch: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
-            q, td, q_sa = td_update(q, *batch, algo.alpha, algo.gamma)
+        def update(
+            q: jax.Array,
+            states: jax.Array,
+            actions: jax.Array,
+            rewards: jax.Array,
+            next_states: jax.Array,
+            terminated: jax.Array,
+        ) -> tuple[jax.Array, dict[str, jax.Array]]:
+            q, td, q_sa = td_update(
+                q, states, actions, rewards, next_states, terminated, algo.alpha, algo.gamma
+            )
             return q, {"losses/td_error": jnp.abs(td).mean(), "losses/q_values": q_sa.mean()}
 
         self._act = jax.jit(act)
@@ -203,7 +213,10 @@ def make_train(cfg: Any, env: VmapEnv) -> FusedTrainer:
             iteration, (state, zero, zero), u, iterations, valid, unroll
         )
         epsilon = epsilon_at(end.step - n, algo, cfg.total_steps, xp=jnp)
-        return end, ChunkStats(*episodes, td_error_sum, q_values_sum, epsilon)
+        done, episode_return, episode_length = episodes
+        return end, ChunkStats(
+            done, episode_return, episode_length, td_error_sum, q_values_sum, epsilon
+        )
 
     def summarize(stats: ChunkStats) -> dict[str, np.ndarray]:
         updates = stats.done.shape[1]  # one per iteration

@@ -74,14 +74,14 @@ def uniform_actions(uniform: Any, bounds: ActionBounds) -> Any:
     return bounds.low + uniform * (bounds.high - bounds.low)
 
 
-def explore(actions: Any, normal: Any, bounds: ActionBounds, algo: Any, xp: Any) -> Any:
+def explore(actions: Any, normal: Any, bounds: ActionBounds, algo: TD3Config, xp: Any) -> Any:
     """Gaussian exploration around the actor's actions, kept inside the bounds."""
     noisy = actions + normal * (algo.exploration_noise * bounds.scale)
     return xp.clip(noisy, bounds.low, bounds.high)
 
 
 def smoothed_target_actions(
-    actions: Any, normal: Any, bounds: ActionBounds, algo: Any, xp: Any
+    actions: Any, normal: Any, bounds: ActionBounds, algo: TD3Config, xp: Any
 ) -> Any:
     """Target policy smoothing: clipped Gaussian noise on the target actor's actions."""
     limit = algo.noise_clip * bounds.scale
@@ -89,12 +89,12 @@ def smoothed_target_actions(
     return xp.clip(actions + noise, bounds.low, bounds.high)
 
 
-def is_actor_step(updates: Any, algo: Any) -> Any:
+def is_actor_step(updates: Any, algo: TD3Config) -> Any:
     """Whether critic update number ``updates`` (counted from 1) also updates the actor."""
     return updates % algo.policy_frequency == 0
 
 
-def validate(algo: Any, cfg: Any) -> None:
+def validate(algo: TD3Config, cfg: Any) -> None:
     check_ranges(
         algo,
         count=("policy_frequency",),

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -32,8 +33,10 @@ from rlspeed.algos.loops.fused import (
     scan_iterations,
 )
 from rlspeed.algos.loops.jax_learner import JaxLearner
+from rlspeed.algos.networks.flax import apply_output
 from rlspeed.algos.replay import Batch, jax_replay_sample
 from rlspeed.algos.td3 import (
+    TD3Config,
     action_bounds,
     explore,
     is_actor_step,
@@ -87,7 +90,7 @@ class Agent(NamedTuple):
 class TD3Functions:
     """Pure functions of one TD3 configuration: init, act, and the update."""
 
-    def __init__(self, obs_space: Any, action_space: Any, algo: Any) -> None:
+    def __init__(self, obs_space: Any, action_space: Any, algo: TD3Config) -> None:
         self.algo = algo
         self.bounds = action_bounds(action_space, jnp.asarray)
         self.action_shape = tuple(action_space.shape)
@@ -109,11 +112,12 @@ class TD3Functions:
 
     def actor(self, params: Any, obs: jax.Array) -> jax.Array:
         """The deterministic (greedy) actions."""
-        return squash(self.actor_net.apply(params, obs), self.bounds, jnp)
+        return squash(apply_output(self.actor_net, params, obs), self.bounds, jnp)
 
     def critics(self, params: Any, obs: jax.Array, actions: jax.Array) -> jax.Array:
         """Q1 and Q2 of each (obs, action): shape [2, B]."""
-        return jax.vmap(self.critic_net.apply, in_axes=(0, None, None))(params, obs, actions)
+        critic = partial(apply_output, self.critic_net)
+        return jax.vmap(critic, in_axes=(0, None, None))(params, obs, actions)
 
     def act(self, params: Any, obs: jax.Array, key: jax.Array, step: jax.Array) -> jax.Array:
         """Uniformly random actions before ``learning_starts``, then the actor's plus noise."""
@@ -126,7 +130,7 @@ class TD3Functions:
         return jnp.where(step < self.algo.learning_starts, random, noisy)
 
     def update_critics(
-        self, agent: Agent, batch: Batch, target_noise: jax.Array
+        self, agent: Agent, batch: Batch[jax.Array], target_noise: jax.Array
     ) -> tuple[Agent, dict[str, jax.Array]]:
         algo = self.algo
         next_actions = smoothed_target_actions(
@@ -157,13 +161,13 @@ class TD3Functions:
         }
         return agent, metrics
 
-    def update_actor(self, agent: Agent, batch: Batch) -> tuple[Agent, jax.Array]:
+    def update_actor(self, agent: Agent, batch: Batch[jax.Array]) -> tuple[Agent, jax.Array]:
         """The delayed step: the actor ascends Q1, then every target moves by ``tau``."""
         q1_params = jax.tree.map(lambda x: x[0], agent.critic_params)
 
         def loss_fn(params: Any) -> jax.Array:
             actions = self.actor(params, batch.obs)
-            return -self.critic_net.apply(q1_params, batch.obs, actions).mean()
+            return -apply_output(self.critic_net, q1_params, batch.obs, actions).mean()
 
         loss, grads = jax.value_and_grad(loss_fn)(agent.actor_params)
         updates, opt_state = self.optimizer.update(grads, agent.actor_opt_state, agent.actor_params)
@@ -180,7 +184,7 @@ class TD3Functions:
         return agent, loss
 
     def update(
-        self, agent: Agent, batch: Batch, target_noise: jax.Array, actor_step: jax.Array
+        self, agent: Agent, batch: Batch[jax.Array], target_noise: jax.Array, actor_step: jax.Array
     ) -> tuple[Agent, dict[str, jax.Array]]:
         """One critic update, and the actor's where ``actor_step`` (actor_loss 0 elsewhere)."""
         agent, metrics = self.update_critics(agent, batch, target_noise)
@@ -209,7 +213,7 @@ class FlaxLearner(JaxLearner):
     def greedy(self, obs: np.ndarray) -> np.ndarray:
         return np.asarray(self._greedy(self.agent.actor_params, obs))
 
-    def update(self, batch: Batch, target_noise: Any = None) -> dict[str, jax.Array]:
+    def update(self, batch: Batch[np.ndarray], target_noise: Any = None) -> dict[str, jax.Array]:
         """One critic update, plus the actor and target updates every ``policy_frequency``.
         ``target_noise``: the standard-normal draws of target policy smoothing (drawn
         here unless given)."""

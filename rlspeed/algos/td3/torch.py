@@ -101,7 +101,7 @@ class TorchLearner:
     def greedy(self, obs: np.ndarray) -> np.ndarray:
         return self.actor(from_numpy(obs, self.device)).cpu().numpy()
 
-    def update(self, batch: Batch, target_noise: Any = None) -> dict[str, torch.Tensor]:
+    def update(self, batch: Batch[np.ndarray], target_noise: Any = None) -> dict[str, torch.Tensor]:
         """One critic update, plus the actor and target updates every ``policy_frequency``.
         ``target_noise``: the standard-normal draws of target policy smoothing (drawn
         here unless given)."""

@@ -46,7 +46,7 @@ class VPGConfig:
     hidden_sizes: list[int] = field(default_factory=lambda: [64, 64])
 
 
-def validate(algo: Any, cfg: Any) -> None:
+def validate(algo: VPGConfig, cfg: Any) -> None:
     check_ranges(
         algo,
         count=("num_steps",),

@@ -21,6 +21,7 @@ from rlspeed.algos.rollout_jax import (
     sample_weights,
     weighted_mean,
 )
+from rlspeed.algos.vpg import VPGConfig
 from rlspeed.envs.vmap import VmapEnv
 from rlspeed.tasks import Policy as GreedyPolicy
 
@@ -41,7 +42,7 @@ def _optimizer(learning_rate: float, max_grad_norm: float) -> optax.GradientTran
 class VPGFunctions(ActorCritic):
     """Pure functions of one VPG configuration: init, act, values, greedy, update."""
 
-    def __init__(self, obs_space: Any, action_space: Any, algo: Any) -> None:
+    def __init__(self, obs_space: Any, action_space: Any, algo: VPGConfig) -> None:
         super().__init__(obs_space, action_space, algo)
         self.algo = algo
         self.updates_per_batch = 1 + algo.value_iterations

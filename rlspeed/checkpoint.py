@@ -52,8 +52,9 @@ FORMAT = 3
 # Keys a resumed run may change: where and how it reports, not what it trains. The thread
 # count and compile cache only set how fast (a run resumed on another machine, or one saved
 # before threads=auto resolved to a number, may use another count).
-FREE_KEYS = ("resume", "mode", "checkpoint", "video", "progress", "tracking.", "trial.")
-FREE_KEYS += ("backend.compilation_cache", "backend.threads", "checkpoint_every")
+FREE_KEYS: tuple[str, ...] = ("resume", "mode", "checkpoint", "video", "progress")
+FREE_KEYS += ("tracking.", "trial.", "backend.compilation_cache", "backend.threads")
+FREE_KEYS += ("checkpoint_every",)
 
 
 # ---------------------------------------------------------------- writing

@@ -181,7 +181,7 @@ class CheckpointSchedule:
     def reached(self, step: int) -> None:
         if step >= self.total_steps:
             return
-        if self.every == "auto":
+        if isinstance(self.every, str):  # auto
             due = time.monotonic() - self._since >= self._wait_s
         else:
             due = self.every > 0 and step // self.every > self._block

@@ -81,11 +81,11 @@ def deferred_interrupts() -> Iterator[Callable[[], None]]:
         yield lambda: None
         return
     pending: list[tuple[int, Any]] = []
-    previous = {
-        signum: signal.getsignal(signum)
-        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)
-        if callable(signal.getsignal(signum))
-    }
+    previous: dict[int, Callable[[int, Any], Any]] = {}
+    for stop in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2):
+        handler = signal.getsignal(stop)
+        if callable(handler):
+            previous[stop] = handler
 
     def hold(signum: int, frame: Any) -> None:
         pending.append((signum, frame))
@@ -103,8 +103,8 @@ def deferred_interrupts() -> Iterator[Callable[[], None]]:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
 
-    for signum in previous:
-        signal.signal(signum, hold)
+    for held in previous:
+        signal.signal(held, hold)
     try:
         yield check
     finally:

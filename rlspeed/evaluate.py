@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -84,8 +85,9 @@ def evaluate_checkpoint(cfg: DictConfig) -> float:
     on_device = task.evaluate_on_device is not None and is_fused(saved)
     for seed, policy, path in agents:
         if on_device:  # as training scored it: on the task's JAX twin
-            from rlspeed.algos.loops.fused import device_score
+            from rlspeed.algos.loops.fused import DevicePolicy, device_score
 
+            assert isinstance(policy, DevicePolicy)  # what a fused run's agents load as
             scores.append(device_score(task, saved.task, policy, seed))
         else:
             scores.append(task.evaluate(saved.task, policy, seed))
@@ -134,13 +136,13 @@ def _frame(rendered: Any, mode: str | None) -> np.ndarray:
     return np.kron(cells, np.ones((CELL, CELL, 1), dtype=np.uint8))
 
 
-def _write_video(frames: list[np.ndarray], fps: int, path: Path) -> None:
+def _write_video(frames: Sequence[np.ndarray], fps: int, path: Path) -> None:
     import imageio.v2 as imageio
 
     if path.suffix.lower() == ".gif":
-        imageio.mimsave(path, frames, duration=1000 / fps, loop=0)
+        imageio.mimsave(path, list[Any](frames), duration=1000 / fps, loop=0)
     else:
-        imageio.mimsave(path, frames, fps=fps)
+        imageio.mimsave(path, list[Any](frames), fps=fps)
 
 
 def render_mode(env: Any) -> str | None:

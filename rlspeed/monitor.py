@@ -40,7 +40,7 @@ RECENT_EPISODES = 20
 def to_log_file(message: str) -> None:
     """Write ``message`` to the run's log file (Hydra's ``rlspeed.log``) alone: what a
     terminal shows through rich (the progress bar, the summary table) is kept there as text."""
-    record = log.makeRecord(log.name, logging.INFO, __file__, 0, message, None, None)
+    record = log.makeRecord(log.name, logging.INFO, __file__, 0, message, (), None)
     for handler in logging.getLogger().handlers:
         if isinstance(handler, logging.FileHandler) and record.levelno >= handler.level:
             handler.handle(record)
@@ -155,8 +155,12 @@ class SeedStreams:
             passed = next_eval <= steps
             later = (steps // self.eval_every + 1) * self.eval_every
             self.next_eval[seeds] = np.where(passed, later, next_eval)
-        episodic = ("charts/episodic_return", "charts/episodic_length")
-        episodic += ("charts/rolling_step_reward", "charts/recent_return")
+        episodic = (
+            "charts/episodic_return",
+            "charts/episodic_length",
+            "charts/rolling_step_reward",
+            "charts/recent_return",
+        )
         rows = []
         for index in range(len(seeds)):
             row = {}

@@ -79,11 +79,11 @@ class StopSignals:
     ) -> None:
         for signum, handler in self.previous.items():
             signal.signal(signum, handler)
-        signum, out_dir = getattr(error, "signum", None), getattr(error, "out_dir", None)
+        stopped_by, out_dir = getattr(error, "signum", None), getattr(error, "out_dir", None)
         requeued = None
-        if signum == signal.SIGUSR2 and signal.SIGUSR2 in self.previous:
+        if stopped_by == signal.SIGUSR2 and signal.SIGUSR2 in self.previous:
             requeued = _requeue(self.previous[signal.SIGUSR2], out_dir)
-        elif signum == signal.SIGTERM and job_id() is not None and _preempted():
+        elif stopped_by == signal.SIGTERM and job_id() is not None and _preempted():
             # Preempted with a grace time: a job that ends before it would not be requeued.
             requeued = _requeue(None, out_dir)
         if requeued is not None:
@@ -108,6 +108,7 @@ def _preempted() -> bool:
 def _requeue(submitit_handler: Any, out_dir: Path | None) -> bool:
     """Requeue this job; True if it is (submitit's handler exits the process itself)."""
     job = job_id()
+    assert job is not None  # called in a SLURM job only (StopSignals)
     log.warning("rlspeed: SLURM job %s: the run is saved in %s; requeueing the job", job, out_dir)
     # A requeue ends this attempt with SIGTERM: the run is saved already, so it is ignored.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)

@@ -208,7 +208,7 @@ def open_storage(spec: str, heartbeat: tuple[int, int] | None = None) -> Any:
     if database is not None:
         database.parent.mkdir(parents=True, exist_ok=True)  # SQLite creates the file only
     spec = reveal(spec)
-    beats = {}
+    beats: dict[str, Any] = {}
     if heartbeat is not None:
         beats = {"heartbeat_interval": heartbeat[0], "grace_period": heartbeat[1]}
     from sqlalchemy import create_engine

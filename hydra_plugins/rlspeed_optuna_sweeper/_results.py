@@ -130,8 +130,9 @@ def write_plots(study: Any, out_dir: Path) -> list[Path]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         top = _top_params(study, target.get("target"))
-        # The contour's grid grows with its parameters (None: all of them, few enough).
-        big_contour = top is not None and len(top) > 2
+        # The contour's grid grows with its parameters (None: all of them, few enough): the
+        # parameters it shows where more than 2, else 0.
+        big_contour = len(top) if top is not None and len(top) > 2 else 0
         plots = {
             "param_importances": target,
             "contour": {**target, "params": top},
@@ -143,7 +144,7 @@ def write_plots(study: Any, out_dir: Path) -> list[Path]:
             try:
                 fig = getattr(vis, f"plot_{name}")(study, **args)
                 if name == "contour" and big_contour:
-                    size = CONTOUR_PANEL_PX * len(top)
+                    size = CONTOUR_PANEL_PX * big_contour
                     fig.update_layout(width=size + 200, height=size)
                 html = out_dir / f"{name}.html"
                 # plotly.js (3.6 MB) once, as plotly.min.js beside the pages.
@@ -153,7 +154,7 @@ def write_plots(study: Any, out_dir: Path) -> list[Path]:
                 axes = getattr(vis_mpl, f"plot_{name}")(study, **args)
                 figure = np.atleast_1d(axes).flat[0].figure
                 if name == "contour" and big_contour:
-                    figure.set_size_inches(2.5 * len(top) + 1.5, 2.5 * len(top))
+                    figure.set_size_inches(2.5 * big_contour + 1.5, 2.5 * big_contour)
                 png = out_dir / f"{name}.png"
                 figure.savefig(png, dpi=100, bbox_inches="tight")
                 plt.close(figure)

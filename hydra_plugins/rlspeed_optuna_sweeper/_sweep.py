@@ -27,6 +27,7 @@ from hydra.core.plugins import Plugins
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
+from optuna.study import StudyDirection
 from optuna.trial import TrialState
 
 from hydra_plugins.rlspeed_optuna_sweeper._parent_run import StudyRun
@@ -112,7 +113,7 @@ class OptunaSweeperImpl:
             storage=storage,
             sampler=setup.sampler,
             pruner=setup.pruner,
-            directions=setup.directions,
+            directions=[StudyDirection[direction.upper()] for direction in setup.directions],
             load_if_exists=True,
         )
         directions = [d.name.lower() for d in study.directions]

@@ -381,7 +381,7 @@ def train_fused(ctx: RunContext, make_train: Callable[[Any, VmapEnv], FusedTrain
                 updates,
                 trainer.summarize(stats),
                 # Called only when an evaluation is due.
-                lambda state=state: scores_of(policy_params(state)),
+                partial(_scores_at, scores_of, policy_params, state),
             )
             latest.update(state=state, iterations=done_iterations)
             schedule.reached(done_iterations * trainer.steps_per_iteration)
@@ -390,3 +390,10 @@ def train_fused(ctx: RunContext, make_train: Callable[[Any, VmapEnv], FusedTrain
         int(np.sum(x)) for x in jax.device_get((state.step, state.updates))
     )
     return TrainResult(steps=total_steps, updates=total_updates)
+
+
+def _scores_at(
+    scores_of: Callable[[Any], np.ndarray], policy_params: Callable[[Any], Any], state: Any
+) -> np.ndarray:
+    """Every seed's score with the policy parameters of train state ``state``."""
+    return scores_of(policy_params(state))

@@ -43,7 +43,7 @@ def log_seed(
 def check_finite(metrics: dict[str, Any], seeds: Any, steps: Any, num_seeds: int) -> None:
     """Raise DivergenceError at the first loss (``losses/...``) that is not finite."""
     for name, values in metrics.items():
-        bad = np.flatnonzero(~np.isfinite(values)) if name.startswith("losses/") else []
+        bad = np.flatnonzero(~np.isfinite(values)) if name.startswith("losses/") else np.array([])
         if len(bad):
             seed = int(seeds[bad[0]])
             raise DivergenceError(

@@ -88,6 +88,12 @@ def batches_in_run(algo: PPOConfig, cfg: Any) -> int:
     return math.ceil(cfg.total_steps / (algo.num_steps * cfg.num_envs))
 
 
+def annealed_rate(algo: PPOConfig, batch: Any, batches: int) -> Any:
+    """``anneal_lr``'s step size for batch ``batch`` (from 0; a Python or a traced JAX
+    number): ``learning_rate`` decayed linearly to 0 over the run's ``batches``."""
+    return algo.learning_rate * (1.0 - batch / batches)
+
+
 def validate(algo: PPOConfig, cfg: Any) -> None:
     check_ranges(
         algo,

@@ -16,7 +16,7 @@ import optax
 
 from rlspeed.algos.loops.fused import FusedTrainer, saved_agent_policies
 from rlspeed.algos.networks.flax import ActorCritic
-from rlspeed.algos.ppo import PPOConfig, batches_in_run, minibatch_positions
+from rlspeed.algos.ppo import PPOConfig, annealed_rate, batches_in_run, minibatch_positions
 from rlspeed.algos.rollout import RolloutBatch
 from rlspeed.algos.rollout_jax import (
     OnPolicyJaxLearner,
@@ -134,11 +134,11 @@ class PPOFunctions(ActorCritic):
 def optimizer(
     algo: PPOConfig, updates_per_batch: int, batches: int
 ) -> optax.GradientTransformation:
-    """Adam (eps 1e-5) after global-norm clipping; annealed, the step size of batch ``i``
-    (from 0) is ``learning_rate * (1 - i / batches)``."""
+    """Adam (eps 1e-5) after global-norm clipping; annealed, the step size of each batch is
+    ``annealed_rate``'s (optax counts gradient steps: ``updates_per_batch`` a batch)."""
 
     def annealed(count: jax.Array) -> jax.Array:
-        return algo.learning_rate * (1.0 - (count // updates_per_batch) / batches)
+        return annealed_rate(algo, count // updates_per_batch, batches)
 
     adam = optax.adam(annealed if algo.anneal_lr else algo.learning_rate, eps=1e-5)
     if algo.max_grad_norm > 0:

@@ -14,7 +14,7 @@ from torch import nn
 
 from rlspeed.algos.loops.host import Iteration
 from rlspeed.algos.networks.torch import ActorCritic, from_numpy, load_checkpoint
-from rlspeed.algos.ppo import batches_in_run, minibatch_positions
+from rlspeed.algos.ppo import annealed_rate, batches_in_run, minibatch_positions
 from rlspeed.algos.rollout import Rollout, RolloutBatch, rollout_length
 from rlspeed.backends.torch import device_of
 from rlspeed.checkpoint import save_torch
@@ -85,9 +85,8 @@ class TorchLearner(ActorCritic):
         tensors = [from_numpy(x, self.device) for x in batch]
         size = len(tensors[0])
         if algo.anneal_lr:
-            fraction = 1.0 - self.batches_done / self.batches
             for group in self.optimizer.param_groups:
-                group["lr"] = algo.learning_rate * fraction
+                group["lr"] = annealed_rate(algo, self.batches_done, self.batches)
         self.batches_done += 1
         if orders is None:
             orders = torch.stack(

@@ -160,9 +160,8 @@ class AlgoSpec:
     Parts are named as "module:attribute" and imported on demand, so a torch run never
     imports flax and the reverse:
     - ``learners``: per backend, the learner class the host loop ``loop`` drives, built as
-      ``Learner(observation_space, action_space, cfg, seed)`` (tabular ones get
-      ``(num_states, n_actions, cfg, seed)``); its module also defines ``load_policies``
-      for ``mode=eval``.
+      ``Learner(observation_space, action_space, cfg, seed)``; its module also defines
+      ``load_policies`` for ``mode=eval``.
     - ``fused``: the ``make_train(cfg, env)`` of the program ``backend=flax env=jax-vmap``
       runs, the whole training in one jitted function (``loops/fused.py``).
     """

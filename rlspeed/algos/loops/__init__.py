@@ -3,10 +3,11 @@
 ``backend=flax env=jax-vmap`` runs the algorithm's fused program (``fused.py``): acting,
 stepping, storing and learning inside one jitted function, vmapped over seeds. Every other
 pairing drives the algorithm's learner from Python, one seed after another, in the host
-loop of its kind (``AlgoSpec.loop``): ``off_policy`` (replay buffer: DQN, TD3),
-``on_policy`` (rollouts with GAE: VPG, PPO) or ``tabular`` (Q-learning). A learner is built
-after the engine exists, so AsyncVectorEnv forks its workers before the backend starts
-threads of its own.
+loop its ``AlgoSpec.loop`` names (``HOST_LOOPS``): ``train_host`` (``host.py``) runs the
+learner's own iterations (``off_policy``: DQN and TD3; ``tabular``: Q-learning), and
+``on_policy`` has a loop of its own (rollouts with GAE: VPG, PPO). A learner is built after
+the engine exists, so AsyncVectorEnv forks its workers before the backend starts threads of
+its own.
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ if TYPE_CHECKING:
 
 # Loop kind -> its ``train(ctx, make_learner, checkpoint_name)``.
 HOST_LOOPS = {
-    "off_policy": "rlspeed.algos.loops.offpolicy:train_off_policy",
+    "off_policy": "rlspeed.algos.loops.host:train_host",
     "on_policy": "rlspeed.algos.loops.onpolicy:train_on_policy",
-    "tabular": "rlspeed.algos.loops.tabular:train_tabular",
+    "tabular": "rlspeed.algos.loops.host:train_host",
 }
 # The agent's file in the run folder, by backend (``mode=eval`` loads it).
 CHECKPOINT_FILES = {"torch": "checkpoint.pt", "flax": "checkpoint.msgpack"}

@@ -6,16 +6,28 @@ transitions of one env step batch update the table together: the TD errors of th
 transitions that hit the same ``(s, a)`` are averaged, ``Q[s, a] += alpha * mean(td)``, so
 many envs starting in the same cell cannot overshoot. One such batch update counts as one
 "update" (``gradient_updates`` = env step batches). Step counts are env steps.
+
+Driven from Python (``rlspeed.algos.loops.host.train_host``), both backends' tables run
+``QTableLearner.iteration`` below; ``flax`` + ``jax-vmap`` fuses the same steps into one
+program (``rlspeed.algos.qlearn.flax.make_train``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlspeed.algos import AlgoSpec, check_memory, check_ranges
+from rlspeed.algos.schedule import epsilon_at
 from rlspeed.errors import ConfigError
 from rlspeed.registry import TASKS
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from rlspeed.algos.loops.host import Iteration
+    from rlspeed.engines import Engine
+    from rlspeed.monitor import SeedMonitor
 
 
 @dataclass
@@ -30,6 +42,77 @@ class QLearnConfig:
     end_e: float = 0.05
     # Fraction of total_steps over which epsilon decays linearly from start_e to end_e.
     exploration_fraction: float = 0.5
+
+
+def table_shape(cfg: Any, action_space: Any) -> tuple[int, int]:
+    """(states, actions): the shape of the run's Q-table."""
+    return TASKS.get(cfg.task.name).tabular.num_states(cfg.task), int(action_space.n)
+
+
+class QTableLearner:
+    """What both backends' Q-tables do when driven from Python (``train_host``). Between
+    iterations they carry the envs' state indices, not their observations (``observe``
+    makes the one of the other; a resume file holds the indices). A backend sets the table
+    up from ``table_shape`` and defines ``act``, ``update`` and ``greedy_states`` on state
+    indices, as int32 NumPy arrays."""
+
+    def __init__(self, cfg: Any) -> None:
+        self.algo, self.total_steps, self.task_cfg = cfg.algo, cfg.total_steps, cfg.task
+        self.tabular = TASKS.get(cfg.task.name).tabular
+
+    def observe(self, obs: Any) -> np.ndarray:
+        """The state indices of a batch of observations (``np.asarray`` views engine arrays
+        without a copy)."""
+        import numpy as np  # here: config checks read this module without NumPy
+
+        return self.tabular.state_index(self.task_cfg, np.asarray(obs), np)
+
+    def act(self, states: np.ndarray, step: int, epsilon: float) -> Any:
+        """Epsilon-greedy actions (random among tied maxima) at env step ``step``, as
+        arrays the engine takes."""
+        raise NotImplementedError
+
+    def update(
+        self,
+        states: np.ndarray,
+        actions: Any,
+        rewards: Any,
+        next_states: np.ndarray,
+        terminated: Any,
+    ) -> dict[str, Any]:
+        """One table update from a batch of transitions; metrics as backend scalars."""
+        raise NotImplementedError
+
+    def greedy_states(self, states: np.ndarray) -> np.ndarray:
+        """Greedy actions (first maximum) as NumPy."""
+        raise NotImplementedError
+
+    def greedy(self, obs: np.ndarray) -> np.ndarray:
+        """Greedy actions of observations, for evaluation."""
+        return self.greedy_states(self.observe(obs))
+
+    def iteration(
+        self, engine: Engine, states: np.ndarray, step: int, episodes: SeedMonitor
+    ) -> Iteration:
+        """One env step of every env from env step ``step``, and the table update from it."""
+        import numpy as np
+
+        from rlspeed.algos.loops.host import Iteration
+
+        # Collect: act epsilon-greedily on the states, step every env.
+        epsilon = float(epsilon_at(step, self.algo, self.total_steps))
+        actions = self.act(states, step, epsilon)
+        result = engine.step(actions)
+        # Update: the true next state is the final observation where an episode ended.
+        next_states = self.observe(result.final_obs)
+        metrics = self.update(states, actions, result.reward, next_states, result.terminated)
+        episodes.episodes(
+            np.asarray(result.terminated) | np.asarray(result.truncated),
+            result.episode_return,
+            result.episode_length,
+        )
+        latest = {"charts/epsilon": epsilon}
+        return Iteration(self.observe(result.obs), engine.num_envs, 1, [metrics], latest)
 
 
 def validate(algo: Any, cfg: Any) -> None:

@@ -111,8 +111,8 @@ def _draw(
 
 
 class ReplayBuffer:
-    """The host loops' buffer of the last ``capacity`` transitions of ``num_envs`` envs
-    whose episodes last at most ``max_steps`` steps."""
+    """The host-driven learners' buffer of the last ``capacity`` transitions of
+    ``num_envs`` envs whose episodes last at most ``max_steps`` steps."""
 
     def __init__(
         self,

@@ -63,7 +63,9 @@ def learning_rate_at(update: Any, algo: Any, total_steps: int, num_envs: int) ->
 
 class DQNSchedule:
     """Exploration and target syncs by env step, the same for every backend's learner
-    (which sets ``algo``, ``total_steps``, ``num_envs`` and defines ``sync_target``)."""
+    (which sets ``algo``, ``total_steps``, ``num_envs`` and defines ``sync_target``).
+    ``after_env_steps`` is what ``rlspeed.algos.replay.ReplayLearner.iteration`` does after
+    an iteration's updates."""
 
     algo: Any
     total_steps: int

@@ -40,9 +40,9 @@ class HostLearner(Protocol):
     how an iteration collects, computes its targets and updates.
 
     Optional, besides: ``carried``, a dict of the parts besides the learner that a resume
-    continues from (a replay buffer), and ``observe(obs)``, what the learner carries
-    between iterations as ``obs`` made of the envs' observations, where that is not the
-    observations themselves (Q-learning's state indices)."""
+    continues from (a replay buffer), and ``observe(obs)``, which turns the envs'
+    observations into what the learner carries between iterations as ``obs`` where that is
+    something else (Q-learning: their state indices)."""
 
     def iteration(self, engine: Engine, obs: Any, step: int, episodes: SeedMonitor) -> Iteration:
         """One iteration from env step ``step``: act on ``obs`` and step ``engine`` (handing
@@ -61,8 +61,8 @@ def train_host(
     """Train one agent from Python: ``make_learner(observation_space, action_space)``'s
     iterations until ``total_steps``, with logs, resume points, checkpoints and interrupts
     around them. A learner's ``carried`` (a dict, optional) names the parts besides itself
-    that a resume continues from (a replay buffer); its ``observe`` (optional) makes what
-    it carries between iterations of the reset's observations."""
+    that a resume continues from (a replay buffer); its ``observe`` (optional) turns the
+    reset's observations into what it carries between iterations."""
     engine = ctx.make_engine()
     learner = make_learner(engine.single_observation_space, engine.single_action_space)
     carried = getattr(learner, "carried", {})

@@ -52,9 +52,9 @@ def table_shape(cfg: Any, action_space: Any) -> tuple[int, int]:
 class QTableLearner:
     """What both backends' Q-tables do when driven from Python (``train_host``). Between
     iterations they carry the envs' state indices, not their observations (``observe``
-    makes the one of the other; a resume file holds the indices). A backend sets the table
-    up from ``table_shape`` and defines ``act``, ``update`` and ``greedy_states`` on state
-    indices, as int32 NumPy arrays."""
+    turns observations into indices; a resume file holds the indices). A backend sizes its
+    table with ``table_shape`` and defines ``act``, ``update`` and ``greedy_states`` on
+    state indices (int32 NumPy arrays)."""
 
     def __init__(self, cfg: Any) -> None:
         self.algo, self.total_steps, self.task_cfg = cfg.algo, cfg.total_steps, cfg.task

@@ -57,7 +57,8 @@ class QTableLearner:
     state indices (int32 NumPy arrays)."""
 
     def __init__(self, cfg: Any) -> None:
-        self.algo, self.total_steps, self.task_cfg = cfg.algo, cfg.total_steps, cfg.task
+        # The run's config, no number of its own: a resume file holds the learner's numbers.
+        self.cfg = cfg
         self.tabular = TASKS.get(cfg.task.name).tabular
 
     def observe(self, obs: Any) -> np.ndarray:
@@ -65,7 +66,7 @@ class QTableLearner:
         without a copy)."""
         import numpy as np  # here: config checks read this module without NumPy
 
-        return self.tabular.state_index(self.task_cfg, np.asarray(obs), np)
+        return self.tabular.state_index(self.cfg.task, np.asarray(obs), np)
 
     def act(self, states: np.ndarray, step: int, epsilon: float) -> Any:
         """Epsilon-greedy actions (random among tied maxima) at env step ``step``, as
@@ -100,7 +101,7 @@ class QTableLearner:
         from rlspeed.algos.loops.host import Iteration
 
         # Collect: act epsilon-greedily on the states, step every env.
-        epsilon = float(epsilon_at(step, self.algo, self.total_steps))
+        epsilon = float(epsilon_at(step, self.cfg.algo, self.cfg.total_steps))
         actions = self.act(states, step, epsilon)
         result = engine.step(actions)
         # Update: the true next state is the final observation where an episode ended.

@@ -22,6 +22,7 @@ from rlspeed import statefile
 from rlspeed.checkpoint import RESUME_FILE, seed_file
 from rlspeed.cli import CONF_DIR
 from rlspeed.config import BackendConfig, register_configs
+from rlspeed.tasks.gridworld import GridWorldTaskConfig
 
 # pytest-xdist runs one worker per core: one torch thread each (in-process runs and the
 # CLI subprocesses alike) keeps them from oversubscribing the cores.
@@ -169,6 +170,9 @@ def make_cfg() -> Callable[[list[str]], DictConfig]:
 def learner_cfg(algo: Any, **run: Any) -> DictConfig:
     """What a learner reads of a run's config: ``algo`` (a schema dataclass or a config of
     one), ``backend`` (torch's default settings: ``device`` auto) and run-level settings
-    such as ``total_steps`` and ``num_envs``."""
+    such as ``total_steps``, ``num_envs`` (1 unless given) and ``task`` (GridWorld's
+    defaults unless given: what sizes a Q-table, and a replay buffer's longest episode)."""
     backend = OmegaConf.structured(BackendConfig(name="torch"))
-    return OmegaConf.create({"algo": OmegaConf.structured(algo), "backend": backend, **run})
+    task = OmegaConf.structured(GridWorldTaskConfig())
+    defaults = {"backend": backend, "num_envs": 1, "task": task}
+    return OmegaConf.create({"algo": OmegaConf.structured(algo), **defaults, **run})

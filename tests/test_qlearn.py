@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
+from gymnasium.spaces import Discrete
 
 from rlspeed.algos.qlearn import QLearnConfig
 from rlspeed.algos.qlearn.flax import FlaxQTable
@@ -46,7 +47,9 @@ def _actions(learner, states: np.ndarray, epsilon: float) -> np.ndarray:
 
 @pytest.mark.parametrize("backend", LEARNERS)
 def test_ties_are_broken_uniformly_at_random(backend):
-    learner = LEARNERS[backend](2, 4, learner_cfg(QLearnConfig()), seed=0)
+    learner = LEARNERS[backend](
+        Discrete(25), Discrete(4), learner_cfg(QLearnConfig(), total_steps=1000), seed=0
+    )
     samples = 20_000
     # A fresh all-zero table: every action is maximal, so greedy picks uniformly.
     counts = np.bincount(_actions(learner, np.zeros(samples), 0.0), minlength=4)
@@ -78,7 +81,7 @@ def test_batched_update_averages_duplicates_alike_on_both_backends():
     expected[2, 1] += 0.5 * 1.0
     tables = {}
     for backend, make in LEARNERS.items():
-        learner = make(3, 2, learner_cfg(algo), seed=0)
+        learner = make(Discrete(25), Discrete(2), learner_cfg(algo, total_steps=1000), seed=0)
         learner.q = torch.from_numpy(q0.copy()) if backend == "torch" else jnp.asarray(q0)
         acts = torch.from_numpy(actions) if backend == "torch" else jnp.asarray(actions)
         metrics = learner.update(states, acts, rewards, next_states, terminated)

@@ -159,10 +159,10 @@ class AlgoSpec:
 
     Parts are named as "module:attribute" and imported on demand, so a torch run never
     imports flax and the reverse:
-    - ``learners``: per backend, the learner class the host loop ``loop`` drives, built as
-      ``Learner(observation_space, action_space, cfg, seed)`` (tabular ones get
-      ``(num_states, n_actions, cfg, seed)``); its module also defines ``load_policies``
-      for ``mode=eval``.
+    - ``learners``: per backend, the learner class ``loops.host.train_host`` drives (its
+      ``iteration``: collect, targets, loss, update), built as
+      ``Learner(observation_space, action_space, cfg, seed)``; its module also defines
+      ``load_policies`` for ``mode=eval``.
     - ``fused``: the ``make_train(cfg, env)`` of the program ``backend=flax env=jax-vmap``
       runs, the whole training in one jitted function (``loops/fused.py``).
     """
@@ -172,8 +172,6 @@ class AlgoSpec:
     schema: type
     # Action-space kinds the algorithm handles: "discrete", "continuous".
     action_kinds: tuple[str, ...]
-    # The host loop: a key of rlspeed.algos.loops.HOST_LOOPS.
-    loop: str
     learners: dict[str, str]
     fused: str
     validate: Callable[[Any, Any], None] = _no_extra_checks

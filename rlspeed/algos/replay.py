@@ -1,6 +1,11 @@
-"""Ring buffers of transitions: NumPy for the host-driven training loops, and the same
-buffer as pure functions of JAX arrays for the fused ``lax.scan`` loops (which import JAX
-only when called, so torch runs never load it).
+"""The replay buffer, and what DQN and TD3 do with it on either path.
+
+On the host (every pairing but ``flax`` + ``jax-vmap``): ``ReplayBuffer``, a NumPy ring
+buffer, and ``ReplayLearner``, the iteration both algorithms' learners run under
+``rlspeed.algos.loops.host.train_host`` (act, step, store, the updates due). In a fused
+``lax.scan`` loop: the same buffer as pure functions of JAX arrays (``JaxReplay``), and the
+train state (``ReplayState``) and env step (``replay_step``) of DQN's and TD3's fused
+programs. JAX is imported only when called, so torch runs never load it.
 
 Each observation is stored once. The envs add one transition each per step, in lockstep,
 so env ``e``'s next transition sits ``num_envs`` slots after its last one and holds the
@@ -18,8 +23,18 @@ from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar
 
 import numpy as np
 
+from rlspeed.algos.loops.host import Iteration
+from rlspeed.algos.schedule import multiples_between
+from rlspeed.seeding import Stream, numpy_rng
+
 if TYPE_CHECKING:
     import jax
+
+    from rlspeed.engines import Engine, StepResult
+    from rlspeed.envs.vmap import VmapEnv, VmapState
+    from rlspeed.monitor import SeedMonitor
+    from rlspeed.seeding import JaxKeys
+
 
 ArrayT = TypeVar("ArrayT")
 
@@ -102,8 +117,8 @@ def _draw(
 
 
 class ReplayBuffer:
-    """The host loops' buffer of the last ``capacity`` transitions of ``num_envs`` envs
-    whose episodes last at most ``max_steps`` steps."""
+    """The host-driven learners' buffer of the last ``capacity`` transitions of
+    ``num_envs`` envs whose episodes last at most ``max_steps`` steps."""
 
     def __init__(
         self,
@@ -175,6 +190,77 @@ class ReplayBuffer:
         return Batch(
             self.obs[slots], next_obs, self.actions[slots], self.rewards[slots], self.dones[slots]
         )
+
+
+def replay_buffer(obs_space: Any, action_space: Any, cfg: Any, seed: int) -> ReplayBuffer:
+    """A host-driven learner's buffer: the last ``algo.buffer_size`` transitions of the
+    run's envs, its batches drawn from the seed's own stream (``Stream.REPLAY``)."""
+    return ReplayBuffer(
+        cfg.algo.buffer_size,
+        obs_space,
+        action_space,
+        numpy_rng(seed, Stream.REPLAY),
+        cfg.num_envs,
+        cfg.task.max_steps,
+    )
+
+
+class ReplayLearner:
+    """What DQN's and TD3's learners share on the host: a replay buffer, which a resume
+    continues from (``carried``), and the iteration ``train_host`` runs, CleanRL's: act,
+    step every env once, store the transitions, then one gradient update every
+    ``train_frequency`` env steps after ``learning_starts``, each on a batch drawn from
+    the buffer. Step counts are env steps, whatever ``num_envs`` is.
+
+    A learner sets ``algo`` and ``buffer`` (``replay_buffer``) and defines, in its
+    algorithm's file, ``act`` (collect) and ``update`` (targets, loss, gradient step), and
+    may define ``after_env_steps`` (DQN: its target syncs and exploration rate)."""
+
+    algo: Any
+    buffer: ReplayBuffer
+
+    @property
+    def carried(self) -> dict[str, Any]:
+        """The parts of a resume besides the learner (named as resume files name them)."""
+        return {"buffer": self.buffer}
+
+    def act(self, obs: Any, step: int) -> Any:
+        """Exploratory actions at env step ``step`` for a batch of observations
+        (engine-native arrays in, arrays the engine takes out)."""
+        raise NotImplementedError
+
+    def update(self, batch: Batch) -> dict[str, Any]:
+        """One gradient step; its metrics as backend scalars (averaged per log interval)."""
+        raise NotImplementedError
+
+    def after_env_steps(self, prev_step: int, step: int) -> dict[str, float]:
+        """Bookkeeping once the env steps ``prev_step`` -> ``step`` are stored and learned
+        from (e.g. a periodic target-network sync); returns schedule values to log."""
+        return {}
+
+    def iteration(self, engine: Engine, obs: Any, step: int, episodes: SeedMonitor) -> Iteration:
+        """One env step of every env from env step ``step``, and what is due after it."""
+        algo = self.algo
+        # Collect: act, step, store the transitions (the final observation where one ended).
+        actions = self.act(obs, step)
+        result = engine.step(actions)
+        self.buffer.add(
+            obs, result.final_obs, actions, result.reward, result.terminated, result.truncated
+        )
+        episodes.episodes(
+            np.asarray(result.terminated) | np.asarray(result.truncated),
+            result.episode_return,
+            result.episode_length,
+        )
+        # Learn: the updates due, each on a fresh batch from the buffer.
+        end = step + engine.num_envs
+        due = int(multiples_between(step, end, algo.train_frequency, algo.learning_starts))
+        metrics = [self.update(self.buffer.sample(algo.batch_size)) for _ in range(due)]
+        latest = self.after_env_steps(step, end)
+        return Iteration(result.obs, engine.num_envs, due, metrics, latest)
+
+
+# ---------------------------------------------------------------- fused jax-vmap path
 
 
 class JaxReplay(NamedTuple):
@@ -279,3 +365,51 @@ def jax_replay_sample(
         replay.rewards[slots],
         replay.dones[slots],
     )
+
+
+class ReplayState(NamedTuple):
+    """The train state of a fused replay-buffer algorithm (DQN, TD3)."""
+
+    agent: Any
+    replay: JaxReplay
+    env: VmapState
+    key: jax.Array
+    step: jax.Array
+    updates: jax.Array
+
+
+def init_replay_state(agent: Any, keys: JaxKeys, env: VmapEnv, buffer_size: int) -> ReplayState:
+    """A fresh agent with an empty replay buffer, at env step 0."""
+    import jax.numpy as jnp
+
+    replay = jax_replay_init(
+        buffer_size,
+        env.single_observation_space,
+        env.single_action_space,
+        env.num_envs,
+        env.max_episode_steps,
+    )
+    return ReplayState(agent, replay, env.init(keys.env), keys.act, jnp.int32(0), jnp.int32(0))
+
+
+def replay_step(
+    env: VmapEnv, state: ReplayState, actions: jax.Array, algo: Any
+) -> tuple[VmapState, StepResult, JaxReplay, jax.Array, jax.Array]:
+    """Step every env with ``actions`` and store the transitions, as ``ReplayLearner`` does
+    on the host: (env state, step result, replay buffer, env steps then, gradient updates
+    due)."""
+    import jax.numpy as jnp
+
+    env_state, result = env.step(state.env, actions)
+    replay = jax_replay_add(
+        state.replay,
+        state.env.obs,
+        result.final_obs,
+        actions,
+        result.reward,
+        result.terminated,
+        result.truncated,
+    )
+    step = state.step + env.num_envs
+    n_updates = multiples_between(state.step, step, algo.train_frequency, algo.learning_starts, jnp)
+    return env_state, result, replay, step, n_updates

@@ -64,11 +64,18 @@ def _sync(result: Any, learner: Any) -> None:
 
 def time_update(algo: str, backend: str, run_cfg: Any, size: int, budget_s: float) -> float:
     """Seconds per update step after warm-up (which includes compilation); ``run_cfg``:
-    the composed config whose ``algo`` and ``backend`` (torch's device) the learner reads."""
+    the composed config whose ``algo``, ``backend`` (torch's device) and ``task`` (a replay
+    buffer's longest episode) the learner reads."""
     module = importlib.import_module(f"rlspeed.algos.{algo}.{backend}")
     learner_cls = module.TorchLearner if backend == "torch" else module.FlaxLearner
     cfg = OmegaConf.create(
-        {"algo": run_cfg.algo, "backend": run_cfg.backend, "total_steps": 10**9, "num_envs": 1}
+        {
+            "algo": run_cfg.algo,
+            "backend": run_cfg.backend,
+            "task": run_cfg.task,
+            "total_steps": 10**9,
+            "num_envs": 1,
+        }
     )
     learner = learner_cls(*CASES[algo][1], cfg, 0)
     batch = _batch(algo, size, np.random.default_rng(0))

@@ -63,7 +63,9 @@ def learning_rate_at(update: Any, algo: DQNConfig, total_steps: int, num_envs: i
 
 class DQNSchedule:
     """Exploration and target syncs by env step, the same for every backend's learner
-    (which sets ``algo``, ``total_steps``, ``num_envs`` and defines ``sync_target``)."""
+    (which sets ``algo``, ``total_steps``, ``num_envs`` and defines ``sync_target``).
+    ``after_env_steps`` is what ``rlspeed.algos.replay.ReplayLearner.iteration`` does after
+    an iteration's updates."""
 
     algo: DQNConfig
     total_steps: int
@@ -105,7 +107,6 @@ SPEC = AlgoSpec(
     name="dqn",
     schema=DQNConfig,
     action_kinds=("discrete",),
-    loop="off_policy",
     learners={
         "torch": "rlspeed.algos.dqn.torch:TorchLearner",
         "flax": "rlspeed.algos.dqn.flax:FlaxLearner",

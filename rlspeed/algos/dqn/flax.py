@@ -1,10 +1,13 @@
 """DQN in Flax + Optax.
 
-``DQNFunctions`` holds the pure functions. With a Gymnasium engine the off-policy loop of
-``rlspeed/algos/loops/offpolicy.py`` drives ``FlaxLearner``, which calls them jitted. With
-``env=jax-vmap`` everything is fused: ``make_train`` builds pure functions in which acting,
-stepping, storing and updating run inside one ``lax.scan`` with the replay buffer in JAX
-arrays (driven by ``rlspeed/algos/loops/fused.py``).
+``DQNFunctions`` holds the pure functions. With a Gymnasium engine ``FlaxLearner`` calls
+them jitted, under ``rlspeed.algos.loops.host.train_host``: each iteration
+(``ReplayLearner.iteration``, shared with TD3) collects with ``act`` into the replay buffer,
+then learns with ``update`` as often as due, then syncs the target network as due
+(``DQNSchedule.after_env_steps``). With ``env=jax-vmap`` everything is fused: ``make_train``
+builds pure functions in which acting, stepping, storing and updating run inside one
+``lax.scan`` with the replay buffer in JAX arrays (driven by
+``rlspeed/algos/loops/fused.py``).
 """
 
 from __future__ import annotations
@@ -24,16 +27,21 @@ from rlspeed.algos.dqn import DQNSchedule, learning_rate_at
 from rlspeed.algos.encoding import input_size, one_hot_classes
 from rlspeed.algos.loops.fused import (
     FusedTrainer,
-    ReplayState,
-    init_replay_state,
     per_seed_sum,
-    replay_step,
     saved_agent_policies,
     scan_iterations,
 )
 from rlspeed.algos.loops.jax_learner import JaxLearner
 from rlspeed.algos.networks.flax import MLP, apply_output
-from rlspeed.algos.replay import Batch, jax_replay_sample
+from rlspeed.algos.replay import (
+    Batch,
+    ReplayLearner,
+    ReplayState,
+    init_replay_state,
+    jax_replay_sample,
+    replay_buffer,
+    replay_step,
+)
 from rlspeed.algos.schedule import epsilon_at, multiples_between, polyak_weight
 from rlspeed.envs.vmap import VmapEnv
 from rlspeed.seeding import JaxKeys
@@ -106,7 +114,7 @@ class DQNFunctions:
         return agent._replace(target_params=target)
 
 
-class FlaxLearner(JaxLearner, DQNSchedule):
+class FlaxLearner(JaxLearner, DQNSchedule, ReplayLearner):
     """Jitted act/update for the Python-driven loop (Gymnasium engines)."""
 
     def __init__(self, obs_space: Any, action_space: Any, cfg: Any, seed: int) -> None:
@@ -117,6 +125,7 @@ class FlaxLearner(JaxLearner, DQNSchedule):
         self._greedy = jax.jit(self.fns.greedy)
         self._update = jax.jit(self.fns.learn)
         self._sync = jax.jit(self.fns.sync_target)
+        self.buffer = replay_buffer(obs_space, action_space, cfg, seed)
 
     def act(self, obs: Any, step: int) -> jax.Array:
         return self._act(self.agent.params, obs, self.next_key(), self.epsilon(step))

@@ -1,4 +1,9 @@
-"""DQN in PyTorch, on any engine (Gymnasium or JAX through DLPack)."""
+"""DQN in PyTorch, on any engine (Gymnasium or JAX through DLPack).
+
+``TorchLearner`` runs under ``rlspeed.algos.loops.host.train_host``: each iteration
+(``ReplayLearner.iteration``, shared with TD3) collects with ``act`` into the replay buffer,
+then learns with ``update`` (TD targets from the target network, the loss, the step) as
+often as due, then syncs the target network as due (``DQNSchedule.after_env_steps``)."""
 
 from __future__ import annotations
 
@@ -19,7 +24,7 @@ from rlspeed.algos.networks.torch import (
     load_checkpoint,
     optimizer,
 )
-from rlspeed.algos.replay import Batch
+from rlspeed.algos.replay import Batch, ReplayLearner, replay_buffer
 from rlspeed.backends.torch import device_of
 from rlspeed.checkpoint import save_torch
 from rlspeed.seeding import Stream, int_seed
@@ -32,7 +37,7 @@ def greedy_actions(q_network: nn.Module, obs: np.ndarray) -> np.ndarray:
     return q.argmax(dim=1).cpu().numpy()
 
 
-class TorchLearner(DQNSchedule):
+class TorchLearner(DQNSchedule, ReplayLearner):
     def __init__(self, obs_space: Any, action_space: Any, cfg: Any, seed: int) -> None:
         algo = cfg.algo
         self.algo, self.total_steps, self.num_envs = algo, cfg.total_steps, cfg.num_envs
@@ -48,6 +53,7 @@ class TorchLearner(DQNSchedule):
         self.gamma = algo.gamma
         # The weights come from torch's global generator (seeded with the INIT stream).
         self.generator = torch.Generator().manual_seed(int_seed(seed, Stream.ACT))
+        self.buffer = replay_buffer(obs_space, action_space, cfg, seed)
 
     @torch.no_grad()
     def act(self, obs: Any, step: int) -> torch.Tensor:

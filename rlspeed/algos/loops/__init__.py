@@ -2,11 +2,10 @@
 
 ``backend=flax env=jax-vmap`` runs the algorithm's fused program (``fused.py``): acting,
 stepping, storing and learning inside one jitted function, vmapped over seeds. Every other
-pairing drives the algorithm's learner from Python, one seed after another, in the host
-loop of its kind (``AlgoSpec.loop``): ``off_policy`` (replay buffer: DQN, TD3),
-``on_policy`` (rollouts with GAE: VPG, PPO) or ``tabular`` (Q-learning). A learner is built
-after the engine exists, so AsyncVectorEnv forks its workers before the backend starts
-threads of its own.
+pairing drives the algorithm's learner from Python, one seed after another:
+``train_host`` (``host.py``) runs the learner's own iterations. A learner is built after the
+engine exists, so AsyncVectorEnv forks its workers before the backend starts threads of its
+own.
 """
 
 from __future__ import annotations
@@ -21,12 +20,6 @@ from rlspeed.registry import ALGOS
 if TYPE_CHECKING:
     from rlspeed.context import RunContext, TrainResult
 
-# Loop kind -> its ``train(ctx, make_learner, checkpoint_name)``.
-HOST_LOOPS = {
-    "off_policy": "rlspeed.algos.loops.offpolicy:train_off_policy",
-    "on_policy": "rlspeed.algos.loops.host:train_host",
-    "tabular": "rlspeed.algos.loops.tabular:train_tabular",
-}
 # The agent's file in the run folder, by backend (``mode=eval`` loads it).
 CHECKPOINT_FILES = {"torch": "checkpoint.pt", "flax": "checkpoint.msgpack"}
 
@@ -40,11 +33,12 @@ def train(ctx: RunContext) -> TrainResult:
         from rlspeed.algos.loops.fused import train_fused
 
         return train_fused(ctx, import_named(spec.fused))
+    from rlspeed.algos.loops.host import train_host
+
     learner = import_named(spec.learners[cfg.backend.name])
-    host_loop = import_named(HOST_LOOPS[spec.loop])
     checkpoint = CHECKPOINT_FILES[cfg.backend.name]
     return ctx.each_seed(
-        lambda seed_ctx: host_loop(
+        lambda seed_ctx: train_host(
             seed_ctx, partial(learner, cfg=cfg, seed=seed_ctx.seed), checkpoint
         )
     )

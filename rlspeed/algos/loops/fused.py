@@ -6,7 +6,9 @@ storing and updating all happen inside one ``lax.scan``. ``FusedTrainer.train(ke
 is a whole training as one pure function of the run's keys (``rlspeed.seeding.jax_keys``),
 so ``jax.vmap`` over the keys of several seeds trains them in one program.
 ``train_fused`` runs it in chunks of about ``log_every`` env steps (one compiled call
-each), returning to Python only to log, evaluate and draw progress.
+each), returning to Python only to log, evaluate and draw progress. The algorithms' RL
+pieces stay with the algorithms (their train states, the replay buffer's in
+``rlspeed.algos.replay``); this module is the machinery around them.
 """
 
 from __future__ import annotations
@@ -23,8 +25,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from rlspeed.algos.loops.records import log_seeds
-from rlspeed.algos.replay import JaxReplay, jax_replay_add, jax_replay_init
-from rlspeed.algos.schedule import multiples_between
 from rlspeed.checkpoint import (
     load_pytree,
     save_pytree,
@@ -33,8 +33,7 @@ from rlspeed.checkpoint import (
 )
 from rlspeed.config import is_fused
 from rlspeed.context import RunContext, TrainResult
-from rlspeed.engines import StepResult
-from rlspeed.envs.vmap import VmapEnv, VmapState, make_vmap_env
+from rlspeed.envs.vmap import VmapEnv, make_vmap_env
 from rlspeed.errors import deferred_interrupts
 from rlspeed.seeding import JaxKeys, Stream, jax_key, jax_keys
 from rlspeed.tasks import Policy, TaskSpec
@@ -121,49 +120,6 @@ def scan_iterations(
         return masked_scan(iteration, state, None, iterations, valid)
 
     return run
-
-
-class ReplayState(NamedTuple):
-    """The train state of a fused replay-buffer algorithm (DQN, TD3)."""
-
-    agent: Any
-    replay: JaxReplay
-    env: VmapState
-    key: jax.Array
-    step: jax.Array
-    updates: jax.Array
-
-
-def init_replay_state(agent: Any, keys: JaxKeys, env: VmapEnv, buffer_size: int) -> ReplayState:
-    """A fresh agent with an empty replay buffer, at env step 0."""
-    replay = jax_replay_init(
-        buffer_size,
-        env.single_observation_space,
-        env.single_action_space,
-        env.num_envs,
-        env.max_episode_steps,
-    )
-    return ReplayState(agent, replay, env.init(keys.env), keys.act, jnp.int32(0), jnp.int32(0))
-
-
-def replay_step(
-    env: VmapEnv, state: ReplayState, actions: jax.Array, algo: Any
-) -> tuple[VmapState, StepResult, JaxReplay, jax.Array, jax.Array]:
-    """Step every env with ``actions`` and store the transitions, as the off-policy host loop
-    does: (env state, step result, replay buffer, env steps then, gradient updates due)."""
-    env_state, result = env.step(state.env, actions)
-    replay = jax_replay_add(
-        state.replay,
-        state.env.obs,
-        result.final_obs,
-        actions,
-        result.reward,
-        result.terminated,
-        result.truncated,
-    )
-    step = state.step + env.num_envs
-    n_updates = multiples_between(state.step, step, algo.train_frequency, algo.learning_starts, jnp)
-    return env_state, result, replay, step, n_updates
 
 
 def saved_agent_policies(

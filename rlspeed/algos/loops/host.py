@@ -37,7 +37,12 @@ class Iteration(NamedTuple):
 
 class HostLearner(Protocol):
     """An algorithm's learner as ``train_host`` drives it: its file says, top to bottom,
-    how an iteration collects, computes its targets and updates."""
+    how an iteration collects, computes its targets and updates.
+
+    Optional, besides: ``carried``, a dict of the parts besides the learner that a resume
+    continues from (a replay buffer), and ``observe(obs)``, which turns the envs'
+    observations into what the learner carries between iterations as ``obs`` where that is
+    something else (Q-learning: their state indices)."""
 
     def iteration(self, engine: Engine, obs: Any, step: int, episodes: SeedMonitor) -> Iteration:
         """One iteration from env step ``step``: act on ``obs`` and step ``engine`` (handing
@@ -56,13 +61,16 @@ def train_host(
     """Train one agent from Python: ``make_learner(observation_space, action_space)``'s
     iterations until ``total_steps``, with logs, resume points, checkpoints and interrupts
     around them. A learner's ``carried`` (a dict, optional) names the parts besides itself
-    that a resume continues from (a replay buffer)."""
+    that a resume continues from (a replay buffer); its ``observe`` (optional) turns the
+    reset's observations into what it carries between iterations."""
     engine = ctx.make_engine()
     learner = make_learner(engine.single_observation_space, engine.single_action_space)
     carried = getattr(learner, "carried", {})
+    observe = getattr(learner, "observe", None)
+    reset = engine.reset if observe is None else lambda: observe(engine.reset())
     with host_training(ctx, engine, learner, checkpoint_name, **carried) as parts:
         interval, point, check_interrupt = parts
-        obs, step, updates = point.start(ctx.resume_state(), engine.reset)
+        obs, step, updates = point.start(ctx.resume_state(), reset)
         while step < ctx.cfg.total_steps:
             done = learner.iteration(engine, obs, step, ctx.monitor)
             obs, step, updates = done.obs, step + done.steps, updates + done.updates

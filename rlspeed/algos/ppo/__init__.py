@@ -134,7 +134,6 @@ SPEC = AlgoSpec(
     name="ppo",
     schema=PPOConfig,
     action_kinds=("discrete", "continuous"),
-    loop="on_policy",
     learners={
         "torch": "rlspeed.algos.ppo.torch:TorchLearner",
         "flax": "rlspeed.algos.ppo.flax:FlaxLearner",

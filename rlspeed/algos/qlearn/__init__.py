@@ -6,16 +6,28 @@ transitions of one env step batch update the table together: the TD errors of th
 transitions that hit the same ``(s, a)`` are averaged, ``Q[s, a] += alpha * mean(td)``, so
 many envs starting in the same cell cannot overshoot. One such batch update counts as one
 "update" (``gradient_updates`` = env step batches). Step counts are env steps.
+
+Driven from Python (``rlspeed.algos.loops.host.train_host``), both backends' tables run
+``QTableLearner.iteration`` below; ``flax`` + ``jax-vmap`` fuses the same steps into one
+program (``rlspeed.algos.qlearn.flax.make_train``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlspeed.algos import AlgoSpec, check_memory, check_ranges
+from rlspeed.algos.schedule import epsilon_at
 from rlspeed.errors import ConfigError
 from rlspeed.registry import TASKS
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from rlspeed.algos.loops.host import Iteration
+    from rlspeed.engines import Engine
+    from rlspeed.monitor import SeedMonitor
 
 
 @dataclass
@@ -32,6 +44,78 @@ class QLearnConfig:
     exploration_fraction: float = 0.5
 
 
+def table_shape(cfg: Any, action_space: Any) -> tuple[int, int]:
+    """(states, actions): the shape of the run's Q-table."""
+    return TASKS.get(cfg.task.name).tabular.num_states(cfg.task), int(action_space.n)
+
+
+class QTableLearner:
+    """What both backends' Q-tables do when driven from Python (``train_host``). Between
+    iterations they carry the envs' state indices, not their observations (``observe``
+    turns observations into indices; a resume file holds the indices). A backend sizes its
+    table with ``table_shape`` and defines ``act``, ``update`` and ``greedy_states`` on
+    state indices (int32 NumPy arrays)."""
+
+    def __init__(self, cfg: Any) -> None:
+        # The run's config, no number of its own: a resume file holds the learner's numbers.
+        self.cfg = cfg
+        self.tabular = TASKS.get(cfg.task.name).tabular
+
+    def observe(self, obs: Any) -> np.ndarray:
+        """The state indices of a batch of observations (``np.asarray`` views engine arrays
+        without a copy)."""
+        import numpy as np  # here: config checks read this module without NumPy
+
+        return self.tabular.state_index(self.cfg.task, np.asarray(obs), np)
+
+    def act(self, states: np.ndarray, step: int, epsilon: float) -> Any:
+        """Epsilon-greedy actions (random among tied maxima) at env step ``step``, as
+        arrays the engine takes."""
+        raise NotImplementedError
+
+    def update(
+        self,
+        states: np.ndarray,
+        actions: Any,
+        rewards: Any,
+        next_states: np.ndarray,
+        terminated: Any,
+    ) -> dict[str, Any]:
+        """One table update from a batch of transitions; metrics as backend scalars."""
+        raise NotImplementedError
+
+    def greedy_states(self, states: np.ndarray) -> np.ndarray:
+        """Greedy actions (first maximum) as NumPy."""
+        raise NotImplementedError
+
+    def greedy(self, obs: np.ndarray) -> np.ndarray:
+        """Greedy actions of observations, for evaluation."""
+        return self.greedy_states(self.observe(obs))
+
+    def iteration(
+        self, engine: Engine, states: np.ndarray, step: int, episodes: SeedMonitor
+    ) -> Iteration:
+        """One env step of every env from env step ``step``, and the table update from it."""
+        import numpy as np
+
+        from rlspeed.algos.loops.host import Iteration
+
+        # Collect: act epsilon-greedily on the states, step every env.
+        epsilon = float(epsilon_at(step, self.cfg.algo, self.cfg.total_steps))
+        actions = self.act(states, step, epsilon)
+        result = engine.step(actions)
+        # Update: the true next state is the final observation where an episode ended.
+        next_states = self.observe(result.final_obs)
+        metrics = self.update(states, actions, result.reward, next_states, result.terminated)
+        episodes.episodes(
+            np.asarray(result.terminated) | np.asarray(result.truncated),
+            result.episode_return,
+            result.episode_length,
+        )
+        latest = {"charts/epsilon": epsilon}
+        return Iteration(self.observe(result.obs), engine.num_envs, 1, [metrics], latest)
+
+
 def validate(algo: QLearnConfig, cfg: Any) -> None:
     check_ranges(algo, step=("alpha",), unit=("gamma", "start_e", "end_e", "exploration_fraction"))
     if TASKS.get(cfg.task.name).tabular is None:
@@ -46,7 +130,6 @@ SPEC = AlgoSpec(
     name="qlearn",
     schema=QLearnConfig,
     action_kinds=("discrete",),
-    loop="tabular",
     learners={
         "torch": "rlspeed.algos.qlearn.torch:TorchQTable",
         "flax": "rlspeed.algos.qlearn.flax:FlaxQTable",

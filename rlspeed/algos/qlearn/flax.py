@@ -1,10 +1,10 @@
 """Tabular Q-learning in JAX (``backend=flax``: the table is a JAX array, no network).
 
-With a Gymnasium engine the tabular loop of ``rlspeed/algos/loops/tabular.py`` drives
-``FlaxQTable``, which calls jitted ``act`` and ``update``. With ``env=jax-vmap`` everything is
-fused: ``make_train`` builds a pure ``iteration`` (state index, act, env step, table update)
-that ``lax.scan`` repeats, driven by ``rlspeed/algos/loops/fused.py``, which vmaps it over
-seeds for ``num_seeds`` > 1.
+With a Gymnasium engine ``FlaxQTable`` calls jitted ``act`` and ``update`` under
+``rlspeed.algos.loops.host.train_host`` (each iteration is ``QTableLearner.iteration``,
+shared with torch's table). With ``env=jax-vmap`` everything is fused: ``make_train`` builds
+a pure ``iteration`` (state index, act, env step, table update) that ``lax.scan`` repeats,
+driven by ``rlspeed/algos/loops/fused.py``, which vmaps it over seeds for ``num_seeds`` > 1.
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ from rlspeed.algos.loops.fused import (
     FusedTrainer,
     masked_scan,
     per_seed_sum,
-    save_pytree,
     saved_policies,
     scan_unroll,
 )
-from rlspeed.algos.loops.tabular import table_shape
+from rlspeed.algos.qlearn import QTableLearner, table_shape
 from rlspeed.algos.schedule import epsilon_at
+from rlspeed.checkpoint import save_pytree
 from rlspeed.envs.vmap import VmapEnv, VmapState
 from rlspeed.registry import TASKS
 from rlspeed.seeding import JaxKeys, Stream, jax_key
@@ -90,12 +90,13 @@ def td_update(
     return q, td, q_sa
 
 
-class FlaxQTable:
+class FlaxQTable(QTableLearner):
     """Jitted act/update for the Python-driven loop (Gymnasium engines)."""
 
-    def __init__(self, num_states: int, n_actions: int, cfg: Any, seed: int) -> None:
+    def __init__(self, obs_space: Any, action_space: Any, cfg: Any, seed: int) -> None:
+        super().__init__(cfg)
         algo = cfg.algo
-        self.q = jnp.zeros((num_states, n_actions))
+        self.q = jnp.zeros(table_shape(cfg, action_space))
         self.key = jax_key(seed, Stream.ACT)
 
         # Jitted: step and epsilon arrive as (traced) arrays.
@@ -122,7 +123,7 @@ class FlaxQTable:
     def act(self, states: np.ndarray, step: int, epsilon: float) -> jax.Array:
         return self._act(self.q, states, step, epsilon)
 
-    def greedy(self, states: np.ndarray) -> np.ndarray:
+    def greedy_states(self, states: np.ndarray) -> np.ndarray:
         return np.asarray(self._greedy(self.q, states))
 
     def update(

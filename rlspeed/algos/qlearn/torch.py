@@ -1,4 +1,8 @@
-"""Tabular Q-learning in PyTorch, on any engine (Gymnasium or JAX through DLPack)."""
+"""Tabular Q-learning in PyTorch, on any engine (Gymnasium or JAX through DLPack).
+
+``TorchQTable`` runs under ``rlspeed.algos.loops.host.train_host``: each iteration
+(``QTableLearner.iteration``, shared with flax's table) collects with ``act`` and updates
+the table with ``update`` (the TD targets and the averaged step of ``td_update_``)."""
 
 from __future__ import annotations
 
@@ -8,8 +12,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlspeed.algos.loops.tabular import table_shape
 from rlspeed.algos.networks.torch import from_numpy, load_checkpoint
+from rlspeed.algos.qlearn import QTableLearner, table_shape
 from rlspeed.backends.torch import device_of
 from rlspeed.checkpoint import check_shape, save_torch
 from rlspeed.registry import TASKS
@@ -57,11 +61,12 @@ def td_update_(
     return td, q_sa
 
 
-class TorchQTable:
-    def __init__(self, num_states: int, n_actions: int, cfg: Any, seed: int) -> None:
+class TorchQTable(QTableLearner):
+    def __init__(self, obs_space: Any, action_space: Any, cfg: Any, seed: int) -> None:
+        super().__init__(cfg)
         self.alpha, self.gamma = cfg.algo.alpha, cfg.algo.gamma
         self.device = device_of(cfg.backend)
-        self.q = torch.zeros(num_states, n_actions, device=self.device)
+        self.q = torch.zeros(*table_shape(cfg, action_space), device=self.device)
         self.generator = torch.Generator().manual_seed(int_seed(seed, Stream.ACT))
 
     def act(self, states: np.ndarray, step: int, epsilon: float) -> torch.Tensor:
@@ -71,7 +76,7 @@ class TorchQTable:
         # int32 is what the JAX engine takes with x64 disabled; on the CPU, as engines take.
         return actions.to(torch.int32).cpu()
 
-    def greedy(self, states: np.ndarray) -> np.ndarray:
+    def greedy_states(self, states: np.ndarray) -> np.ndarray:
         return self.q[from_numpy(states, self.device)].argmax(dim=1).cpu().numpy()
 
     def update(

@@ -113,7 +113,6 @@ SPEC = AlgoSpec(
     name="td3",
     schema=TD3Config,
     action_kinds=("continuous",),
-    loop="off_policy",
     learners={
         "torch": "rlspeed.algos.td3.torch:TorchLearner",
         "flax": "rlspeed.algos.td3.flax:FlaxLearner",

@@ -1,10 +1,12 @@
 """TD3 in Flax + Optax.
 
-``TD3Functions`` holds the pure functions. With a Gymnasium engine the off-policy loop of
-``rlspeed/algos/loops/offpolicy.py`` drives ``FlaxLearner``, which calls them jitted. With
-``env=jax-vmap`` everything is fused: ``make_train`` builds pure functions in which acting,
-stepping, storing and updating run inside one ``lax.scan`` with the replay buffer in JAX
-arrays (driven by ``rlspeed/algos/loops/fused.py``).
+``TD3Functions`` holds the pure functions. With a Gymnasium engine ``FlaxLearner`` calls
+them jitted, under ``rlspeed.algos.loops.host.train_host``: each iteration
+(``ReplayLearner.iteration``, shared with DQN) collects with ``act`` into the replay buffer,
+then learns with ``update`` as often as due. With ``env=jax-vmap`` everything is fused:
+``make_train`` builds pure functions in which acting, stepping, storing and updating run
+inside one ``lax.scan`` with the replay buffer in JAX arrays (driven by
+``rlspeed/algos/loops/fused.py``).
 The twin critics are one parameter pytree stacked on a leading axis of 2, evaluated
 with ``jax.vmap``.
 """
@@ -25,16 +27,21 @@ import optax
 
 from rlspeed.algos.loops.fused import (
     FusedTrainer,
-    ReplayState,
-    init_replay_state,
     per_seed_sum,
-    replay_step,
     saved_agent_policies,
     scan_iterations,
 )
 from rlspeed.algos.loops.jax_learner import JaxLearner
 from rlspeed.algos.networks.flax import apply_output
-from rlspeed.algos.replay import Batch, jax_replay_sample
+from rlspeed.algos.replay import (
+    Batch,
+    ReplayLearner,
+    ReplayState,
+    init_replay_state,
+    jax_replay_sample,
+    replay_buffer,
+    replay_step,
+)
 from rlspeed.algos.td3 import (
     TD3Config,
     action_bounds,
@@ -194,7 +201,7 @@ class TD3Functions:
         return agent, metrics
 
 
-class FlaxLearner(JaxLearner):
+class FlaxLearner(JaxLearner, ReplayLearner):
     """Jitted act/update for the Python-driven loop (Gymnasium engines)."""
 
     def __init__(self, obs_space: Any, action_space: Any, cfg: Any, seed: int) -> None:
@@ -206,6 +213,7 @@ class FlaxLearner(JaxLearner):
         self._greedy = jax.jit(self.fns.actor)
         self._update = jax.jit(self.fns.update)
         self._normal = jax.jit(jax.random.normal, static_argnums=1)
+        self.buffer = replay_buffer(obs_space, action_space, cfg, seed)
 
     def act(self, obs: Any, step: int) -> jax.Array:
         return self._act(self.agent.actor_params, obs, self.next_key(), step)
@@ -225,9 +233,6 @@ class FlaxLearner(JaxLearner):
         if not actor_step:
             del metrics["losses/actor_loss"]
         return metrics
-
-    def after_env_steps(self, prev_step: int, step: int) -> dict[str, float]:
-        return {}
 
 
 # ---------------------------------------------------------------- fused jax-vmap path

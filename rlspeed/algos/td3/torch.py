@@ -1,4 +1,9 @@
-"""TD3 in PyTorch, on any engine (Gymnasium, or JAX through DLPack)."""
+"""TD3 in PyTorch, on any engine (Gymnasium, or JAX through DLPack).
+
+``TorchLearner`` runs under ``rlspeed.algos.loops.host.train_host``: each iteration
+(``ReplayLearner.iteration``, shared with DQN) collects with ``act`` into the replay buffer,
+then learns with ``update`` (smoothed targets from the target networks, the critics' loss
+and step, the delayed actor and target updates) as often as due."""
 
 from __future__ import annotations
 
@@ -13,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rlspeed.algos.networks.torch import from_numpy, lecun_normal_, load_checkpoint, optimizer
-from rlspeed.algos.replay import Batch
+from rlspeed.algos.replay import Batch, ReplayLearner, replay_buffer
 from rlspeed.algos.td3 import (
     action_bounds,
     explore,
@@ -63,7 +68,7 @@ class QNetwork(nn.Module):
         return self.net(torch.cat([obs.flatten(1).float(), actions.float()], dim=1)).squeeze(1)
 
 
-class TorchLearner:
+class TorchLearner(ReplayLearner):
     def __init__(self, obs_space: Any, action_space: Any, cfg: Any, seed: int) -> None:
         algo = self.algo = cfg.algo
         # Weights drawn on the CPU (the global generator), then moved: the same anywhere.
@@ -84,6 +89,7 @@ class TorchLearner:
         # The weights come from torch's global generator (seeded with the INIT stream).
         self.generator = torch.Generator().manual_seed(int_seed(seed, Stream.ACT))
         self.updates = 0
+        self.buffer = replay_buffer(obs_space, action_space, cfg, seed)
 
     @torch.no_grad()
     def act(self, obs: Any, step: int) -> torch.Tensor:
@@ -147,9 +153,6 @@ class TorchLearner:
         ):
             for t, o in zip(target.parameters(), online.parameters(), strict=True):
                 t.lerp_(o, self.algo.tau)
-
-    def after_env_steps(self, prev_step: int, step: int) -> dict[str, float]:
-        return {}
 
     def save(self, path: Path) -> Path:
         networks = ("actor", "qf1", "qf2", "actor_target", "qf1_target", "qf2_target")

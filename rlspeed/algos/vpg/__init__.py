@@ -66,7 +66,6 @@ SPEC = AlgoSpec(
     name="vpg",
     schema=VPGConfig,
     action_kinds=("discrete", "continuous"),
-    loop="on_policy",
     learners={
         "torch": "rlspeed.algos.vpg.torch:TorchLearner",
         "flax": "rlspeed.algos.vpg.flax:FlaxLearner",

@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from rlspeed.algos.loops.host import Iteration
 from rlspeed.engines import Engine
 from rlspeed.monitor import SeedMonitor
 
@@ -142,3 +143,31 @@ class Rollout:
             advantages.reshape(-1),
             (advantages + step_values).reshape(-1),
         )
+
+
+class RolloutLearner:
+    """What VPG's and PPO's learners share on the host, on either backend: the iteration
+    ``train_host`` runs. It collects a rollout of every env (``Rollout.collect``; the run's
+    last one cut to end at ``total_steps``), computes its GAE advantages and value targets
+    (``Rollout.batch``), then makes the algorithm's update on it.
+
+    A learner calls ``init_rollout`` and has, from its algorithm's file, ``act``, ``values``
+    and ``update`` (its loss and gradient steps, ``updates_per_batch`` of them)."""
+
+    algo: Any
+    updates_per_batch: int
+    act: Act
+    values: Callable[[np.ndarray], np.ndarray]
+    update: Callable[[RolloutBatch], dict[str, Any]]
+
+    def init_rollout(self, obs_space: Any, action_space: Any, cfg: Any) -> None:
+        self.total_steps, self.num_envs = cfg.total_steps, cfg.num_envs
+        self.rollout = Rollout(obs_space, action_space, cfg.num_envs, cfg.algo.num_steps)
+
+    def iteration(self, engine: Engine, obs: Any, step: int, episodes: SeedMonitor) -> Iteration:
+        """Collect a rollout from env step ``step``, compute its advantages, update on it."""
+        algo, n = self.algo, self.num_envs
+        length = int(rollout_length(self.total_steps - step, n, algo.num_steps))
+        obs = self.rollout.collect(engine, self.act, obs, length, episodes)
+        batch = self.rollout.batch(length, self.values, algo.gamma, algo.gae_lambda)
+        return Iteration(obs, length * n, self.updates_per_batch, [self.update(batch)])

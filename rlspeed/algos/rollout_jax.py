@@ -17,12 +17,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from rlspeed.algos.loops.fused import FusedTrainer, per_seed_mean, scan_iterations
-from rlspeed.algos.loops.host import Iteration
 from rlspeed.algos.loops.jax_learner import JaxLearner
-from rlspeed.algos.rollout import Rollout, RolloutBatch, advantage_terms, rollout_length
-from rlspeed.engines import Engine, StepResult
+from rlspeed.algos.rollout import RolloutBatch, RolloutLearner, advantage_terms, rollout_length
+from rlspeed.engines import StepResult
 from rlspeed.envs.vmap import VmapEnv, VmapState
-from rlspeed.monitor import SeedMonitor
 from rlspeed.seeding import JaxKeys, Stream, jax_key
 
 
@@ -94,31 +92,23 @@ def gae_scan(
     return advantages
 
 
-class OnPolicyJaxLearner(JaxLearner):
-    """The functions jitted, for ``train_host`` (Gymnasium engines): each iteration collects
-    a rollout on the host, computes its GAE advantages there, and updates in one jitted
-    call."""
+class OnPolicyJaxLearner(JaxLearner, RolloutLearner):
+    """The functions jitted, for ``train_host`` (Gymnasium engines): each iteration
+    (``RolloutLearner``'s) collects a rollout on the host, computes its GAE advantages there,
+    and updates in one jitted call."""
 
     def __init__(
         self, fns: OnPolicyFunctions, obs_space: Any, action_space: Any, cfg: Any, seed: int
     ) -> None:
         super().__init__(fns.init, seed)
-        self.algo, self.total_steps, self.num_envs = cfg.algo, cfg.total_steps, cfg.num_envs
-        self.updates_per_batch = fns.updates_per_batch
-        self.rollout = Rollout(obs_space, action_space, cfg.num_envs, cfg.algo.num_steps)
+        self.algo, self.updates_per_batch = cfg.algo, fns.updates_per_batch
+        self.init_rollout(obs_space, action_space, cfg)
         # Minibatch draws have a stream of their own, so the actions' stays as it was.
         self.update_key = jax_key(seed, Stream.REPLAY)
         self._act = jax.jit(fns.act)
         self._values = jax.jit(fns.values)
         self._greedy = jax.jit(fns.greedy)
         self._update = jax.jit(fns.update)
-
-    def iteration(self, engine: Engine, obs: Any, step: int, episodes: SeedMonitor) -> Iteration:
-        """Collect a rollout, compute its advantages, update on it."""
-        length = int(rollout_length(self.total_steps - step, self.num_envs, self.algo.num_steps))
-        obs = self.rollout.collect(engine, self.act, obs, length, episodes)
-        batch = self.rollout.batch(length, self.values, self.algo.gamma, self.algo.gae_lambda)
-        return Iteration(obs, length * self.num_envs, self.updates_per_batch, [self.update(batch)])
 
     def act(self, obs: Any) -> tuple[jax.Array, jax.Array, jax.Array]:
         return self._act(self.agent.policy_params, obs, self.next_key())

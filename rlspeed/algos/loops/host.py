@@ -5,8 +5,7 @@ whole iteration, checkpoints, interrupts held to the iteration's end."""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
@@ -63,45 +62,33 @@ def train_host(
     around them. A learner's ``carried`` (a dict, optional) names the parts besides itself
     that a resume continues from (a replay buffer); its ``observe`` (optional) turns the
     reset's observations into what it carries between iterations."""
+    cfg = ctx.cfg
     engine = ctx.make_engine()
     learner = make_learner(engine.single_observation_space, engine.single_action_space)
+    interval = IntervalMetrics(partial(log_seed, ctx), cfg.log_every, cfg.total_steps)
     carried = getattr(learner, "carried", {})
+    point = ResumePoint(
+        ctx.checkpoint_schedule(), learner=learner, **carried, interval=interval, engine=engine
+    )
+    ctx.set_checkpoint(checkpoint_name, learner.save, point.state)
     observe = getattr(learner, "observe", None)
     reset = engine.reset if observe is None else lambda: observe(engine.reset())
-    with host_training(ctx, engine, learner, checkpoint_name, **carried) as parts:
-        interval, point, check_interrupt = parts
-        obs, step, updates = point.start(ctx.resume_state(), reset)
-        while step < ctx.cfg.total_steps:
-            done = learner.iteration(engine, obs, step, ctx.monitor)
-            obs, step, updates = done.obs, step + done.steps, updates + done.updates
-            for metrics in done.metrics:
-                interval.add(metrics)
-            interval.log_if_due(step, updates, learner.greedy, done.latest)
-            point.reached(step, updates, obs)
-            check_interrupt()
-    return TrainResult(steps=step, updates=updates)
-
-
-@contextlib.contextmanager
-def host_training(
-    ctx: RunContext, engine: Engine, learner: Any, checkpoint_name: str, **carried: Any
-) -> Iterator[tuple[IntervalMetrics, ResumePoint, Callable[[], None]]]:
-    """The loop's log intervals, its resume point (the learner, the engine, the intervals and
-    what else ``carried`` names, e.g. a replay buffer), the learner's checkpoint (written at
-    the end, and by the resume point as ``checkpoint_every`` says), and interrupts held to
-    the end of an iteration (the third value checks for one). The engine
-    is closed however the loop ends, once the resume point has taken its state."""
-    cfg = ctx.cfg
-    interval = IntervalMetrics(partial(log_seed, ctx), cfg.log_every, cfg.total_steps)
-    schedule = ctx.checkpoint_schedule()
-    point = ResumePoint(schedule, learner=learner, **carried, interval=interval, engine=engine)
-    ctx.set_checkpoint(checkpoint_name, learner.save, point.state)
     try:
         with deferred_interrupts() as check_interrupt:
-            yield interval, point, check_interrupt
+            obs, step, updates = point.start(ctx.resume_state(), reset)
+            while step < cfg.total_steps:
+                done = learner.iteration(engine, obs, step, ctx.monitor)
+                obs, step, updates = done.obs, step + done.steps, updates + done.updates
+                for metrics in done.metrics:
+                    interval.add(metrics)
+                interval.log_if_due(step, updates, learner.greedy, done.latest)
+                point.reached(step, updates, obs)
+                check_interrupt()
     finally:
+        # The parts' state is taken before the engine closes, which drops the envs' state.
         point.freeze()
         engine.close()
+    return TrainResult(steps=step, updates=updates)
 
 
 class ResumePoint:

@@ -12,21 +12,18 @@ import numpy as np
 import torch
 from torch import nn
 
-from rlspeed.algos.loops.host import Iteration
 from rlspeed.algos.networks.torch import ActorCritic, from_numpy, load_checkpoint
 from rlspeed.algos.ppo import annealed_rate, batches_in_run, minibatch_positions
-from rlspeed.algos.rollout import Rollout, RolloutBatch, rollout_length
+from rlspeed.algos.rollout import RolloutBatch, RolloutLearner
 from rlspeed.backends.torch import device_of
 from rlspeed.checkpoint import save_torch
-from rlspeed.engines import Engine
-from rlspeed.monitor import SeedMonitor
 from rlspeed.seeding import Stream, int_seed
 from rlspeed.tasks import Policy as GreedyPolicy
 
 METRICS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac")
 
 
-class TorchLearner(ActorCritic):
+class TorchLearner(ActorCritic, RolloutLearner):
     def __init__(self, obs_space: Any, action_space: Any, cfg: Any, seed: int) -> None:
         algo = self.algo = cfg.algo
         super().__init__(obs_space, action_space, algo, seed, device_of(cfg.backend))
@@ -38,15 +35,7 @@ class TorchLearner(ActorCritic):
         self.batches = batches_in_run(algo, cfg)
         self.batches_done = 0
         self.minibatch_generator = torch.Generator().manual_seed(int_seed(seed, Stream.REPLAY))
-        self.total_steps, self.num_envs = cfg.total_steps, cfg.num_envs
-        self.rollout = Rollout(obs_space, action_space, cfg.num_envs, algo.num_steps)
-
-    def iteration(self, engine: Engine, obs: Any, step: int, episodes: SeedMonitor) -> Iteration:
-        """Collect a rollout, compute its GAE advantages, then PPO's update on it."""
-        length = int(rollout_length(self.total_steps - step, self.num_envs, self.algo.num_steps))
-        obs = self.rollout.collect(engine, self.act, obs, length, episodes)
-        batch = self.rollout.batch(length, self.values, self.algo.gamma, self.algo.gae_lambda)
-        return Iteration(obs, length * self.num_envs, self.updates_per_batch, [self.update(batch)])
+        self.init_rollout(obs_space, action_space, cfg)
 
     def loss(
         self, minibatch: tuple[torch.Tensor, ...]

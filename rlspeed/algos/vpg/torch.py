@@ -12,32 +12,21 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rlspeed.algos.loops.host import Iteration
 from rlspeed.algos.networks.torch import ActorCritic, from_numpy, load_checkpoint, optimizer
-from rlspeed.algos.rollout import Rollout, RolloutBatch, rollout_length
+from rlspeed.algos.rollout import RolloutBatch, RolloutLearner
 from rlspeed.backends.torch import device_of
 from rlspeed.checkpoint import save_torch
-from rlspeed.engines import Engine
-from rlspeed.monitor import SeedMonitor
 from rlspeed.tasks import Policy as GreedyPolicy
 
 
-class TorchLearner(ActorCritic):
+class TorchLearner(ActorCritic, RolloutLearner):
     def __init__(self, obs_space: Any, action_space: Any, cfg: Any, seed: int) -> None:
         algo = self.algo = cfg.algo
         super().__init__(obs_space, action_space, algo, seed, device_of(cfg.backend))
         self.updates_per_batch = 1 + algo.value_iterations
         self.policy_optimizer = optimizer("adam", self.policy.parameters(), algo.policy_lr)
         self.value_optimizer = optimizer("adam", self.value.parameters(), algo.value_lr)
-        self.total_steps, self.num_envs = cfg.total_steps, cfg.num_envs
-        self.rollout = Rollout(obs_space, action_space, cfg.num_envs, algo.num_steps)
-
-    def iteration(self, engine: Engine, obs: Any, step: int, episodes: SeedMonitor) -> Iteration:
-        """Collect a rollout, compute its GAE advantages, then VPG's update on it."""
-        length = int(rollout_length(self.total_steps - step, self.num_envs, self.algo.num_steps))
-        obs = self.rollout.collect(engine, self.act, obs, length, episodes)
-        batch = self.rollout.batch(length, self.values, self.algo.gamma, self.algo.gae_lambda)
-        return Iteration(obs, length * self.num_envs, self.updates_per_batch, [self.update(batch)])
+        self.init_rollout(obs_space, action_space, cfg)
 
     def _step(self, optimizer: torch.optim.Optimizer, net: nn.Module, loss: torch.Tensor) -> None:
         optimizer.zero_grad()

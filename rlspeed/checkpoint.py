@@ -14,8 +14,10 @@ A run folder holds, per agent, two files:
 Nothing read back can run code: resume state is a ``rlspeed.statefile`` archive (JSON and
 NumPy arrays, read with ``allow_pickle=False``), torch checkpoints are read with
 ``weights_only=True`` and flax ones are msgpack. The ``resume.pkl`` pickles of older versions
-are refused, never read. Resume files are read, and checked against the run's config, when
-the config is checked: a damaged or foreign one is one line before any folder exists.
+are refused, never read. Resume files are read (``read_states``), and checked against the
+run's config (``rlspeed.run_folders``), when the config is checked: a damaged or foreign one
+is one line before any folder exists. This module only reads, writes and captures state;
+when a run writes it is ``rlspeed.context.CheckpointSchedule``'s call.
 
 With ``num_seeds`` > 1 on a host-driven path, each agent's files end in ``_seed<i>``.
 Every write goes to a temporary file in the same folder, is flushed to disk, then renamed

@@ -30,6 +30,7 @@ from rlspeed.seeding import Stream, numpy_rng
 if TYPE_CHECKING:
     import jax
 
+    from rlspeed.config import RunConfigLike
     from rlspeed.engines import Engine, StepResult
     from rlspeed.envs.vmap import VmapEnv, VmapState
     from rlspeed.monitor import SeedMonitor
@@ -192,7 +193,7 @@ class ReplayBuffer:
         )
 
 
-def replay_buffer(obs_space: Any, action_space: Any, cfg: Any, seed: int) -> ReplayBuffer:
+def replay_buffer(obs_space: Any, action_space: Any, cfg: RunConfigLike, seed: int) -> ReplayBuffer:
     """A host-driven learner's buffer: the last ``algo.buffer_size`` transitions of the
     run's envs, its batches drawn from the seed's own stream (``Stream.REPLAY``)."""
     return ReplayBuffer(

@@ -8,7 +8,7 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
@@ -107,6 +107,13 @@ class RunConfig:
     video: str | None = None
 
 
+# The run's config: its schema's dataclasses while it trains (``RunContext.cfg``), a
+# DictConfig of that schema while it is checked or read back from a run folder.
+RunConfigLike: TypeAlias = RunConfig | DictConfig
+# A task's settings, likewise (``RunConfig.task``; each task's schema extends TaskConfig).
+TaskConfigLike: TypeAlias = TaskConfig | DictConfig
+
+
 def register_configs() -> None:
     """Store the schemas in Hydra's ConfigStore; YAML options build on them."""
     store = ConfigStore.instance()
@@ -116,7 +123,7 @@ def register_configs() -> None:
             store.store(group=f"schema/{registry.group}", name=spec.name, node=spec.schema)
 
 
-def is_fused(cfg: Any) -> bool:
+def is_fused(cfg: RunConfigLike) -> bool:
     """Whether the run is one fused program (flax on the functional jax-vmap engine)."""
     return cfg.backend.name == "flax" and cfg.env.name == "jax-vmap"
 

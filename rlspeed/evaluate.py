@@ -13,7 +13,7 @@ import logging
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from omegaconf import DictConfig
@@ -24,6 +24,9 @@ from rlspeed.errors import ConfigError
 from rlspeed.registry import ALGOS, BACKENDS, TASKS
 from rlspeed.seeding import eval_seeds
 from rlspeed.tasks import Policy
+
+if TYPE_CHECKING:
+    from rlspeed.tasks import TaskSpec
 
 log = logging.getLogger("rlspeed")
 
@@ -110,7 +113,7 @@ def _seed_index(path: Path) -> int:
     return int(index) if index.isdigit() else 0
 
 
-def film(task: Any, saved: Any, policy: Policy, seed: int) -> tuple[list[np.ndarray], int]:
+def film(task: TaskSpec, saved: Any, policy: Policy, seed: int) -> tuple[list[np.ndarray], int]:
     """RGB frames of one greedy episode, reset with the run's first evaluation seed, and
     the env's frame rate."""
     env = task.make_env(saved.task)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlspeed.checkpoint import (
     CONFIG_FILE,
@@ -30,6 +30,9 @@ from rlspeed.errors import ConfigError
 from rlspeed.evaluate import load_agents, render_mode
 from rlspeed.registry import TASKS
 
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
 MODES = ("train", "eval")
 # Keys every rlspeed config.yaml has: one without them (an empty file) is not a run's.
 IDENTITY_KEYS = ("algo.name", "backend.name", "env.name", "task.name")
@@ -38,7 +41,7 @@ IDENTITY_KEYS = ("algo.name", "backend.name", "env.name", "task.name")
 STATE_KEYS = {False: ("step", "updates", "obs", "parts"), True: ("state", "iterations")}
 
 
-def check_modes(cfg: Any) -> None:
+def check_modes(cfg: DictConfig) -> None:
     """``mode``, ``resume``, ``checkpoint`` and ``video``: one ConfigError line for a value
     that cannot work (called by ``validate``)."""
     if cfg.mode not in MODES:
@@ -89,7 +92,7 @@ def check_video(value: str, saved: Any) -> None:
         )
 
 
-def load_resume(cfg: Any) -> dict[int, dict[str, Any]]:
+def load_resume(cfg: DictConfig) -> dict[int, dict[str, Any]]:
     """Seed index -> that agent's saved state, from ``cfg.resume``'s folder, checked as
     ``check_resume`` does (which has read the files already when the config was checked in
     this process: they are not read again)."""
@@ -98,7 +101,7 @@ def load_resume(cfg: Any) -> dict[int, dict[str, Any]]:
     return states
 
 
-def check_resume(cfg: Any) -> dict[int, dict[str, Any]]:
+def check_resume(cfg: DictConfig) -> dict[int, dict[str, Any]]:
     """``resume=PATH``: a run folder (or a file in one) whose ``config.yaml`` and resume
     files a run of this config wrote, whole. Returns seed index -> that agent's saved state;
     one ConfigError line otherwise. Only the files a run of ``cfg`` writes are read:

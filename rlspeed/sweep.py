@@ -25,11 +25,14 @@ import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlspeed.config import uncreatable, unreachable
 from rlspeed.errors import ConfigError, RLSpeedError
 from rlspeed.secrets import reveal
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 log = logging.getLogger("rlspeed")
 
@@ -338,7 +341,7 @@ class TrialReporter:
         self.unrecorded = False
 
     @classmethod
-    def attach(cls, cfg: Any) -> TrialReporter | None:
+    def attach(cls, cfg: DictConfig) -> TrialReporter | None:
         """The reporter of the trial ``cfg.trial`` names, or None for a run outside a study."""
         spec = cfg.trial
         if spec.number is None:

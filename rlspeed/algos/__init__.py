@@ -6,7 +6,7 @@ import importlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import OmegaConf
 
@@ -14,6 +14,9 @@ from rlspeed.algos.schedule import updates_in_run
 from rlspeed.errors import ConfigError
 from rlspeed.machine import physical_memory
 from rlspeed.registry import ENGINES, TASKS
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 # CleanRL's PPO takes 4-10 epochs per batch, VPG setups tens of value steps.
 MAX_PASSES = 1_000
@@ -60,7 +63,7 @@ def check_hidden_sizes(algo: Any) -> None:
         raise ConfigError("algo.hidden_sizes", shown, "a non-empty list of integers >= 1")
 
 
-def network_weights(cfg: Any) -> int:
+def network_weights(cfg: DictConfig) -> int:
     """Weights of one network of ``algo.hidden_sizes`` on the task's input width
     (``TaskSpec.network_inputs``), the small output layer aside: also the multiply-adds of
     one row through it."""
@@ -68,7 +71,7 @@ def network_weights(cfg: Any) -> int:
     return sum(a * b for a, b in zip(widths, widths[1:], strict=False))
 
 
-def check_network_memory(cfg: Any) -> None:
+def check_network_memory(cfg: DictConfig) -> None:
     """Networks whose weights fit in memory: every agent trained at once holds each weight
     WEIGHT_COPIES times (the weight, its gradient, Adam's two moments). Last in a check: the
     input width may load the task's env module."""
@@ -84,7 +87,7 @@ def check_network_memory(cfg: Any) -> None:
         )
 
 
-def check_replay(algo: Any, cfg: Any, min_updates: int = 1) -> None:
+def check_replay(algo: Any, cfg: DictConfig, min_updates: int = 1) -> None:
     """What a replay-buffer algorithm (DQN, TD3) needs: a buffer that holds a batch and a step
     of every env, and a budget that reaches ``min_updates`` gradient updates (a run without
     any would end FINISHED having learned nothing). Its memory is checked too."""
@@ -109,7 +112,7 @@ def check_replay(algo: Any, cfg: Any, min_updates: int = 1) -> None:
     check_memory(cfg, ("algo.buffer_size", algo.buffer_size))
 
 
-def check_memory(cfg: Any, *stores: tuple[str, int]) -> None:
+def check_memory(cfg: DictConfig, *stores: tuple[str, int]) -> None:
     """Refuse sizes whose arrays cannot fit in this machine's physical memory, before they
     hang a run (num_envs=10**12 or buffer_size=10**12 do on flax + jax-vmap).
 
@@ -138,12 +141,12 @@ def check_memory(cfg: Any, *stores: tuple[str, int]) -> None:
         )
 
 
-def agents_at_once(cfg: Any) -> int:
+def agents_at_once(cfg: DictConfig) -> int:
     """Agents in memory at once: the fused jax-vmap path holds every seed's."""
     return cfg.num_seeds if ENGINES.get(cfg.env.name).needs_functional_env else 1
 
 
-def _no_extra_checks(algo_cfg: Any, cfg: Any) -> None:
+def _no_extra_checks(algo_cfg: Any, cfg: DictConfig) -> None:
     return None
 
 

@@ -19,7 +19,7 @@ truncated, its final observation goes to a small ring of its own (``final_capaci
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, NamedTuple, Protocol, TypeVar
 
 import numpy as np
 
@@ -30,6 +30,7 @@ from rlspeed.seeding import Stream, numpy_rng
 if TYPE_CHECKING:
     import jax
 
+    from rlspeed.config import RunConfigLike
     from rlspeed.engines import Engine, StepResult
     from rlspeed.envs.vmap import VmapEnv, VmapState
     from rlspeed.monitor import SeedMonitor
@@ -192,7 +193,7 @@ class ReplayBuffer:
         )
 
 
-def replay_buffer(obs_space: Any, action_space: Any, cfg: Any, seed: int) -> ReplayBuffer:
+def replay_buffer(obs_space: Any, action_space: Any, cfg: RunConfigLike, seed: int) -> ReplayBuffer:
     """A host-driven learner's buffer: the last ``algo.buffer_size`` transitions of the
     run's envs, its batches drawn from the seed's own stream (``Stream.REPLAY``)."""
     return ReplayBuffer(
@@ -392,8 +393,17 @@ def init_replay_state(agent: Any, keys: JaxKeys, env: VmapEnv, buffer_size: int)
     return ReplayState(agent, replay, env.init(keys.env), keys.act, jnp.int32(0), jnp.int32(0))
 
 
+class UpdateSchedule(Protocol):
+    """What ``replay_step`` reads of an algorithm's config (DQN's, TD3's)."""
+
+    @property
+    def train_frequency(self) -> int: ...
+    @property
+    def learning_starts(self) -> int: ...
+
+
 def replay_step(
-    env: VmapEnv, state: ReplayState, actions: jax.Array, algo: Any
+    env: VmapEnv, state: ReplayState, actions: jax.Array, algo: UpdateSchedule
 ) -> tuple[VmapState, StepResult, JaxReplay, jax.Array, jax.Array]:
     """Step every env with ``actions`` and store the transitions, as ``ReplayLearner`` does
     on the host: (env state, step result, replay buffer, env steps then, gradient updates

@@ -12,13 +12,16 @@ limit and with 0 where it terminated; the value targets are ``advantage + value`
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
 from rlspeed.algos.loops.host import Iteration
 from rlspeed.engines import Engine
 from rlspeed.monitor import SeedMonitor
+
+if TYPE_CHECKING:
+    from rlspeed.config import RunConfigLike
 
 
 class RolloutBatch(NamedTuple):
@@ -160,7 +163,7 @@ class RolloutLearner:
     values: Callable[[np.ndarray], np.ndarray]
     update: Callable[[RolloutBatch], dict[str, Any]]
 
-    def init_rollout(self, obs_space: Any, action_space: Any, cfg: Any) -> None:
+    def init_rollout(self, obs_space: Any, action_space: Any, cfg: RunConfigLike) -> None:
         self.total_steps, self.num_envs = cfg.total_steps, cfg.num_envs
         self.rollout = Rollout(obs_space, action_space, cfg.num_envs, cfg.algo.num_steps)
 

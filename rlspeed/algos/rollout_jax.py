@@ -10,7 +10,7 @@ algorithm's update.
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -22,6 +22,9 @@ from rlspeed.algos.rollout import RolloutBatch, RolloutLearner, advantage_terms,
 from rlspeed.engines import StepResult
 from rlspeed.envs.vmap import VmapEnv, VmapState
 from rlspeed.seeding import JaxKeys, Stream, jax_key
+
+if TYPE_CHECKING:
+    from rlspeed.config import RunConfigLike
 
 
 class OnPolicyFunctions(Protocol):
@@ -98,7 +101,12 @@ class OnPolicyJaxLearner(JaxLearner, RolloutLearner):
     and updates in one jitted call."""
 
     def __init__(
-        self, fns: OnPolicyFunctions, obs_space: Any, action_space: Any, cfg: Any, seed: int
+        self,
+        fns: OnPolicyFunctions,
+        obs_space: Any,
+        action_space: Any,
+        cfg: RunConfigLike,
+        seed: int,
     ) -> None:
         super().__init__(fns.init, seed)
         self.algo, self.updates_per_batch = cfg.algo, fns.updates_per_batch
@@ -150,7 +158,7 @@ class ChunkStats(NamedTuple):
     metrics: dict[str, jax.Array]
 
 
-def make_on_policy_train(cfg: Any, env: VmapEnv, fns: OnPolicyFunctions) -> FusedTrainer:
+def make_on_policy_train(cfg: RunConfigLike, env: VmapEnv, fns: OnPolicyFunctions) -> FusedTrainer:
     """The fused program of an on-policy algorithm: the host loop's steps, in JAX."""
     algo, n, horizon = cfg.algo, env.num_envs, cfg.algo.num_steps
     batch_size = horizon * n

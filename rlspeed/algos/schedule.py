@@ -4,7 +4,7 @@ Python numbers (the config checks count updates with it, before NumPy is loaded)
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 
 def multiples_between(prev: Any, step: Any, every: int, start: int, xp: Any = None) -> Any:
@@ -43,7 +43,18 @@ def linear_schedule(step: Any, start: float, end: float, duration: float, xp: An
     return start + (end - start) * minimum(step / max(duration, 1.0), 1.0)
 
 
-def epsilon_at(step: Any, algo: Any, total_steps: int, xp: Any = None) -> Any:
+class Exploration(Protocol):
+    """What ``epsilon_at`` reads of an algorithm's config (DQN's, tabular Q-learning's)."""
+
+    @property
+    def start_e(self) -> float: ...
+    @property
+    def end_e(self) -> float: ...
+    @property
+    def exploration_fraction(self) -> float: ...
+
+
+def epsilon_at(step: Any, algo: Exploration, total_steps: int, xp: Any = None) -> Any:
     """Exploration rate at env ``step``: ``algo.start_e`` linearly to ``algo.end_e`` over
     ``algo.exploration_fraction`` of the run (DQN and tabular Q-learning)."""
     duration = algo.exploration_fraction * total_steps

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rlspeed.backends import BackendSpec, check_device, device_setting, gpu_index
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+    from rlspeed.config import BackendConfig
 
 
 def _gpus() -> int:
@@ -18,7 +23,7 @@ def _gpus() -> int:
         return 0
 
 
-def setup(cfg: Any, seed: int) -> None:
+def setup(cfg: BackendConfig | DictConfig, seed: int) -> None:
     device = device_setting(cfg)
     if device != "auto":
         import jax
@@ -30,6 +35,8 @@ def setup(cfg: Any, seed: int) -> None:
             jax.config.update("jax_default_device", jax.devices("cuda")[index])
     # JAX is seeded through explicit keys. Threads must be fixed before JAX starts its CPU
     # client: XLA sizes its thread pools from NPROC when set (else from the cores it may use).
+    # auto was replaced by its number before any backend is set up (resolve_threads).
+    assert isinstance(cfg.threads, int)
     if cfg.threads > 0:
         os.environ.setdefault("NPROC", str(cfg.threads))
         if "XLA_FLAGS" not in os.environ:
@@ -45,7 +52,7 @@ def setup(cfg: Any, seed: int) -> None:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
 
-def device_name(cfg: Any) -> str:
+def device_name(cfg: BackendConfig | DictConfig) -> str:
     import jax
 
     # A config option that jax sets as an attribute at runtime (unknown to type checkers).

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rlspeed.backends import BackendSpec, check_device, device_setting
 
 if TYPE_CHECKING:
     import torch
+    from omegaconf import DictConfig
+
+    from rlspeed.config import BackendConfig
 
 
-def device_of(cfg: Any) -> torch.device:
+def device_of(cfg: BackendConfig | DictConfig) -> torch.device:
     """``backend.device`` as a torch device (auto: the first GPU torch sees, else the CPU)."""
     import torch
 
@@ -27,7 +30,7 @@ def _gpus() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def setup(cfg: Any, seed: int) -> None:
+def setup(cfg: BackendConfig | DictConfig, seed: int) -> None:
     import torch
 
     from rlspeed.seeding import Stream, int_seed
@@ -38,6 +41,8 @@ def setup(cfg: Any, seed: int) -> None:
 
     # torch's global generator draws the initial weights: the run's INIT stream.
     torch.manual_seed(int_seed(seed, Stream.INIT))
+    # auto was replaced by its number before any backend is set up (resolve_threads).
+    assert isinstance(cfg.threads, int)
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
     if cfg.deterministic:

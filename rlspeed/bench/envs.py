@@ -10,7 +10,7 @@ it). Every mode cycles through the same kind of 64 pre-drawn rows of random acti
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -20,20 +20,23 @@ from rlspeed.bench.common import Table, calls_per_second, write_results
 from rlspeed.envs.vmap import make_vmap_env
 from rlspeed.registry import ENGINES, TASKS
 
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
 MODES = ("gym-sync", "gym-async", "jax-vmap", "jax-fused")
 # One OS process per env: beyond this the machine thrashes long before it measures anything.
 ASYNC_MAX_ENVS = 64
 COLUMNS = ["task", "mode", "num_envs", "env_steps_per_s", "x_gym_sync"]
 
 
-def _make_engine(cfg: Any, num_envs: int) -> Any:
+def _make_engine(cfg: DictConfig, num_envs: int) -> Any:
     task = TASKS.get(cfg.task.name)
     engine = ENGINES.get(cfg.env.name).make(task, cfg.task, cfg.env, num_envs, 0)
     engine.reset()
     return engine
 
 
-def _gym_rate(cfg: Any, num_envs: int, budget_s: float) -> float:
+def _gym_rate(cfg: DictConfig, num_envs: int, budget_s: float) -> float:
     engine = _make_engine(cfg, num_envs)
     n_actions = int(engine.single_action_space.n)
     rng = np.random.default_rng(0)
@@ -49,7 +52,7 @@ def _gym_rate(cfg: Any, num_envs: int, budget_s: float) -> float:
         engine.close()
 
 
-def _vmap_rate(cfg: Any, num_envs: int, budget_s: float) -> float:
+def _vmap_rate(cfg: DictConfig, num_envs: int, budget_s: float) -> float:
     engine = _make_engine(cfg, num_envs)
     n_actions = int(engine.single_action_space.n)
     actions = jax.random.randint(jax.random.key(0), (64, num_envs), 0, n_actions)
@@ -62,7 +65,7 @@ def _vmap_rate(cfg: Any, num_envs: int, budget_s: float) -> float:
     return num_envs * calls_per_second(block, budget_s)
 
 
-def _fused_rate(cfg: Any, num_envs: int, budget_s: float) -> float:
+def _fused_rate(cfg: DictConfig, num_envs: int, budget_s: float) -> float:
     env = make_vmap_env(TASKS.get(cfg.task.name), cfg.task, num_envs)
     n_actions = int(env.single_action_space.n)
     # Long enough per call that dispatch is negligible, short enough to compile quickly.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import signal
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import numpy as np
@@ -14,6 +14,12 @@ from gymnasium.vector import AutoresetMode
 from rlspeed.engines import StepResult
 from rlspeed.engines.env_state import GET_STATE, SAVED_STATE, SET_STATE, with_state_access
 from rlspeed.seeding import env_seeds
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+    from rlspeed.config import EngineConfig, TaskConfigLike
+    from rlspeed.tasks import TaskSpec
 
 
 class GymVectorEngine:
@@ -78,7 +84,7 @@ class GymVectorEngine:
         self.envs.close()
 
 
-def _make_env(task: Any, task_cfg: Any, main_pid: int) -> gym.Env:
+def _make_env(task: TaskSpec, task_cfg: TaskConfigLike, main_pid: int) -> gym.Env:
     """One env copy. In a gym-async worker, the stop signals that a terminal or a scheduler
     sends every process of the job (Ctrl-C, SIGTERM, SIGUSR2) are ignored: the main process
     stops at the end of an iteration, takes the envs' state from the workers, then closes
@@ -90,7 +96,12 @@ def _make_env(task: Any, task_cfg: Any, main_pid: int) -> gym.Env:
 
 
 def make_vector_engine(
-    task: Any, task_cfg: Any, engine_cfg: Any, num_envs: int, seed: int, asynchronous: bool
+    task: TaskSpec,
+    task_cfg: TaskConfigLike,
+    engine_cfg: EngineConfig | DictConfig,
+    num_envs: int,
+    seed: int,
+    asynchronous: bool,
 ) -> GymVectorEngine:
     env_fns = [partial(_make_env, task, task_cfg, os.getpid())] * num_envs
     if asynchronous:

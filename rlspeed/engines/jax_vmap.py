@@ -5,16 +5,24 @@ JAX is imported when the engine is built, not when a config that selects it is c
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rlspeed.engines import EngineSpec
 
 if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+    from rlspeed.config import EngineConfig, TaskConfigLike
     from rlspeed.envs.vmap import JaxVmapEngine
+    from rlspeed.tasks import TaskSpec
 
 
 def make_engine(
-    task: Any, task_cfg: Any, engine_cfg: Any, num_envs: int, seed: int
+    task: TaskSpec,
+    task_cfg: TaskConfigLike,
+    engine_cfg: EngineConfig | DictConfig,
+    num_envs: int,
+    seed: int,
 ) -> JaxVmapEngine:
     from rlspeed.envs.vmap import JaxVmapEngine, make_vmap_env
 

@@ -10,13 +10,16 @@ that are not fused, exchanging arrays through DLPack (no copies on the same devi
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from rlspeed.engines import StepResult
 from rlspeed.seeding import Stream, jax_key
+
+if TYPE_CHECKING:
+    from rlspeed.config import TaskConfigLike
 
 
 class VmapState(NamedTuple):
@@ -198,5 +201,7 @@ def mean_greedy_return(
     return returns.mean()
 
 
-def make_vmap_env(task: Any, task_cfg: Any, num_envs: int) -> VmapEnv:
+# ``task``: a ``rlspeed.tasks.TaskSpec``, which is not imported here: rlspeed.tasks imports this
+# module (a task's device evaluation runs on VmapEnv).
+def make_vmap_env(task: Any, task_cfg: TaskConfigLike, num_envs: int) -> VmapEnv:
     return VmapEnv(task.make_functional(task_cfg), num_envs, task_cfg.max_steps)

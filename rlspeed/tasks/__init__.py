@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlspeed.config import MAX_STEPS
 from rlspeed.errors import ConfigError
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 # A batched greedy policy: observations [B, ...] -> actions [B] (NumPy arrays). Tasks load
 # NumPy and Gymnasium only to build or score an env: a config check reads no array.
@@ -30,7 +33,7 @@ class TabularSpec:
 MAXIMUMS = {"max_steps": MAX_STEPS, "eval_episodes": 10_000}
 
 
-def check_settings(cfg: Any, **minimums: int) -> None:
+def check_settings(cfg: DictConfig, **minimums: int) -> None:
     """Reject the first ``task.<key>`` out of its range: ``max_steps`` and, on tasks that have
     it, ``eval_episodes`` in [1, MAXIMUMS], then the task's own ``minimums`` (e.g. a grid's
     size; memory bounds it from above)."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rlspeed.config import TaskConfig
 from rlspeed.tasks import Policy, TaskSpec, mean_return_on_device
@@ -11,6 +11,7 @@ from rlspeed.tasks import Policy, TaskSpec, mean_return_on_device
 # Gymnasium (and NumPy) load when an env is built or scored, not when a config is checked.
 if TYPE_CHECKING:
     import gymnasium as gym
+    from omegaconf import DictConfig
 
     from rlspeed.tasks._episodes import FunctionalTwin
 
@@ -26,13 +27,13 @@ class CartPoleTaskConfig(TaskConfig):
     eval_episodes: int = 10
 
 
-def make_env(cfg: Any) -> gym.Env:
+def make_env(cfg: CartPoleTaskConfig | DictConfig) -> gym.Env:
     import gymnasium as gym
 
     return gym.make(ENV_ID, max_episode_steps=cfg.max_steps)
 
 
-def make_functional(cfg: Any) -> FunctionalTwin:
+def make_functional(cfg: CartPoleTaskConfig | DictConfig) -> FunctionalTwin:
     """Gymnasium's functional JAX CartPole with ``CartPole-v1``'s parameters.
 
     Gymnasium's default ``CartPoleParams.polemass_length`` is ``masspole + length`` (0.6)
@@ -52,7 +53,7 @@ def make_functional(cfg: Any) -> FunctionalTwin:
     return FunctionalTwin(CartPoleFunctional(), params, v1)
 
 
-def evaluate(cfg: Any, policy: Policy, seed: int) -> float:
+def evaluate(cfg: CartPoleTaskConfig | DictConfig, policy: Policy, seed: int) -> float:
     """Mean return of the greedy policy over ``cfg.eval_episodes`` standard-length episodes."""
     from rlspeed.tasks._episodes import mean_greedy_return
 

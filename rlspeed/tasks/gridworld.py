@@ -11,6 +11,7 @@ from rlspeed.tasks import Policy, TabularSpec, TaskSpec, check_settings
 # Gymnasium (and NumPy) load when an env is built or scored, not when a config is checked.
 if TYPE_CHECKING:
     import gymnasium as gym
+    from omegaconf import DictConfig
 
 # Greedy evaluation always runs at this episode length, whatever the training length.
 STANDARD_MAX_STEPS = 50
@@ -23,7 +24,7 @@ class GridWorldTaskConfig(TaskConfig):
     max_steps: int = STANDARD_MAX_STEPS
 
 
-def make_env(cfg: Any) -> gym.Env:
+def make_env(cfg: GridWorldTaskConfig | DictConfig) -> gym.Env:
     import gymnasium as gym
 
     import rlspeed.envs  # noqa: F401  (registers rlspeed/GridWorld-v0)
@@ -31,13 +32,15 @@ def make_env(cfg: Any) -> gym.Env:
     return gym.make("rlspeed/GridWorld-v0", size=cfg.size, max_episode_steps=cfg.max_steps)
 
 
-def make_functional(cfg: Any) -> Any:
+def make_functional(cfg: GridWorldTaskConfig | DictConfig) -> Any:
     from rlspeed.envs.gridworld_jax import GridWorldFunctional
 
     return GridWorldFunctional(size=cfg.size)
 
 
-def _greedy_episode(cfg: Any, policy: Policy) -> tuple[list[int], float]:
+def _greedy_episode(
+    cfg: GridWorldTaskConfig | DictConfig, policy: Policy
+) -> tuple[list[int], float]:
     """Cells visited by the greedy policy from the start, and the episode's return."""
     import numpy as np
 
@@ -56,24 +59,24 @@ def _greedy_episode(cfg: Any, policy: Policy) -> tuple[list[int], float]:
     return cells, total
 
 
-def greedy_path(cfg: Any, policy: Policy) -> list[int]:
+def greedy_path(cfg: GridWorldTaskConfig | DictConfig, policy: Policy) -> list[int]:
     """Cells the greedy policy visits, start included, until the goal or the time limit."""
     return _greedy_episode(cfg, policy)[0]
 
 
-def shortest_path_length(cfg: Any) -> int:
+def shortest_path_length(cfg: GridWorldTaskConfig | DictConfig) -> int:
     """Moves on a shortest path from the start to the goal: ``2 * (size - 1)``."""
     return 2 * (cfg.size - 1)
 
 
-def evaluate(cfg: Any, policy: Policy, seed: int) -> float:
+def evaluate(cfg: GridWorldTaskConfig | DictConfig, policy: Policy, seed: int) -> float:
     """Return of the greedy policy's episode from the start (1.0 if it reaches the goal
     within the standard time limit). The env is deterministic, so one episode is the mean
     and ``seed`` is not needed."""
     return _greedy_episode(cfg, policy)[1]
 
 
-def evaluate_on_device(cfg: Any, act: Any, key: Any) -> Any:
+def evaluate_on_device(cfg: GridWorldTaskConfig | DictConfig, act: Any, key: Any) -> Any:
     """``evaluate`` on the JAX twin: the greedy episode from the start."""
     import jax.numpy as jnp
 
@@ -84,11 +87,11 @@ def evaluate_on_device(cfg: Any, act: Any, key: Any) -> Any:
     return returns[0]
 
 
-def num_states(cfg: Any) -> int:
+def num_states(cfg: GridWorldTaskConfig | DictConfig) -> int:
     return cfg.size * cfg.size
 
 
-def state_index(cfg: Any, obs: Any, xp: Any) -> Any:
+def state_index(cfg: GridWorldTaskConfig | DictConfig, obs: Any, xp: Any) -> Any:
     """The observation is the cell index already."""
     return obs.astype(xp.int32)
 

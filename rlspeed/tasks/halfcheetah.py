@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rlspeed.config import TaskConfig
 from rlspeed.tasks import Policy, TaskSpec
@@ -13,6 +13,7 @@ from rlspeed.tasks import Policy, TaskSpec
 # Gymnasium (and NumPy) load when an env is built or scored, not when a config is checked.
 if TYPE_CHECKING:
     import gymnasium as gym
+    from omegaconf import DictConfig
 
 ENV_ID = "HalfCheetah-v5"
 
@@ -34,7 +35,7 @@ def _log_mujoco_warning(message: str) -> None:
     log.warning("MuJoCo: %s", message)
 
 
-def make_env(cfg: Any) -> gym.Env:
+def make_env(cfg: HalfCheetahTaskConfig | DictConfig) -> gym.Env:
     import gymnasium as gym
     import mujoco
 
@@ -45,7 +46,7 @@ def make_env(cfg: Any) -> gym.Env:
     return gym.make(ENV_ID, max_episode_steps=cfg.max_steps)
 
 
-def evaluate(cfg: Any, policy: Policy, seed: int) -> float:
+def evaluate(cfg: HalfCheetahTaskConfig | DictConfig, policy: Policy, seed: int) -> float:
     """Mean return of the greedy policy over ``cfg.eval_episodes`` standard-length episodes."""
     from rlspeed.tasks._episodes import mean_greedy_return
 

@@ -16,13 +16,20 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
-from typing import Any, overload
+from typing import TYPE_CHECKING, Any, overload
 
 from rlspeed.config import check_creatable, unreachable
 from rlspeed.errors import ConfigError, StoreUnreachable
 from rlspeed.secrets import mask, reveal, split_credentials
 from rlspeed.tracking import TrackerSpec, cause
 from rlspeed.tracking._writer import Row, WriterProcess
+
+if TYPE_CHECKING:
+    from types import SimpleNamespace
+
+    from omegaconf import DictConfig
+
+    from rlspeed.config import TrackingConfig
 
 log = logging.getLogger("rlspeed")
 
@@ -53,7 +60,7 @@ _MLFLOW_DEFAULTS = {
 MAX_EXPERIMENT_NAME = 256
 
 
-def resolve_uri(cfg: Any) -> str | None:
+def resolve_uri(cfg: TrackingConfig | DictConfig | SimpleNamespace) -> str | None:
     """The store's URI, its password put back where the command line had one."""
     uri = cfg.uri or os.environ.get("MLFLOW_TRACKING_URI") or None
     return None if uri is None else reveal(uri)
@@ -82,7 +89,7 @@ def server_credentials(uri: str | None) -> tuple[str | None, dict[str, str]]:
     return bare, {name: v for name, v in zip(_CREDENTIAL_VARIABLES, values, strict=True) if v}
 
 
-def check(cfg: Any) -> None:
+def check(cfg: DictConfig) -> None:
     """Fail fast on a store that cannot record, before any training: a server that does not
     answer, a database whose Python driver is missing, a SQLite URI without a file, a folder
     that cannot be created, a file store (MLflow 3 refuses them) or an unknown scheme."""
@@ -212,7 +219,7 @@ class MlflowStore:
     it is made there, so MLflow's import and store opening overlap compilation and
     training. Every call raises on failure; the writer holds what failed and tries again."""
 
-    def __init__(self, cfg: Any) -> None:
+    def __init__(self, cfg: SimpleNamespace) -> None:
         use_mlflow_defaults()
         import mlflow
         from mlflow.exceptions import MlflowException
@@ -314,12 +321,12 @@ class MlflowStore:
         return f"the MLflow store at {where} failed ({cause(error)})"
 
 
-def make_store(cfg: Any) -> MlflowStore:
+def make_store(cfg: SimpleNamespace) -> MlflowStore:
     """The store the tracking writer process drives (``rlspeed.tracking._writer``)."""
     return MlflowStore(cfg)
 
 
-def make_tracker(cfg: Any) -> WriterProcess:
+def make_tracker(cfg: DictConfig) -> WriterProcess:
     """The run's tracker: MLflow written by a process of its own, off training's path; a
     server's user and password go to it in its environment (server_credentials)."""
     uri, credentials = server_credentials(resolve_uri(cfg))

@@ -4,7 +4,7 @@ linear epsilon schedule. All step counts are environment steps, whatever ``num_e
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlspeed.algos import (
     AlgoSpec,
@@ -15,6 +15,9 @@ from rlspeed.algos import (
 )
 from rlspeed.algos.schedule import epsilon_at, multiples_between, polyak_weight, updates_in_run
 from rlspeed.errors import ConfigError
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 
 @dataclass
@@ -88,7 +91,7 @@ class DQNSchedule:
         return {"charts/epsilon": self.epsilon(step)}
 
 
-def validate(algo: DQNConfig, cfg: Any) -> None:
+def validate(algo: DQNConfig, cfg: DictConfig) -> None:
     if algo.optimizer not in OPTIMIZERS:
         raise ConfigError("algo.optimizer", algo.optimizer, f"one of {', '.join(OPTIMIZERS)}")
     check_ranges(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -30,6 +30,11 @@ from rlspeed.checkpoint import save_torch
 from rlspeed.seeding import Stream, int_seed
 from rlspeed.tasks import Policy
 
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+    from rlspeed.config import RunConfigLike
+
 
 @torch.no_grad()
 def greedy_actions(q_network: nn.Module, obs: np.ndarray) -> np.ndarray:
@@ -38,7 +43,7 @@ def greedy_actions(q_network: nn.Module, obs: np.ndarray) -> np.ndarray:
 
 
 class TorchLearner(DQNSchedule, ReplayLearner):
-    def __init__(self, obs_space: Any, action_space: Any, cfg: Any, seed: int) -> None:
+    def __init__(self, obs_space: Any, action_space: Any, cfg: RunConfigLike, seed: int) -> None:
         algo = cfg.algo
         self.algo, self.total_steps, self.num_envs = algo, cfg.total_steps, cfg.num_envs
         self.n_actions = int(action_space.n)
@@ -106,7 +111,7 @@ class TorchLearner(DQNSchedule, ReplayLearner):
         )
 
 
-def load_policies(cfg: Any, path: Path, obs_space: Any, action_space: Any) -> list[Policy]:
+def load_policies(cfg: DictConfig, path: Path, obs_space: Any, action_space: Any) -> list[Policy]:
     """The greedy policy of a saved ``checkpoint.pt`` (``mode=eval``)."""
     q_network = MLP(obs_space, int(action_space.n), cfg.algo.hidden_sizes, nn.ReLU)
     q_network.load_state_dict(load_checkpoint(path)["q_network"])

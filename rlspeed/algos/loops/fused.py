@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -37,6 +37,11 @@ from rlspeed.envs.vmap import VmapEnv, make_vmap_env
 from rlspeed.errors import deferred_interrupts
 from rlspeed.seeding import JaxKeys, Stream, jax_key, jax_keys
 from rlspeed.tasks import Policy, TaskSpec
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+    from rlspeed.config import TaskConfigLike
 
 
 class FusedTrainer(NamedTuple):
@@ -123,7 +128,7 @@ def scan_iterations(
 
 
 def saved_agent_policies(
-    cfg: Any,
+    cfg: DictConfig,
     path: Path,
     init: Callable[[jax.Array], Any],
     params_field: str,
@@ -150,7 +155,7 @@ def scan_unroll(batch: int) -> int:
 
 
 def saved_policies(
-    cfg: Any,
+    cfg: DictConfig,
     path: Path,
     template: Any,
     params_of: Callable[[Any], Any],
@@ -181,7 +186,7 @@ class DevicePolicy:
 
 
 def _scorer(
-    task: TaskSpec, task_cfg: Any, greedy: Callable[[Any, jax.Array], jax.Array]
+    task: TaskSpec, task_cfg: TaskConfigLike, greedy: Callable[[Any, jax.Array], jax.Array]
 ) -> Callable[[Any, jax.Array], jax.Array]:
     """(policy params, evaluation key) -> the agent's score on the task's JAX twin."""
     evaluate = task.evaluate_on_device
@@ -193,7 +198,9 @@ def _scorer(
     return score
 
 
-def device_score(task: TaskSpec, task_cfg: Any, policy: DevicePolicy, seed: int) -> float:
+def device_score(
+    task: TaskSpec, task_cfg: TaskConfigLike, policy: DevicePolicy, seed: int
+) -> float:
     """The score ``train_fused`` gives the agent of seed ``seed`` (mode=eval of a fused run)."""
     score = jax.jit(_scorer(task, task_cfg, policy.greedy))
     return float(score(policy.params, jax_key(seed, Stream.EVAL)))

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rlspeed.algos.encoding import one_hot_classes
+from rlspeed.algos.networks import ActorCriticSettings
 
 LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 
@@ -67,7 +68,7 @@ class ActorCritic:
     (``algo.hidden_sizes``, ``algo.initial_log_std``): their parameters, acting, values,
     log-probabilities; the algorithm adds its optimizers and update."""
 
-    def __init__(self, obs_space: Any, action_space: Any, algo: Any) -> None:
+    def __init__(self, obs_space: Any, action_space: Any, algo: ActorCriticSettings) -> None:
         self.continuous = bool(action_space.shape)
         classes = one_hot_classes(obs_space)
         hidden = tuple(algo.hidden_sizes)

@@ -16,6 +16,7 @@ from torch import nn
 from torch.distributions import Categorical, Distribution, Independent, Normal
 
 from rlspeed.algos.encoding import input_size, one_hot_classes
+from rlspeed.algos.networks import ActorCriticSettings
 from rlspeed.seeding import Stream, int_seed
 
 
@@ -81,7 +82,7 @@ class Policy(nn.Module):
     """Categorical over logits (discrete actions), or a diagonal Gaussian with a learned,
     state-independent log std (continuous actions)."""
 
-    def __init__(self, obs_space: Any, action_space: Any, algo: Any) -> None:
+    def __init__(self, obs_space: Any, action_space: Any, algo: ActorCriticSettings) -> None:
         super().__init__()
         self.continuous = bool(action_space.shape)
         out_size = int(np.prod(action_space.shape)) if self.continuous else int(action_space.n)
@@ -106,7 +107,7 @@ class ActorCritic:
         self,
         obs_space: Any,
         action_space: Any,
-        algo: Any,
+        algo: ActorCriticSettings,
         seed: int,
         device: torch.device | None = None,
     ) -> None:

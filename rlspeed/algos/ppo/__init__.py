@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlspeed.algos import (
     AlgoSpec,
@@ -26,6 +26,11 @@ from rlspeed.algos import (
 )
 from rlspeed.errors import ConfigError
 from rlspeed.machine import physical_memory
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+    from rlspeed.config import RunConfigLike
 
 
 @dataclass
@@ -82,7 +87,7 @@ def minibatch_positions(
     return positions, xp.broadcast_to(index < per, positions.shape)
 
 
-def batches_in_run(algo: PPOConfig, cfg: Any) -> int:
+def batches_in_run(algo: PPOConfig, cfg: RunConfigLike) -> int:
     """Batches (iterations) the run collects, the last one cut to end at ``total_steps``
     (``rollout.rollout_length``): the annealed step size reaches 0 after them."""
     return math.ceil(cfg.total_steps / (algo.num_steps * cfg.num_envs))
@@ -94,7 +99,7 @@ def annealed_rate(algo: PPOConfig, batch: Any, batches: int) -> Any:
     return algo.learning_rate * (1.0 - batch / batches)
 
 
-def validate(algo: PPOConfig, cfg: Any) -> None:
+def validate(algo: PPOConfig, cfg: DictConfig) -> None:
     check_ranges(
         algo,
         count=("num_steps", "num_minibatches"),

@@ -8,7 +8,7 @@ brings its own optimizer, loss and update.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -26,6 +26,11 @@ from rlspeed.algos.rollout_jax import (
 )
 from rlspeed.envs.vmap import VmapEnv
 from rlspeed.tasks import Policy as GreedyPolicy
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+    from rlspeed.config import RunConfigLike
 
 
 class Agent(NamedTuple):
@@ -146,23 +151,25 @@ def optimizer(
     return adam
 
 
-def functions(cfg: Any, obs_space: Any, action_space: Any) -> PPOFunctions:
+def functions(cfg: RunConfigLike, obs_space: Any, action_space: Any) -> PPOFunctions:
     """The functions of the run ``cfg``."""
     return PPOFunctions(obs_space, action_space, cfg.algo, batches_in_run(cfg.algo, cfg))
 
 
 class FlaxLearner(OnPolicyJaxLearner):
-    def __init__(self, obs_space: Any, action_space: Any, cfg: Any, seed: int) -> None:
+    def __init__(self, obs_space: Any, action_space: Any, cfg: RunConfigLike, seed: int) -> None:
         fns = functions(cfg, obs_space, action_space)
         super().__init__(fns, obs_space, action_space, cfg, seed)
 
 
-def make_train(cfg: Any, env: VmapEnv) -> FusedTrainer:
+def make_train(cfg: RunConfigLike, env: VmapEnv) -> FusedTrainer:
     fns = functions(cfg, env.single_observation_space, env.single_action_space)
     return make_on_policy_train(cfg, env, fns)
 
 
-def load_policies(cfg: Any, path: Path, obs_space: Any, action_space: Any) -> list[GreedyPolicy]:
+def load_policies(
+    cfg: DictConfig, path: Path, obs_space: Any, action_space: Any
+) -> list[GreedyPolicy]:
     """The greedy policies of a saved ``checkpoint.msgpack`` (``mode=eval``)."""
     fns = functions(cfg, obs_space, action_space)
     return saved_agent_policies(cfg, path, fns.init, "policy_params", fns.greedy)

@@ -6,7 +6,7 @@ on-policy ``ActorCritic`` VPG has too (``rlspeed/algos/networks/torch.py``)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -20,11 +20,16 @@ from rlspeed.checkpoint import save_torch
 from rlspeed.seeding import Stream, int_seed
 from rlspeed.tasks import Policy as GreedyPolicy
 
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+    from rlspeed.config import RunConfigLike
+
 METRICS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac")
 
 
 class TorchLearner(ActorCritic, RolloutLearner):
-    def __init__(self, obs_space: Any, action_space: Any, cfg: Any, seed: int) -> None:
+    def __init__(self, obs_space: Any, action_space: Any, cfg: RunConfigLike, seed: int) -> None:
         algo = self.algo = cfg.algo
         super().__init__(obs_space, action_space, algo, seed, device_of(cfg.backend))
         self.updates_per_batch = algo.update_epochs * algo.num_minibatches
@@ -111,7 +116,9 @@ class TorchLearner(ActorCritic, RolloutLearner):
         )
 
 
-def load_policies(cfg: Any, path: Path, obs_space: Any, action_space: Any) -> list[GreedyPolicy]:
+def load_policies(
+    cfg: DictConfig, path: Path, obs_space: Any, action_space: Any
+) -> list[GreedyPolicy]:
     """The greedy policy of a saved ``checkpoint.pt`` (``mode=eval``)."""
     learner = TorchLearner(obs_space, action_space, cfg, cfg.seed)
     learner.policy.load_state_dict(load_checkpoint(path)["policy"])

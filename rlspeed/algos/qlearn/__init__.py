@@ -24,8 +24,10 @@ from rlspeed.registry import TASKS
 
 if TYPE_CHECKING:
     import numpy as np
+    from omegaconf import DictConfig
 
     from rlspeed.algos.loops.host import Iteration
+    from rlspeed.config import RunConfigLike
     from rlspeed.engines import Engine
     from rlspeed.monitor import SeedMonitor
 
@@ -44,7 +46,7 @@ class QLearnConfig:
     exploration_fraction: float = 0.5
 
 
-def table_shape(cfg: Any, action_space: Any) -> tuple[int, int]:
+def table_shape(cfg: RunConfigLike, action_space: Any) -> tuple[int, int]:
     """(states, actions): the shape of the run's Q-table."""
     return TASKS.get(cfg.task.name).tabular.num_states(cfg.task), int(action_space.n)
 
@@ -56,7 +58,7 @@ class QTableLearner:
     table with ``table_shape`` and defines ``act``, ``update`` and ``greedy_states`` on
     state indices (int32 NumPy arrays)."""
 
-    def __init__(self, cfg: Any) -> None:
+    def __init__(self, cfg: RunConfigLike) -> None:
         # The run's config, no number of its own: a resume file holds the learner's numbers.
         self.cfg = cfg
         self.tabular = TASKS.get(cfg.task.name).tabular
@@ -116,7 +118,7 @@ class QTableLearner:
         return Iteration(self.observe(result.obs), engine.num_envs, 1, [metrics], latest)
 
 
-def validate(algo: QLearnConfig, cfg: Any) -> None:
+def validate(algo: QLearnConfig, cfg: DictConfig) -> None:
     check_ranges(algo, step=("alpha",), unit=("gamma", "start_e", "end_e", "exploration_fraction"))
     if TASKS.get(cfg.task.name).tabular is None:
         tabular = sorted(task.name for task in TASKS if task.tabular is not None)

@@ -7,7 +7,7 @@ the table with ``update`` (the TD targets and the averaged step of ``td_update_`
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -19,6 +19,11 @@ from rlspeed.checkpoint import check_shape, save_torch
 from rlspeed.registry import TASKS
 from rlspeed.seeding import Stream, int_seed
 from rlspeed.tasks import Policy
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+    from rlspeed.config import RunConfigLike
 
 
 def explore_greedy(
@@ -62,7 +67,7 @@ def td_update_(
 
 
 class TorchQTable(QTableLearner):
-    def __init__(self, obs_space: Any, action_space: Any, cfg: Any, seed: int) -> None:
+    def __init__(self, obs_space: Any, action_space: Any, cfg: RunConfigLike, seed: int) -> None:
         super().__init__(cfg)
         self.alpha, self.gamma = cfg.algo.alpha, cfg.algo.gamma
         self.device = device_of(cfg.backend)
@@ -104,7 +109,7 @@ class TorchQTable(QTableLearner):
         return save_torch({"q_table": self.q}, path)
 
 
-def load_policies(cfg: Any, path: Path, obs_space: Any, action_space: Any) -> list[Policy]:
+def load_policies(cfg: DictConfig, path: Path, obs_space: Any, action_space: Any) -> list[Policy]:
     """The greedy policy of a saved ``checkpoint.pt`` (``mode=eval``)."""
     q = load_checkpoint(path)["q_table"]
     check_shape("q_table", q.shape, table_shape(cfg, action_space))

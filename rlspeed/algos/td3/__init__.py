@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from rlspeed.algos import (
     AlgoSpec,
@@ -20,6 +20,9 @@ from rlspeed.algos import (
     check_ranges,
     check_replay,
 )
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 
 @dataclass
@@ -94,7 +97,7 @@ def is_actor_step(updates: Any, algo: TD3Config) -> Any:
     return updates % algo.policy_frequency == 0
 
 
-def validate(algo: TD3Config, cfg: Any) -> None:
+def validate(algo: TD3Config, cfg: DictConfig) -> None:
     check_ranges(
         algo,
         count=("policy_frequency",),

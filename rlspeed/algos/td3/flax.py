@@ -17,7 +17,7 @@ import math
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import flax.linen as nn
 import jax
@@ -54,6 +54,11 @@ from rlspeed.algos.td3 import (
 from rlspeed.envs.vmap import VmapEnv
 from rlspeed.seeding import JaxKeys
 from rlspeed.tasks import Policy
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+    from rlspeed.config import RunConfigLike
 
 
 def _flat(obs: jax.Array) -> jax.Array:
@@ -204,7 +209,7 @@ class TD3Functions:
 class FlaxLearner(JaxLearner, ReplayLearner):
     """Jitted act/update for the Python-driven loop (Gymnasium engines)."""
 
-    def __init__(self, obs_space: Any, action_space: Any, cfg: Any, seed: int) -> None:
+    def __init__(self, obs_space: Any, action_space: Any, cfg: RunConfigLike, seed: int) -> None:
         self.algo = cfg.algo
         self.fns = TD3Functions(obs_space, action_space, cfg.algo)
         super().__init__(self.fns.init, seed)
@@ -249,7 +254,7 @@ class ChunkStats(NamedTuple):
     n_actor_updates: jax.Array
 
 
-def make_train(cfg: Any, env: VmapEnv) -> FusedTrainer:
+def make_train(cfg: RunConfigLike, env: VmapEnv) -> FusedTrainer:
     algo, n = cfg.algo, env.num_envs
     fns = TD3Functions(env.single_observation_space, env.single_action_space, algo)
     total_iterations = math.ceil(cfg.total_steps / n)
@@ -308,7 +313,7 @@ def make_train(cfg: Any, env: VmapEnv) -> FusedTrainer:
     )
 
 
-def load_policies(cfg: Any, path: Path, obs_space: Any, action_space: Any) -> list[Policy]:
+def load_policies(cfg: DictConfig, path: Path, obs_space: Any, action_space: Any) -> list[Policy]:
     """The deterministic policies of a saved ``checkpoint.msgpack`` (``mode=eval``)."""
     fns = TD3Functions(obs_space, action_space, cfg.algo)
     return saved_agent_policies(cfg, path, fns.init, "actor_params", fns.actor)

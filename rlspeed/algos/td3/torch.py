@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -31,6 +31,11 @@ from rlspeed.backends.torch import device_of
 from rlspeed.checkpoint import save_torch
 from rlspeed.seeding import Stream, int_seed
 from rlspeed.tasks import Policy
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+    from rlspeed.config import RunConfigLike
 
 
 def mlp(sizes: Sequence[int]) -> nn.Sequential:
@@ -69,7 +74,7 @@ class QNetwork(nn.Module):
 
 
 class TorchLearner(ReplayLearner):
-    def __init__(self, obs_space: Any, action_space: Any, cfg: Any, seed: int) -> None:
+    def __init__(self, obs_space: Any, action_space: Any, cfg: RunConfigLike, seed: int) -> None:
         algo = self.algo = cfg.algo
         # Weights drawn on the CPU (the global generator), then moved: the same anywhere.
         device = self.device = device_of(cfg.backend)
@@ -162,7 +167,7 @@ class TorchLearner(ReplayLearner):
         return save_torch(state, path)
 
 
-def load_policies(cfg: Any, path: Path, obs_space: Any, action_space: Any) -> list[Policy]:
+def load_policies(cfg: DictConfig, path: Path, obs_space: Any, action_space: Any) -> list[Policy]:
     """The deterministic policy of a saved ``checkpoint.pt`` (``mode=eval``)."""
     learner = TorchLearner(obs_space, action_space, cfg, cfg.seed)
     learner.actor.load_state_dict(load_checkpoint(path)["actor"])

@@ -12,7 +12,7 @@ its own Adam. ``updates`` (``gradient_updates`` in the outputs) counts gradient 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rlspeed.algos import (
     AlgoSpec,
@@ -21,6 +21,9 @@ from rlspeed.algos import (
     check_network_memory,
     check_ranges,
 )
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 
 @dataclass
@@ -46,7 +49,7 @@ class VPGConfig:
     hidden_sizes: list[int] = field(default_factory=lambda: [64, 64])
 
 
-def validate(algo: VPGConfig, cfg: Any) -> None:
+def validate(algo: VPGConfig, cfg: DictConfig) -> None:
     check_ranges(
         algo,
         count=("num_steps",),

@@ -6,7 +6,7 @@ the host learner (Gymnasium engines) and the fused program (``env=jax-vmap``).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import jax
 import optax
@@ -24,6 +24,11 @@ from rlspeed.algos.rollout_jax import (
 from rlspeed.algos.vpg import VPGConfig
 from rlspeed.envs.vmap import VmapEnv
 from rlspeed.tasks import Policy as GreedyPolicy
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+    from rlspeed.config import RunConfigLike
 
 
 class Agent(NamedTuple):
@@ -111,17 +116,19 @@ class VPGFunctions(ActorCritic):
 
 
 class FlaxLearner(OnPolicyJaxLearner):
-    def __init__(self, obs_space: Any, action_space: Any, cfg: Any, seed: int) -> None:
+    def __init__(self, obs_space: Any, action_space: Any, cfg: RunConfigLike, seed: int) -> None:
         fns = VPGFunctions(obs_space, action_space, cfg.algo)
         super().__init__(fns, obs_space, action_space, cfg, seed)
 
 
-def make_train(cfg: Any, env: VmapEnv) -> FusedTrainer:
+def make_train(cfg: RunConfigLike, env: VmapEnv) -> FusedTrainer:
     fns = VPGFunctions(env.single_observation_space, env.single_action_space, cfg.algo)
     return make_on_policy_train(cfg, env, fns)
 
 
-def load_policies(cfg: Any, path: Path, obs_space: Any, action_space: Any) -> list[GreedyPolicy]:
+def load_policies(
+    cfg: DictConfig, path: Path, obs_space: Any, action_space: Any
+) -> list[GreedyPolicy]:
     """The greedy policies of a saved ``checkpoint.msgpack`` (``mode=eval``)."""
     fns = VPGFunctions(obs_space, action_space, cfg.algo)
     return saved_agent_policies(cfg, path, fns.init, "policy_params", fns.greedy)

@@ -6,7 +6,7 @@ on-policy ``ActorCritic`` (``rlspeed/algos/networks/torch.py``)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -18,9 +18,14 @@ from rlspeed.backends.torch import device_of
 from rlspeed.checkpoint import save_torch
 from rlspeed.tasks import Policy as GreedyPolicy
 
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+    from rlspeed.config import RunConfigLike
+
 
 class TorchLearner(ActorCritic, RolloutLearner):
-    def __init__(self, obs_space: Any, action_space: Any, cfg: Any, seed: int) -> None:
+    def __init__(self, obs_space: Any, action_space: Any, cfg: RunConfigLike, seed: int) -> None:
         algo = self.algo = cfg.algo
         super().__init__(obs_space, action_space, algo, seed, device_of(cfg.backend))
         self.updates_per_batch = 1 + algo.value_iterations
@@ -74,7 +79,9 @@ class TorchLearner(ActorCritic, RolloutLearner):
         )
 
 
-def load_policies(cfg: Any, path: Path, obs_space: Any, action_space: Any) -> list[GreedyPolicy]:
+def load_policies(
+    cfg: DictConfig, path: Path, obs_space: Any, action_space: Any
+) -> list[GreedyPolicy]:
     """The greedy policy of a saved ``checkpoint.pt`` (``mode=eval``)."""
     learner = TorchLearner(obs_space, action_space, cfg, cfg.seed)
     learner.policy.load_state_dict(load_checkpoint(path)["policy"])

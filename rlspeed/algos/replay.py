@@ -1,11 +1,10 @@
-"""The replay buffer, and what DQN and TD3 do with it on either path.
+"""The replay buffer on the host, and what DQN and TD3 do with it there: what both share on
+every pairing but ``flax`` + ``jax-vmap`` (their JAX twin, for the fused programs:
+``replay_jax.py``, which writes and draws by this module's ``write_plan`` and ``draw_slots``).
 
-On the host (every pairing but ``flax`` + ``jax-vmap``): ``ReplayBuffer``, a NumPy ring
-buffer, and ``ReplayLearner``, the iteration both algorithms' learners run under
-``rlspeed.algos.loops.host.train_host`` (act, step, store, the updates due). In a fused
-``lax.scan`` loop: the same buffer as pure functions of JAX arrays (``JaxReplay``), and the
-train state (``ReplayState``) and env step (``replay_step``) of DQN's and TD3's fused
-programs. JAX is imported only when called, so torch runs never load it.
+``ReplayBuffer`` is a NumPy ring buffer; ``ReplayLearner`` is the iteration both algorithms'
+learners run under ``rlspeed.algos.loops.host.train_host`` (act, step, store, the updates
+due).
 
 Each observation is stored once. The envs add one transition each per step, in lockstep,
 so env ``e``'s next transition sits ``num_envs`` slots after its last one and holds the
@@ -19,7 +18,7 @@ truncated, its final observation goes to a small ring of its own (``final_capaci
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Generic, NamedTuple, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar
 
 import numpy as np
 
@@ -28,13 +27,9 @@ from rlspeed.algos.schedule import multiples_between
 from rlspeed.seeding import Stream, numpy_rng
 
 if TYPE_CHECKING:
-    import jax
-
     from rlspeed.config import RunConfigLike
-    from rlspeed.engines import Engine, StepResult
-    from rlspeed.envs.vmap import VmapEnv, VmapState
+    from rlspeed.engines import Engine
     from rlspeed.monitor import SeedMonitor
-    from rlspeed.seeding import JaxKeys
 
 
 ArrayT = TypeVar("ArrayT")
@@ -72,7 +67,7 @@ class WritePlan(NamedTuple):
     size: Any
 
 
-def _plan(
+def write_plan(
     position: Any,
     final_position: Any,
     size: Any,
@@ -98,7 +93,7 @@ def _plan(
     )
 
 
-def _draw(
+def draw_slots(
     obs: Any,
     final_obs: Any,
     final_index: Any,
@@ -156,7 +151,7 @@ class ReplayBuffer:
         end)."""
         terminated, next_obs = np.asarray(terminated), np.asarray(next_obs)
         kept = np.asarray(truncated) & ~terminated
-        plan = _plan(
+        plan = write_plan(
             self.position,
             self.final_position,
             self.size,
@@ -178,7 +173,7 @@ class ReplayBuffer:
 
     def sample(self, batch_size: int) -> Batch[np.ndarray]:
         draws = self._rng.integers(0, self.size, size=batch_size)
-        slots, next_obs = _draw(
+        slots, next_obs = draw_slots(
             self.obs,
             self.final_obs,
             self.final_index,
@@ -259,167 +254,3 @@ class ReplayLearner:
         metrics = [self.update(self.buffer.sample(algo.batch_size)) for _ in range(due)]
         latest = self.after_env_steps(step, end)
         return Iteration(result.obs, engine.num_envs, due, metrics, latest)
-
-
-# ---------------------------------------------------------------- fused jax-vmap path
-
-
-class JaxReplay(NamedTuple):
-    """The ring buffer as a pytree of JAX arrays (carried through ``lax.scan``), laid out
-    as ``ReplayBuffer``'s."""
-
-    obs: Any
-    final_obs: Any
-    final_index: Any
-    actions: Any
-    rewards: Any
-    dones: Any
-    position: Any
-    final_position: Any
-    size: Any
-
-
-def jax_replay_init(
-    capacity: int, obs_space: Any, action_space: Any, num_envs: int, max_steps: int
-) -> JaxReplay:
-    import jax
-    import jax.numpy as jnp
-
-    # JAX's own width of each dtype (float64 -> float32 unless x64 is enabled).
-    obs_dtype, action_dtype = (
-        jax.dtypes.canonicalize_dtype(space.dtype) for space in (obs_space, action_space)
-    )
-    slots = capacity + num_envs
-    finals = final_capacity(capacity, num_envs, max_steps)
-    return JaxReplay(
-        obs=jnp.zeros((slots, *obs_space.shape), obs_dtype),
-        final_obs=jnp.zeros((finals, *obs_space.shape), obs_dtype),
-        final_index=jnp.full(slots, -1, jnp.int32),
-        actions=jnp.zeros((slots, *action_space.shape), action_dtype),
-        rewards=jnp.zeros(slots, jnp.float32),
-        dones=jnp.zeros(slots, jnp.float32),
-        position=jnp.int32(0),
-        final_position=jnp.int32(0),
-        size=jnp.int32(0),
-    )
-
-
-def jax_replay_add(
-    replay: JaxReplay,
-    obs: Any,
-    next_obs: Any,
-    actions: Any,
-    rewards: Any,
-    terminated: Any,
-    truncated: Any,
-) -> JaxReplay:
-    """Store one transition per env (pure: returns the new buffer); as ``ReplayBuffer.add``."""
-    import jax.numpy as jnp
-
-    n = rewards.shape[0]
-    capacity = replay.obs.shape[0] - n
-    kept = truncated & ~terminated
-    plan = _plan(
-        replay.position,
-        replay.final_position,
-        replay.size,
-        kept,
-        capacity,
-        replay.final_obs.shape[0],
-        jnp,
-    )
-    return JaxReplay(
-        replay.obs.at[plan.slots].set(obs).at[plan.pending].set(next_obs),
-        replay.final_obs.at[plan.final_slots].set(next_obs, mode="drop"),
-        replay.final_index.at[plan.slots].set(plan.final_index.astype(jnp.int32)),
-        replay.actions.at[plan.slots].set(actions.astype(replay.actions.dtype)),
-        replay.rewards.at[plan.slots].set(rewards),
-        replay.dones.at[plan.slots].set(terminated.astype(jnp.float32)),
-        plan.position.astype(jnp.int32),
-        plan.final_position.astype(jnp.int32),
-        plan.size.astype(jnp.int32),
-    )
-
-
-def jax_replay_sample(
-    replay: JaxReplay, key: Any, batch_size: int, num_envs: int
-) -> Batch[jax.Array]:
-    """A uniform batch (with replacement) of the stored transitions."""
-    import jax
-    import jax.numpy as jnp
-
-    draws = jax.random.randint(key, (batch_size,), 0, replay.size)
-    slots, next_obs = _draw(
-        replay.obs,
-        replay.final_obs,
-        replay.final_index,
-        replay.position,
-        replay.size,
-        draws,
-        num_envs,
-        jnp,
-    )
-    return Batch(
-        replay.obs[slots],
-        next_obs,
-        replay.actions[slots],
-        replay.rewards[slots],
-        replay.dones[slots],
-    )
-
-
-class ReplayState(NamedTuple):
-    """The train state of a fused replay-buffer algorithm (DQN, TD3)."""
-
-    agent: Any
-    replay: JaxReplay
-    env: VmapState
-    key: jax.Array
-    step: jax.Array
-    updates: jax.Array
-
-
-def init_replay_state(agent: Any, keys: JaxKeys, env: VmapEnv, buffer_size: int) -> ReplayState:
-    """A fresh agent with an empty replay buffer, at env step 0."""
-    import jax.numpy as jnp
-
-    replay = jax_replay_init(
-        buffer_size,
-        env.single_observation_space,
-        env.single_action_space,
-        env.num_envs,
-        env.max_episode_steps,
-    )
-    return ReplayState(agent, replay, env.init(keys.env), keys.act, jnp.int32(0), jnp.int32(0))
-
-
-class UpdateSchedule(Protocol):
-    """What ``replay_step`` reads of an algorithm's config (DQN's, TD3's)."""
-
-    @property
-    def train_frequency(self) -> int: ...
-    @property
-    def learning_starts(self) -> int: ...
-
-
-def replay_step(
-    env: VmapEnv, state: ReplayState, actions: jax.Array, algo: UpdateSchedule
-) -> tuple[VmapState, StepResult, JaxReplay, jax.Array, jax.Array]:
-    """Step every env with ``actions`` and store the transitions, as ``ReplayLearner`` does
-    on the host: (env state, step result, replay buffer, env steps then, gradient updates
-    due)."""
-    import jax.numpy as jnp
-
-    env_state, result = env.step(state.env, actions)
-    replay = jax_replay_add(
-        state.replay,
-        state.env.obs,
-        result.final_obs,
-        actions,
-        result.reward,
-        result.terminated,
-        result.truncated,
-    )
-    step = state.step + env.num_envs
-    n_updates = multiples_between(state.step, step, algo.train_frequency, algo.learning_starts, jnp)
-    return env_state, result, replay, step, n_updates

@@ -33,15 +33,8 @@ from rlspeed.algos.loops.fused import (
 )
 from rlspeed.algos.loops.jax_learner import JaxLearner
 from rlspeed.algos.networks.flax import MLP, apply_output
-from rlspeed.algos.replay import (
-    Batch,
-    ReplayLearner,
-    ReplayState,
-    init_replay_state,
-    jax_replay_sample,
-    replay_buffer,
-    replay_step,
-)
+from rlspeed.algos.replay import Batch, ReplayLearner, replay_buffer
+from rlspeed.algos.replay_jax import ReplayState, init_replay_state, jax_replay_sample, replay_step
 from rlspeed.algos.schedule import epsilon_at, multiples_between, polyak_weight
 from rlspeed.envs.vmap import VmapEnv
 from rlspeed.seeding import JaxKeys

@@ -33,15 +33,8 @@ from rlspeed.algos.loops.fused import (
 )
 from rlspeed.algos.loops.jax_learner import JaxLearner
 from rlspeed.algos.networks.flax import apply_output
-from rlspeed.algos.replay import (
-    Batch,
-    ReplayLearner,
-    ReplayState,
-    init_replay_state,
-    jax_replay_sample,
-    replay_buffer,
-    replay_step,
-)
+from rlspeed.algos.replay import Batch, ReplayLearner, replay_buffer
+from rlspeed.algos.replay_jax import ReplayState, init_replay_state, jax_replay_sample, replay_step
 from rlspeed.algos.td3 import (
     TD3Config,
     action_bounds,

@@ -5,7 +5,7 @@ algorithms (VPG, PPO)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -148,3 +148,10 @@ class ActorCritic:
         if self.policy.continuous:
             return dist.mean.clamp(self.low, self.high).cpu().numpy()
         return dist.logits.argmax(dim=1).cpu().numpy()
+
+
+def saved_greedy_policy(learner: ActorCritic, path: Path) -> list[Callable[[Any], np.ndarray]]:
+    """``learner``'s greedy policy with the policy network saved in ``checkpoint.pt``
+    ``path`` (``mode=eval`` of VPG and PPO)."""
+    learner.policy.load_state_dict(load_checkpoint(path)["policy"])
+    return [learner.greedy]

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from rlspeed.algos.networks.torch import ActorCritic, from_numpy, load_checkpoint
+from rlspeed.algos.networks.torch import ActorCritic, from_numpy, saved_greedy_policy
 from rlspeed.algos.ppo import annealed_rate, batches_in_run, minibatch_positions
 from rlspeed.algos.rollout import RolloutBatch, RolloutLearner
 from rlspeed.backends.torch import device_of
@@ -120,6 +120,4 @@ def load_policies(
     cfg: DictConfig, path: Path, obs_space: Any, action_space: Any
 ) -> list[GreedyPolicy]:
     """The greedy policy of a saved ``checkpoint.pt`` (``mode=eval``)."""
-    learner = TorchLearner(obs_space, action_space, cfg, cfg.seed)
-    learner.policy.load_state_dict(load_checkpoint(path)["policy"])
-    return [learner.greedy]
+    return saved_greedy_policy(TorchLearner(obs_space, action_space, cfg, cfg.seed), path)

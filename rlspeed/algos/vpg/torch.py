@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rlspeed.algos.networks.torch import ActorCritic, from_numpy, load_checkpoint, optimizer
+from rlspeed.algos.networks.torch import ActorCritic, from_numpy, optimizer, saved_greedy_policy
 from rlspeed.algos.rollout import RolloutBatch, RolloutLearner
 from rlspeed.backends.torch import device_of
 from rlspeed.checkpoint import save_torch
@@ -83,6 +83,4 @@ def load_policies(
     cfg: DictConfig, path: Path, obs_space: Any, action_space: Any
 ) -> list[GreedyPolicy]:
     """The greedy policy of a saved ``checkpoint.pt`` (``mode=eval``)."""
-    learner = TorchLearner(obs_space, action_space, cfg, cfg.seed)
-    learner.policy.load_state_dict(load_checkpoint(path)["policy"])
-    return [learner.greedy]
+    return saved_greedy_policy(TorchLearner(obs_space, action_space, cfg, cfg.seed), path)

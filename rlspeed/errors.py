@@ -42,7 +42,7 @@ class ConfigError(RLSpeedError):
 class StoreUnreachable(ConfigError):
     """A tracking store that does not answer: a lone run is refused before it trains; a
     trial of a running sweep (whose store answered when the sweep started) trains anyway
-    and keeps its records locally (``rlspeed.config.validate``)."""
+    and keeps its records locally (``rlspeed.validation.validate``)."""
 
 
 class DivergenceError(RLSpeedError):

@@ -435,3 +435,38 @@ def test_a_flax_network_of_other_hidden_sizes_is_one_line(tmp_path, make_cfg):
     result = run_cli(["mode=eval", "checkpoint=run", "tracking=none"], tmp_path)
     assert_one_line_error(result, "invalid checkpoint=run: ", "the shapes differ: ", "(32,)")
     assert not (tmp_path / "outputs").exists()
+
+
+# A run folder an earlier rlspeed wrote (commit 970b2f3, resume format 3, before the loops
+# moved into the algorithms' files): torch PPO on CartPole, 8 envs, stopped by SIGTERM at
+# env step 6,144 of 40,960; its config.yaml, resume.npz, checkpoint.pt and metrics.json.
+EARLIER_RUN = Path(__file__).parent / "data" / "format3_ppo_torch"
+
+
+def test_a_run_an_earlier_rlspeed_saved_resumes_to_its_end_and_its_agent_scores(tmp_path):
+    """Files written before a change to the code that reads them still load: ``resume=``
+    continues the saved run to ``total_steps`` with the metrics it had logged kept as they
+    were, and ``mode=eval`` scores its agent."""
+    folder = tmp_path / "earlier"
+    shutil.copytree(EARLIER_RUN, folder)
+    saved = json.loads((folder / "metrics.json").read_text())
+    args = [
+        "backend=torch", "env=gym-sync", "algo=ppo", "task=cartpole", "total_steps=40960",
+        "log_every=2048", "eval_every=10240", "tracking=none", "progress=plain",
+    ]  # fmt: skip
+    resumed = run_cli(
+        [*args, f"resume={folder}", f"hydra.run.dir={tmp_path / 'resumed'}"], tmp_path
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    metrics = json.loads((tmp_path / "resumed" / "metrics.json").read_text())
+    assert (metrics["status"], metrics["env_steps"]) == ("FINISHED", 40960)
+    steps = [row["step"] for row in metrics["history"]]
+    assert steps == [2048.0 * i for i in range(1, 21)]
+    # The rows logged before the stop come back from the resume file as they were.
+    assert metrics["history"][: len(saved["history"])] == saved["history"]
+    scored = run_cli(
+        [*args, "mode=eval", f"checkpoint={folder}", f"hydra.run.dir={tmp_path / 'eval'}"],
+        tmp_path,
+    )
+    assert scored.returncode == 0, scored.stderr
+    assert "rlspeed: score " in scored.stdout + scored.stderr

@@ -1,4 +1,5 @@
-"""The package's shape: no import circle among rlspeed's modules and the Optuna sweeper's.
+"""The package's shape: no import circle among rlspeed's modules and the Optuna sweeper's,
+and every import pointing down the layers docs/ARCHITECTURE.md draws.
 
 Every import counts, wherever it is written (module top, inside a function, under
 ``TYPE_CHECKING``): a function-level import only hides a circle from Python, not from a
@@ -82,6 +83,59 @@ def test_the_import_graph_has_no_circle() -> None:
     graph = import_graph()
     assert len(graph) > 50 and sum(map(len, graph.values())) > 100  # the walk found the code
     assert cycles(graph) == []
+
+
+# docs/ARCHITECTURE.md's layers, top to bottom: (name, the modules and packages in it). A
+# module may import its own layer's and any lower layer's; the most specific entry places it
+# (``pkg.__init__``: the package's own module only).
+LAYERS = [
+    ("entry", ["rlspeed.__init__", "rlspeed.cli", "rlspeed.preflight", "rlspeed.bench"]),
+    ("entry", ["hydra_plugins"]),
+    ("run", ["rlspeed.run"]),
+    ("checks", ["rlspeed.validation", "rlspeed.run_folders"]),
+    ("mode=eval", ["rlspeed.evaluate"]),
+    ("the choice of loop", ["rlspeed.algos.loops.__init__"]),
+    # Every algorithm package (rlspeed.algos.<name>); the entries below carve out the rest.
+    ("algorithms", ["rlspeed.algos"]),
+    ("RL pieces", ["rlspeed.algos.__init__", "rlspeed.algos.networks", "rlspeed.algos.schedule"]),
+    ("RL pieces", [f"rlspeed.algos.{name}" for name in ("rollout", "rollout_jax", "replay")]),
+    ("RL pieces", ["rlspeed.algos.replay_jax", "rlspeed.algos.encoding"]),
+    ("loops", ["rlspeed.algos.loops"]),
+    ("run context", ["rlspeed.context"]),
+    ("parts", [f"rlspeed.{name}" for name in ("tasks", "engines", "envs", "backends")]),
+    ("parts", ["rlspeed.tracking", "rlspeed.monitor", "rlspeed.sweep", "rlspeed.slurm"]),
+    ("files", ["rlspeed.checkpoint", "rlspeed.statefile"]),
+    ("base", [f"rlspeed.{name}" for name in ("config", "registry", "errors", "secrets")]),
+    ("base", ["rlspeed.seeding", "rlspeed.machine"]),
+]
+LAYER_NAMES = list(dict.fromkeys(name for name, _ in LAYERS))
+
+
+def layer_of(module: str) -> str | None:
+    """The layer whose most specific entry names ``module`` or a package above it."""
+    best: tuple[int, str] | None = None
+    for name, entries in LAYERS:
+        for entry in entries:
+            package = entry.removesuffix(".__init__")
+            if entry.endswith(".__init__") and module == package:
+                return name
+            inside = not entry.endswith(".__init__") and (module + ".").startswith(entry + ".")
+            if inside and (best is None or len(entry) > best[0]):
+                best = (len(entry), name)
+    return best[1] if best else None
+
+
+def test_every_import_points_down_the_documented_layers() -> None:
+    graph = import_graph()
+    unplaced = sorted(module for module in graph if layer_of(module) is None)
+    assert unplaced == []  # a new module gets a layer here and in docs/ARCHITECTURE.md
+    upward = [
+        f"{module} ({layer_of(module)}) imports {target} ({layer_of(target)})"
+        for module, targets in sorted(graph.items())
+        for target in sorted(targets)
+        if LAYER_NAMES.index(str(layer_of(target))) < LAYER_NAMES.index(str(layer_of(module)))
+    ]
+    assert upward == []
 
 
 def test_the_cycle_finder_sees_a_circle_through_a_function_level_import() -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib.util
 import logging
 import warnings
-from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -139,13 +138,14 @@ def _frame(rendered: Any, mode: str | None) -> np.ndarray:
     return np.kron(cells, np.ones((CELL, CELL, 1), dtype=np.uint8))
 
 
-def _write_video(frames: Sequence[np.ndarray], fps: int, path: Path) -> None:
+def _write_video(frames: list[Any], fps: int, path: Path) -> None:
+    """``frames``: RGB arrays [height, width, 3] of uint8."""
     import imageio.v2 as imageio
 
     if path.suffix.lower() == ".gif":
-        imageio.mimsave(path, list[Any](frames), duration=1000 / fps, loop=0)
+        imageio.mimsave(path, frames, duration=1000 / fps, loop=0)
     else:
-        imageio.mimsave(path, list[Any](frames), fps=fps)
+        imageio.mimsave(path, frames, fps=fps)
 
 
 def render_mode(env: Any) -> str | None:

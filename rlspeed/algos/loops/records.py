@@ -36,14 +36,18 @@ def log_seed(
 ) -> None:
     """Log the context's seed at env step ``step``; ``policy`` is evaluated when due."""
     seed = ctx.seed_index
-    check_finite({k: np.array([v]) for k, v in metrics.items()}, [seed], [step], ctx.cfg.num_seeds)
+    check_finite(metrics, [seed], [step], ctx.cfg.num_seeds)
     report(ctx, ctx.run_monitor.log(step, updates, metrics, policy, seed))
 
 
 def check_finite(metrics: dict[str, Any], seeds: Any, steps: Any, num_seeds: int) -> None:
-    """Raise DivergenceError at the first loss (``losses/...``) that is not finite."""
-    for name, values in metrics.items():
-        bad = np.flatnonzero(~np.isfinite(values)) if name.startswith("losses/") else np.array([])
+    """Raise DivergenceError at the first loss (``losses/...``) that is not finite; a metric
+    is a value per seed of ``seeds`` (an array), or one number where one seed logs."""
+    for name, value in metrics.items():
+        if not name.startswith("losses/"):
+            continue
+        values = np.atleast_1d(value)
+        bad = np.flatnonzero(~np.isfinite(values))
         if len(bad):
             seed = int(seeds[bad[0]])
             raise DivergenceError(

@@ -10,7 +10,7 @@ driven by ``rlspeed/algos/loops/fused.py``, which vmaps it over seeds for ``num_
 from __future__ import annotations
 
 import math
-from functools import reduce
+from functools import partial, reduce
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -108,17 +108,11 @@ class FlaxQTable(QTableLearner):
         def act(q: jax.Array, states: jax.Array, step: jax.Array, epsilon: jax.Array) -> jax.Array:
             return explore_greedy(q, states, step_uniforms(self.key, step, len(states)), epsilon)
 
-        def update(
-            q: jax.Array,
-            states: jax.Array,
-            actions: jax.Array,
-            rewards: jax.Array,
-            next_states: jax.Array,
-            terminated: jax.Array,
-        ) -> tuple[jax.Array, dict[str, jax.Array]]:
-            q, td, q_sa = td_update(
-                q, states, actions, rewards, next_states, terminated, algo.alpha, algo.gamma
-            )
+        step_sizes = partial(td_update, alpha=algo.alpha, gamma=algo.gamma)
+
+        def update(q: jax.Array, *batch: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
+            """``td_update`` on a batch (states, actions, rewards, next states, terminated)."""
+            q, td, q_sa = step_sizes(q, *batch)
             return q, {"losses/td_error": jnp.abs(td).mean(), "losses/q_values": q_sa.mean()}
 
         self._act = jax.jit(act)

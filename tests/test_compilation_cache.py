@@ -20,10 +20,19 @@ FUSED_RUN = [
 ]  # fmt: skip
 
 
-def _run(tmp_path, name: str, *extra: str, env: dict[str, str] | None = None):
+FUSED_PPO_RUN = [
+    "backend=flax", "env=jax-vmap", "algo=ppo", "task=cartpole", "num_envs=8",
+    "total_steps=2048", "log_every=1024", "eval_every=2048", "algo.num_steps=64",
+    "algo.hidden_sizes=[32]", "tracking=none", "progress=none",
+]  # fmt: skip
+
+
+def _run(
+    tmp_path, name: str, *extra: str, env: dict[str, str] | None = None, base: list[str] = FUSED_RUN
+):
     """The run's metrics.json and its log (Hydra sends log records to stdout)."""
     run_dir = tmp_path / name
-    result = run_cli([*FUSED_RUN, *extra, f"hydra.run.dir={run_dir}"], cwd=tmp_path, env=env)
+    result = run_cli([*base, *extra, f"hydra.run.dir={run_dir}"], cwd=tmp_path, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads((run_dir / "metrics.json").read_text()), result.stdout + result.stderr
 
@@ -41,6 +50,31 @@ def test_second_run_loads_every_program_from_the_cache(tmp_path):
         assert second[key] == first[key], key
     learned = without_rates(first["final"])
     assert learned and {k: second["final"][k] for k in learned} == learned
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("base", "changed"),
+    [
+        (FUSED_RUN, ["algo.learning_rate=1e-3", "algo.gamma=0.95", "algo.tau=0.5",
+                 "algo.end_e=0.1", "algo.exploration_fraction=0.2"]),
+        (FUSED_PPO_RUN, ["algo.learning_rate=1e-3", "algo.clip_coef=0.3", "algo.ent_coef=0.001",
+                 "algo.vf_coef=0.25", "algo.gae_lambda=0.9", "algo.gamma=0.95"]),
+    ],
+)  # fmt: skip
+def test_runs_differing_only_in_traced_hyperparameters_share_their_programs(
+    tmp_path, base, changed
+):
+    """The values a search varies are inputs of the fused program, not constants in it: a
+    second run with other values loads every program from the cache, and learns otherwise."""
+    cache = f"backend.compilation_cache={tmp_path / 'xla'}"
+    first, _ = _run(tmp_path, "first", cache, base=base)
+    env = {"JAX_LOG_COMPILES": "1"}
+    second, log = _run(tmp_path, "second", cache, *changed, env=env, base=base)
+    compiled = re.findall(r"Finished XLA compilation of (\S+)", log)
+    loaded = re.findall(r"Persistent compilation cache hit for '(\S+)'", log)
+    assert "jit_run_chunk" in loaded and len(loaded) == len(compiled), (compiled, loaded)
+    assert without_rates(second["final"]) != without_rates(first["final"])
 
 
 @pytest.mark.slow

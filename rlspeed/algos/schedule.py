@@ -39,8 +39,9 @@ def polyak_weight(tau: float, crossings: Any) -> Any:
 
 def linear_schedule(step: Any, start: float, end: float, duration: float, xp: Any = None) -> Any:
     """``start`` at step 0, linearly to ``end`` at ``duration``, then ``end``."""
-    minimum = min if xp is None else xp.minimum
-    return start + (end - start) * minimum(step / max(duration, 1.0), 1.0)
+    minimum, maximum = (min, max) if xp is None else (xp.minimum, xp.maximum)
+    # ``duration`` may be traced (a fused run's hyperparameters are inputs of its program).
+    return start + (end - start) * minimum(step / maximum(duration, 1.0), 1.0)
 
 
 class Exploration(Protocol):

@@ -4,7 +4,7 @@ linear epsilon schedule. All step counts are environment steps, whatever ``num_e
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from rlspeed.algos import (
     AlgoSpec,
@@ -23,6 +23,16 @@ if TYPE_CHECKING:
 @dataclass
 class DQNConfig:
     name: str = "dqn"
+    # Inputs of the fused program, not constants in it (``rlspeed.algos.loops.fused.
+    # traced_hparams``): runs differing only in these share one compiled program.
+    TRACED: ClassVar[tuple[str, ...]] = (
+        "learning_rate",
+        "gamma",
+        "tau",
+        "start_e",
+        "end_e",
+        "exploration_fraction",
+    )
     learning_rate: float = 3e-4
     # Decay the learning rate linearly to 0 over the run's updates: holds on to a learned
     # policy at the end (DQN on CartPole otherwise drifts off after solving it).

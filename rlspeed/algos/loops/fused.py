@@ -13,6 +13,7 @@ pieces stay with the algorithms (their train states, the replay buffer's in
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable
@@ -31,7 +32,7 @@ from rlspeed.checkpoint import (
     tree_from_host,
     tree_to_host,
 )
-from rlspeed.config import is_fused
+from rlspeed.config import RunConfig, is_fused
 from rlspeed.context import RunContext, TrainResult
 from rlspeed.envs.vmap import VmapEnv, make_vmap_env
 from rlspeed.errors import deferred_interrupts
@@ -206,30 +207,37 @@ def device_score(
     return float(score(policy.params, jax_key(seed, Stream.EVAL)))
 
 
-def _seed_scores(ctx: RunContext, trainer: FusedTrainer) -> Callable[[Any], np.ndarray]:
-    """(the seeds' policy params, stacked where there are several) -> every seed's score:
-    on the task's JAX twin in one compiled call (vmapped over seeds); on the host, for a
-    task with no device evaluation, one evaluation per seed."""
-    cfg, task, seeds = ctx.cfg, ctx.task, ctx.cfg.num_seeds
+def _lane_scores(ctxs: list[RunContext], trainer: FusedTrainer) -> Callable[[Any], np.ndarray]:
+    """(every lane's policy params, stacked where there are several) -> every lane's score
+    (lane ``t * num_seeds + i``: seed ``i`` of run ``t``): on the task's JAX twin in one
+    compiled call (vmapped over lanes); on the host, for a task with no device evaluation,
+    one evaluation per lane."""
+    first = ctxs[0]
+    task, seeds = first.task, first.cfg.num_seeds
+    lane_seeds = [ctx.cfg.seed + i for ctx in ctxs for i in range(seeds)]
+    lane_tasks = [ctx.cfg.task for ctx in ctxs for _ in range(seeds)]
     if task.evaluate_on_device is None:
         greedy = jax.jit(trainer.greedy)
 
         def on_host(params: Any) -> np.ndarray:
             def policy(index: int) -> Callable[[Any], np.ndarray]:
-                agent = params if seeds == 1 else jax.tree.map(lambda x: x[index], params)
+                agent = params if len(lane_seeds) == 1 else jax.tree.map(lambda x: x[index], params)
                 return lambda obs: np.asarray(greedy(agent, obs))
 
             return np.array(
-                [task.evaluate(cfg.task, policy(i), cfg.seed + i) for i in range(seeds)]
+                [
+                    task.evaluate(task_cfg, policy(i), seed)
+                    for i, (task_cfg, seed) in enumerate(zip(lane_tasks, lane_seeds, strict=True))
+                ]
             )
 
         return on_host
-    score = _scorer(task, cfg.task, trainer.greedy)
-    if seeds == 1:  # as mode=eval scores it (device_score)
-        one, key = jax.jit(score), jax_key(cfg.seed, Stream.EVAL)
+    score = _scorer(task, first.cfg.task, trainer.greedy)
+    if len(lane_seeds) == 1:  # as mode=eval scores it (device_score)
+        one, key = jax.jit(score), jax_key(lane_seeds[0], Stream.EVAL)
         return lambda params: np.atleast_1d(np.asarray(one(params, key)))
     every = jax.jit(jax.vmap(score))
-    keys = jax_key(range(cfg.seed, cfg.seed + seeds), Stream.EVAL)
+    keys = jax_key(lane_seeds, Stream.EVAL)
     return lambda params: np.asarray(every(params, keys))
 
 
@@ -261,12 +269,60 @@ def chunk_length(target: int, total: int, masked: bool) -> int:
     return next((d for d in range(chunk, chunk // 2, -1) if total % d == 0), chunk)
 
 
+def traced_hparams(algo: Any) -> dict[str, Any]:
+    """The values of the algorithm's traced hyperparameters (its config class's ``TRACED``
+    names): inputs of the fused program, not constants compiled into it, so runs that differ
+    only in them share one program, and a sweep's trials can be lanes of one."""
+    return {name: np.float32(getattr(algo, name)) for name in type(algo).TRACED}
+
+
+def with_hparams(cfg: RunConfig, values: dict[str, Any]) -> RunConfig:
+    """``cfg`` with the algorithm's traced hyperparameters set to ``values`` (tracers, where
+    ``make_train`` is called inside a jitted function)."""
+    return dataclasses.replace(cfg, algo=dataclasses.replace(cfg.algo, **values))
+
+
 def train_fused(ctx: RunContext, make_train: Callable[[Any, VmapEnv], FusedTrainer]) -> TrainResult:
     """Train ``num_seeds`` agents as one program: vmap over seeds when there are several."""
-    cfg, seeds = ctx.cfg, ctx.cfg.num_seeds
+    (outcome,) = train_fused_runs([ctx], make_train)
+    if isinstance(outcome, Exception):
+        raise outcome
+    return outcome
+
+
+def train_fused_runs(
+    ctxs: list[RunContext], make_train: Callable[[Any, VmapEnv], FusedTrainer]
+) -> list[TrainResult | Exception]:
+    """Train the runs ``ctxs`` as one program: one run, or a sweep's trials whose configs
+    differ only in traced hyperparameters (``traced_hparams``). Every agent (``num_seeds``
+    per run) is a lane of one vmapped train state; the runs' hyperparameters are inputs, per
+    lane. A run whose log raises (its trial pruned, its loss not finite) ends there with
+    that exception: its lanes are frozen (their state kept as it was at that chunk's end)
+    and its results no longer read, while the others train on. Lanes run in lockstep, so a
+    frozen lane's work is still done: it is neither refilled nor repacked (a new lane count
+    is a new program to compile). Returns each run's result, or the exception it ended
+    with; an interrupt ends them all."""
+    first = ctxs[0]
+    cfg, seeds = first.cfg, first.cfg.num_seeds
+    lanes = len(ctxs) * seeds
+    batched = len(ctxs) > 1
+    assert not (batched and any(ctx.resumed for ctx in ctxs)), "a batch of runs starts fresh"
     # Until the first chunk returns, the time goes to compiling the whole program.
-    ctx.run_monitor.compiling()
-    trainer = make_train(cfg, make_vmap_env(ctx.task, cfg.task, cfg.num_envs))
+    for ctx in ctxs:
+        ctx.run_monitor.compiling()
+    env = make_vmap_env(first.task, cfg.task, cfg.num_envs)
+
+    def trainer_with(values: dict[str, Any]) -> FusedTrainer:
+        return make_train(with_hparams(cfg, values), env)
+
+    hparams = [traced_hparams(ctx.cfg.algo) for ctx in ctxs]
+    # Sizes, the greedy policy and the summaries read no traced value: any run's will do.
+    trainer = trainer_with(hparams[0])
+    lane_hparams: Any = (
+        {name: np.repeat([h[name] for h in hparams], seeds) for name in hparams[0]}
+        if lanes > 1
+        else hparams[0]
+    )
     policy_params = jax.jit(trainer.policy_params)
     # XLA:CPU compiles a loop with a traced bound (masked_scan) as fast as a fixed-length
     # scan, so there one program runs every chunk, a shorter last one included (a second
@@ -277,82 +333,161 @@ def train_fused(ctx: RunContext, make_train: Callable[[Any, VmapEnv], FusedTrain
     masked = jax.default_backend() == "cpu"
     target = math.ceil(cfg.log_every / trainer.steps_per_iteration)
     chunk = chunk_length(target, trainer.total_iterations, masked)
-    compiled: dict[int, Callable[[Any, Any], tuple[Any, Any]]] = {}
+    compiled: dict[int, Callable[..., tuple[Any, Any]]] = {}
+    # Per lane: whether its run still trains (a batch's frozen lanes keep their state).
+    live = np.ones(lanes, dtype=bool)
 
     def run(state: Any, iterations: int) -> tuple[Any, Any]:
         length = chunk if masked else iterations
         if length not in compiled:
 
-            def run_chunk(state: Any, valid: jax.Array, length: int = length) -> Any:
-                return trainer.run(state, length, valid if masked else None)
+            def run_chunk(
+                state: Any, valid: jax.Array, values: Any, live: Any, length: int = length
+            ) -> Any:
+                new, stats = trainer_with(values).run(state, length, valid if masked else None)
+                if batched:  # a stopped run's lanes keep their state
+                    new = jax.tree.map(lambda n, o: jnp.where(live, n, o), new, state)
+                return new, stats
 
-            vmapped = jax.vmap(run_chunk, in_axes=(0, None)) if seeds > 1 else run_chunk
+            vmapped = jax.vmap(run_chunk, in_axes=(0, None, 0, 0)) if lanes > 1 else run_chunk
             compiled[length] = jax.jit(vmapped)
-        return compiled[length](state, np.int32(iterations))
+        return compiled[length](state, np.int32(iterations), lane_hparams, live)
 
-    if seeds == 1:
-        state = jax.jit(trainer.init, compiler_options=RUN_ONCE)(jax_keys(cfg.seed))
+    def init(keys: JaxKeys, values: Any) -> Any:
+        return trainer_with(values).init(keys)
 
-        def with_seed_axis(tree: Any) -> Any:
+    if lanes == 1:
+        state = jax.jit(init, compiler_options=RUN_ONCE)(jax_keys(cfg.seed), lane_hparams)
+
+        def with_lane_axis(tree: Any) -> Any:
             return jax.tree.map(lambda x: np.asarray(x)[None], tree)
     else:
-        # Agent i gets the keys of a single run with seed + i.
-        keys = jax_keys(range(cfg.seed, cfg.seed + seeds))
-        state = jax.jit(jax.vmap(trainer.init), compiler_options=RUN_ONCE)(keys)
+        # Lane t * seeds + i gets the keys of a single run with run t's seed + i.
+        keys = jax_keys([ctx.cfg.seed + i for ctx in ctxs for i in range(seeds)])
+        state = jax.jit(jax.vmap(init), compiler_options=RUN_ONCE)(keys, lane_hparams)
 
-        def with_seed_axis(tree: Any) -> Any:
+        def with_lane_axis(tree: Any) -> Any:
             return tree
 
-    scores_of = _seed_scores(ctx, trainer)
+    scores_of = _lane_scores(ctxs, trainer)
     every_seed = np.arange(seeds)
+    # Run t's lanes, and its part of a tree with a lane axis (a lone seed's without it,
+    # as a lone run saves it).
+    lanes_of = [slice(t * seeds, (t + 1) * seeds) for t in range(len(ctxs))]
 
-    ctx.all_seeds = True
+    def part(tree: Any, t: int) -> Any:
+        if lanes == 1:
+            return tree
+        index: Any = t if seeds == 1 else lanes_of[t]
+        return jax.tree.map(lambda x: x[index], tree)
+
     done_iterations = 0
-    resumed = ctx.resume_state()
+    resumed = first.resume_state()
     if resumed is not None:  # the whole train state: agents, replay buffers, envs, keys
         state = tree_from_host(state, resumed["state"])
         done_iterations = resumed["iterations"]
-    # The state after the last whole chunk, and its iteration count.
-    latest = {"state": state, "iterations": done_iterations}
-    ctx.set_checkpoint(
-        "checkpoint.msgpack",
-        lambda path: save_pytree(trainer.checkpoint(latest["state"]), path),
-        lambda: {"state": tree_to_host(latest["state"]), "iterations": latest["iterations"]},
-    )
-    monitor = ctx.run_monitor
-    schedule = ctx.checkpoint_schedule()
-    schedule.start(done_iterations * trainer.steps_per_iteration)
+    # Per run: the state after its last whole chunk, and its iteration count.
+    latest = [{"state": state, "iterations": done_iterations} for _ in ctxs]
+    outcomes: list[TrainResult | Exception | None] = [None] * len(ctxs)
+    schedules = []
+    for t, ctx in enumerate(ctxs):
+        ctx.all_seeds = True
+        ctx.set_checkpoint(
+            "checkpoint.msgpack",
+            partial(_save_agents, trainer, part, latest[t], t),
+            partial(_resume_state, part, latest[t], t),
+        )
+        schedules.append(ctx.checkpoint_schedule())
+        schedules[t].start(done_iterations * trainer.steps_per_iteration)
     with deferred_interrupts() as check_interrupt:
-        while done_iterations < trainer.total_iterations:
+        while done_iterations < trainer.total_iterations and live.any():
             iterations = min(chunk, trainer.total_iterations - done_iterations)
             called = time.perf_counter()
             state, stats = run(state, iterations)
             done_iterations += iterations
-            # One transfer; from here on every seed is a row of the same arrays.
+            # One transfer; from here on every lane is a row of the same arrays.
             fetched = jax.device_get((stats, state.step, state.updates))
-            stats, steps, updates = with_seed_axis(fetched)
-            monitor.compiled_calls_s = (monitor.compiled_calls_s or 0.0) + (
-                time.perf_counter() - called
-            )
+            stats, steps, updates = with_lane_axis(fetched)
+            seconds = time.perf_counter() - called
             if masked and iterations < chunk:
                 stats = first_iterations(stats, iterations)
-            monitor.every_seed_episodes(stats.done, stats.episode_return, stats.episode_length)
-            log_seeds(
-                ctx,
-                every_seed,
-                steps,
-                updates,
-                trainer.summarize(stats),
-                # Called only when an evaluation is due.
-                partial(_scores_at, scores_of, policy_params, state),
-            )
-            latest.update(state=state, iterations=done_iterations)
-            schedule.reached(done_iterations * trainer.steps_per_iteration)
+            # Evaluated once for every lane, when the first run is due (all are at once).
+            scores = _Once(partial(_scores_at, scores_of, policy_params, state))
+            for t, ctx in enumerate(ctxs):
+                if outcomes[t] is not None:
+                    continue
+                monitor, mine = ctx.run_monitor, lanes_of[t]
+                monitor.compiled_calls_s = (monitor.compiled_calls_s or 0.0) + seconds
+                run_stats = jax.tree.map(lambda x, mine=mine: x[mine], stats)
+                monitor.every_seed_episodes(
+                    run_stats.done, run_stats.episode_return, run_stats.episode_length
+                )
+                try:
+                    log_seeds(
+                        ctx,
+                        every_seed,
+                        steps[mine],
+                        updates[mine],
+                        trainer.summarize(run_stats),
+                        # Called only when an evaluation is due.
+                        partial(_lanes_of, scores, mine),
+                    )
+                except Exception as error:  # noqa: BLE001 - this run's end, not the batch's
+                    if not batched:
+                        raise
+                    # Its checkpoint keeps the agents of its last logged chunk, as a lone
+                    # run's does when its log raises.
+                    outcomes[t] = error
+                    live[mine] = False
+                    continue
+                latest[t].update(state=state, iterations=done_iterations)
+                schedules[t].reached(done_iterations * trainer.steps_per_iteration)
             check_interrupt()
-    total_steps, total_updates = (
-        int(np.sum(x)) for x in jax.device_get((state.step, state.updates))
-    )
-    return TrainResult(steps=total_steps, updates=total_updates)
+    return [
+        outcome if outcome is not None else _result(part(latest[t]["state"], t))
+        for t, outcome in enumerate(outcomes)
+    ]
+
+
+def _lanes_of(values: Callable[[], np.ndarray], lanes: slice) -> np.ndarray:
+    """The ``lanes`` of ``values()``."""
+    return values()[lanes]
+
+
+class _Once:
+    """``compute()``'s value, computed on the first call."""
+
+    def __init__(self, compute: Callable[[], Any]) -> None:
+        self.compute, self.value = compute, None
+
+    def __call__(self) -> Any:
+        if self.value is None:
+            self.value = self.compute()
+        return self.value
+
+
+def _save_agents(
+    trainer: FusedTrainer,
+    part: Callable[[Any, int], Any],
+    latest: dict[str, Any],
+    t: int,
+    path: Path,
+) -> Path:
+    """Save run ``t``'s agents as of its latest whole chunk (its checkpoint file)."""
+    return save_pytree(trainer.checkpoint(part(latest["state"], t)), path)
+
+
+def _resume_state(
+    part: Callable[[Any, int], Any], latest: dict[str, Any], t: int
+) -> dict[str, Any]:
+    """Run ``t``'s whole train state as of its latest whole chunk, to resume from."""
+    return {"state": tree_to_host(part(latest["state"], t)), "iterations": latest["iterations"]}
+
+
+def _result(state: Any) -> TrainResult:
+    """A run's env steps and updates, summed over its agents."""
+    steps, updates = (int(np.sum(x)) for x in jax.device_get((state.step, state.updates)))
+    return TrainResult(steps=steps, updates=updates)
 
 
 def _scores_at(

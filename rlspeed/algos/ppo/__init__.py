@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from rlspeed.algos import (
     AlgoSpec,
@@ -36,6 +36,16 @@ if TYPE_CHECKING:
 @dataclass
 class PPOConfig:
     name: str = "ppo"
+    # Inputs of the fused program, not constants in it (``rlspeed.algos.loops.fused.
+    # traced_hparams``): runs differing only in these share one compiled program.
+    TRACED: ClassVar[tuple[str, ...]] = (
+        "learning_rate",
+        "gamma",
+        "gae_lambda",
+        "clip_coef",
+        "ent_coef",
+        "vf_coef",
+    )
     # Steps per env in one batch (batch = num_steps * num_envs).
     num_steps: int = 128
     gamma: float = 0.99

@@ -15,7 +15,7 @@ program (``rlspeed.algos.qlearn.flax.make_train``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from rlspeed.algos import AlgoSpec, check_memory, check_ranges
 from rlspeed.algos.schedule import epsilon_at
@@ -35,6 +35,15 @@ if TYPE_CHECKING:
 @dataclass
 class QLearnConfig:
     name: str = "qlearn"
+    # Inputs of the fused program, not constants in it (``rlspeed.algos.loops.fused.
+    # traced_hparams``): runs differing only in these share one compiled program.
+    TRACED: ClassVar[tuple[str, ...]] = (
+        "alpha",
+        "gamma",
+        "start_e",
+        "end_e",
+        "exploration_fraction",
+    )
     # Step size of the table update.
     alpha: float = 0.5
     # Doors' reward telescopes (every path to the goal earns the same total), so only

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from rlspeed.algos import (
     AlgoSpec,
@@ -28,6 +28,16 @@ if TYPE_CHECKING:
 @dataclass
 class TD3Config:
     name: str = "td3"
+    # Inputs of the fused program, not constants in it (``rlspeed.algos.loops.fused.
+    # traced_hparams``): runs differing only in these share one compiled program.
+    TRACED: ClassVar[tuple[str, ...]] = (
+        "learning_rate",
+        "gamma",
+        "tau",
+        "policy_noise",
+        "noise_clip",
+        "exploration_noise",
+    )
     learning_rate: float = 3e-4
     buffer_size: int = 1_000_000
     batch_size: int = 256

@@ -12,7 +12,7 @@ its own Adam. ``updates`` (``gradient_updates`` in the outputs) counts gradient 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from rlspeed.algos import (
     AlgoSpec,
@@ -29,6 +29,9 @@ if TYPE_CHECKING:
 @dataclass
 class VPGConfig:
     name: str = "vpg"
+    # Inputs of the fused program, not constants in it (``rlspeed.algos.loops.fused.
+    # traced_hparams``): runs differing only in these share one compiled program.
+    TRACED: ClassVar[tuple[str, ...]] = ("policy_lr", "value_lr", "gamma", "gae_lambda", "ent_coef")
     # Steps per env in one batch (batch = num_steps * num_envs).
     num_steps: int = 32
     gamma: float = 0.99

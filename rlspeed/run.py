@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from rlspeed import slurm
-from rlspeed.algos.loops import train
+from rlspeed.algos.loops import train, train_runs
 from rlspeed.checkpoint import atomic_write, run_folder, training_keys
 from rlspeed.config import RunConfig, flatten, to_yaml
 from rlspeed.context import OutputFile, RunContext, TrainResult
@@ -56,6 +56,86 @@ def run(cfg: DictConfig) -> float:
         from rlspeed.evaluate import evaluate_checkpoint
 
         return evaluate_checkpoint(cfg)
+    started = _start(cfg, out_dir, continued is not None)
+    status = "FAILED"
+    # A scheduler's SIGTERM (preemption, `timeout`), or SLURM's SIGUSR2, ends the run like
+    # Ctrl-C: KILLED, checkpointed (and after SIGUSR2 the SLURM job is requeued).
+    with slurm.StopSignals(interrupt):
+        try:
+            result = train(started.ctx)
+            status = "FINISHED"
+        except KeyboardInterrupt as stop:
+            status = "KILLED"
+            _interrupted(stop, out_dir)
+            raise
+        except started.pruned_error as pruned:
+            status = _pruned(started, pruned)
+            raise
+        finally:
+            unrecorded = _end(started, status)
+            if unrecorded and status != "FINISHED":  # beside the error or interrupt on its way
+                print(unrecorded.line, file=sys.stderr)
+    return _finished(started, result, unrecorded)
+
+
+def run_trials(cfgs: list[DictConfig], out_dirs: list[Path]) -> list[float | Exception]:
+    """Train a sweep's trials on the fused path as one program (``train_runs``): configs
+    that differ only in traced hyperparameters, each run in its own folder with all a
+    lone run records. Returns each trial's score, or the exception it ended with (pruned,
+    diverged, a config it cannot run); an interrupt ends them all, each saved as KILLED."""
+    outcomes: list[float | Exception | None] = [None] * len(cfgs)
+    started: dict[int, Started] = {}
+    for index, (cfg, out_dir) in enumerate(zip(cfgs, out_dirs, strict=True)):
+        try:
+            validate(cfg)
+            started[index] = _start(cfg, out_dir, continued=False)
+        except Exception as error:  # noqa: BLE001 - this trial's failure, not the batch's
+            outcomes[index] = error
+    if not started:
+        return [outcome for outcome in outcomes if outcome is not None]
+    results: list[TrainResult | Exception] = []
+    with slurm.StopSignals(interrupt):
+        try:
+            results = train_runs([run.ctx for run in started.values()])
+        except BaseException as error:
+            # Every trial ends as a lone run would: KILLED by an interrupt, else FAILED.
+            stopped = isinstance(error, KeyboardInterrupt)
+            if stopped:  # the trials' folders are siblings: their sweep's
+                _interrupted(error, next(iter(started.values())).ctx.out_dir.parent)
+            for run in started.values():
+                _end(run, "KILLED" if stopped else "FAILED")
+            raise
+    for (index, run), result in zip(started.items(), results, strict=True):
+        if isinstance(result, Exception):
+            pruned = isinstance(result, run.pruned_error)
+            unrecorded = _end(run, _pruned(run, result) if pruned else "FAILED")
+            if unrecorded:
+                log.warning(unrecorded.line)
+            outcomes[index] = result
+            continue
+        try:
+            outcomes[index] = _finished(run, result, _end(run, "FINISHED"))
+        except Exception as error:  # noqa: BLE001 - what this trial could not record
+            outcomes[index] = error
+    return [outcome for outcome in outcomes if outcome is not None]
+
+
+class Started(NamedTuple):
+    """A run set up to train: its context and what records it."""
+
+    cfg: DictConfig
+    ctx: RunContext
+    tracker: Tracker
+    # backend, env, algo, task: the run's stack, named in its summary.
+    choices: dict[str, str]
+    # optuna.TrialPruned for a trial run; () matches nothing, so other runs never import
+    # optuna.
+    pruned_error: Any
+
+
+def _start(cfg: DictConfig, out_dir: Path, continued: bool) -> Started:
+    """Set up a validated run: its folder and config file, its tracked run, its monitor
+    and context."""
     resumed = load_resume(cfg) if cfg.resume else {}  # as validate read it: nothing new
     task, engine = TASKS.get(cfg.task.name), ENGINES.get(cfg.env.name)
     BACKENDS.get(cfg.backend.name).setup(cfg.backend, cfg.seed)
@@ -79,7 +159,7 @@ def run(cfg: DictConfig) -> float:
         run_name += f"-trial{cfg.trial.number}"
         tags.update({"optuna.study": cfg.trial.study_name, "optuna.trial": str(cfg.trial.number)})
     tracked_run = None
-    if continued is not None:  # the same tracked run as the attempt it continues
+    if continued:  # the same tracked run as the attempt it continues
         tags["rlspeed.slurm_restarts"] = str(slurm.restarts())
         tracked_run = resumed[min(resumed)].get("tracked_run_id")
     elif resumed:
@@ -115,40 +195,41 @@ def run(cfg: DictConfig) -> float:
         training_config=training_keys(flatten(cfg)),
         report_score=reporter.report if reporter is not None else None,
     )
-    # optuna.TrialPruned for a trial run; () matches nothing, so other runs never import optuna.
     pruned_error = reporter.pruned_error if reporter is not None else ()
-    status = "FAILED"
-    # A scheduler's SIGTERM (preemption, `timeout`), or SLURM's SIGUSR2, ends the run like
-    # Ctrl-C: KILLED, checkpointed (and after SIGUSR2 the SLURM job is requeued).
-    with slurm.StopSignals(interrupt):
-        try:
-            result = train(ctx)
-            status = "FINISHED"
-        except KeyboardInterrupt as stop:
-            status = "KILLED"
-            log.warning("rlspeed: interrupted; saving a checkpoint and the metrics recorded so far")
-            if isinstance(stop, Interrupted):
-                stop.out_dir = out_dir
-            raise
-        except pruned_error as pruned:
-            # Stopped by the study's pruner: the sweeper records the trial as PRUNED.
-            status = "KILLED"
-            tracker.set_tags({"optuna.pruned": "true"})
-            log.info("rlspeed: trial %d %s", cfg.trial.number, pruned)
-            raise
-        finally:
-            monitor.close()
-            unrecorded = _finish(tracker, ctx, status)
-            if unrecorded and status != "FINISHED":  # beside the error or interrupt on its way
-                print(unrecorded.line, file=sys.stderr)
-    _summary(choices, result, tracker, ctx)
+    return Started(cfg, ctx, tracker, choices, pruned_error)
+
+
+def _interrupted(stop: BaseException, out_dir: Path) -> None:
+    log.warning("rlspeed: interrupted; saving a checkpoint and the metrics recorded so far")
+    if isinstance(stop, Interrupted):
+        stop.out_dir = out_dir
+
+
+def _pruned(started: Started, pruned: BaseException) -> str:
+    """Stopped by the study's pruner: the sweeper records the trial as PRUNED; the run
+    ends KILLED."""
+    started.tracker.set_tags({"optuna.pruned": "true"})
+    log.info("rlspeed: trial %d %s", started.cfg.trial.number, pruned)
+    return "KILLED"
+
+
+def _end(started: Started, status: str) -> Unrecorded | None:
+    """Close the monitor, save the outputs and end the tracked run (``_finish``)."""
+    started.ctx.run_monitor.close()
+    return _finish(started.tracker, started.ctx, status)
+
+
+def _finished(started: Started, result: TrainResult, unrecorded: Unrecorded | None) -> float:
+    """A finished run's summary; its score, or the error saying what it could not record."""
+    ctx = started.ctx
+    _summary(started.choices, result, started.tracker, ctx)
     if unrecorded and unrecorded.remote_only and ctx.cfg.trial.number is not None:
         # The trial's results are all in its folder and go to the study; the sweep says
         # at its end which trials the tracking store lost.
         log.warning(unrecorded.line)
     elif unrecorded:
         raise RLSpeedError(unrecorded.line)
-    return monitor.score
+    return ctx.run_monitor.score
 
 
 class Unrecorded(NamedTuple):

@@ -301,6 +301,7 @@ def build(sweeper: DictConfig, cfg: DictConfig, arguments: list[str]) -> SweepSe
         # (and held as RUNNING) at once.
         ("n_trials", 0, MAX_TRIALS, f"in [0, {MAX_TRIALS:,}]"),
         ("n_jobs", 1, MAX_BATCH, f"in [1, {MAX_BATCH:,}]"),
+        ("batch_size", 1, MAX_BATCH, f"in [1, {MAX_BATCH:,}]"),
         ("heartbeat_s", 1, None, ">= 1"),
         # A grace within one heartbeat would judge live trials stale.
         (

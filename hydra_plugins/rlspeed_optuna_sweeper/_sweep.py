@@ -1,7 +1,9 @@
 """The Optuna sweeper's loop: a persistent study, trials launched in batches, pruning.
 
-Every batch asks the study for ``n_jobs`` trials, launches them as one batch of Hydra jobs
-(in parallel processes with ``hydra/launcher=joblib``) and tells the study how each ended:
+Every batch asks the study for ``n_jobs`` trials (``batch_size`` where that is more),
+launches them as one batch of Hydra jobs (in parallel processes with
+``hydra/launcher=joblib``; on the fused path as lanes of one program, ``_batch``) and tells
+the study how each ended:
 COMPLETE with the job's return value, PRUNED when the job raised ``optuna.TrialPruned``
 (the job side is :mod:`rlspeed.sweep`), FAIL otherwise. Finished trials of earlier sweeps
 of the same study count toward ``n_trials``, so running the same command again resumes;
@@ -26,6 +28,7 @@ import optuna
 from hydra.core.plugins import Plugins
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.types import HydraContext, TaskFunction
+from hydra_plugins.rlspeed_optuna_sweeper._batch import batches_trials, launch_batched
 from omegaconf import DictConfig, OmegaConf
 from optuna.study import StudyDirection
 from optuna.trial import TrialState
@@ -232,7 +235,7 @@ class OptunaSweeperImpl:
                     # The heartbeats are the sweeper's, not optimize's.
                     warnings.filterwarnings("ignore", "Heartbeat of storage is supposed")
                     remaining = node.n_trials - len(counted(study.get_trials(deepcopy=False)))
-                    for _ in range(min(node.n_jobs, remaining)):
+                    for _ in range(min(max(node.n_jobs, node.batch_size), remaining)):
                         try:
                             pending.append(study.ask(fixed_distributions=setup.space.distributions))
                             keeper.claim(pending[-1])
@@ -271,7 +274,10 @@ class OptunaSweeperImpl:
                     consecutive = numbers == list(range(numbers[0], numbers[0] + len(numbers)))
                     job_idx = numbers[0] if consecutive else next_job_idx
                     batch = [overrides for _, overrides in launch]
-                    if is_submitit(self.launcher):  # a lost SLURM job fails its trial alone
+                    if batches_trials(config, self.launcher, node.batch_size):
+                        assert self.hydra_context is not None
+                        results = launch_batched(self.hydra_context, config, batch, job_idx)
+                    elif is_submitit(self.launcher):  # a lost SLURM job fails its trial alone
                         results = launch_each(self.launcher, batch, job_idx)
                     else:
                         results = self.launcher.launch(batch, initial_job_idx=job_idx)

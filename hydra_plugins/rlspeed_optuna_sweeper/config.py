@@ -160,6 +160,11 @@ class OptunaSweeperConf:
     n_trials: int = 20
     # Trials asked for and launched together (run in parallel with hydra/launcher=joblib).
     n_jobs: int = 1
+    # On the fused path (backend=flax env=jax-vmap), trials asked for at once and trained as
+    # one program, vmapped over trials x seeds, in this process; trials that differ in a
+    # parameter that is not traced (a shape: hidden sizes, num_steps, ...) make programs of
+    # their own. 1: one trial per program. Other paths run these trials one at a time.
+    batch_size: int = 1
     # Failed trials allowed, as a fraction of the trials this sweep ran, before it stops.
     max_failure_rate: float = 0.0
     # key -> Hydra override sweep syntax: interval(a, b), tag(log, interval(a, b)),

@@ -28,6 +28,7 @@ class OptunaSweeper(Sweeper):
         study_name: str | None,
         n_trials: int,
         n_jobs: int,
+        batch_size: int,
         max_failure_rate: float,
         params: Any,
         search_space: Any,

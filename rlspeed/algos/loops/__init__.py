@@ -42,3 +42,11 @@ def train(ctx: RunContext) -> TrainResult:
             seed_ctx, partial(learner, cfg=cfg, seed=seed_ctx.seed), checkpoint
         )
     )
+
+
+def train_runs(ctxs: list[RunContext]) -> list[TrainResult | Exception]:
+    """Train fused runs that differ only in traced hyperparameters (a sweep's trials) as one
+    program; each run's result, or the exception that ended it (``train_fused_runs``)."""
+    from rlspeed.algos.loops.fused import train_fused_runs
+
+    return train_fused_runs(ctxs, import_named(ALGOS.get(ctxs[0].cfg.algo.name).fused))

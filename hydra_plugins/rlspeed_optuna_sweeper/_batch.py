@@ -1,0 +1,137 @@
+"""Batched trials: on the fused path (``backend=flax env=jax-vmap``) a sweep's trials that
+differ only in traced hyperparameters (each algorithm config's ``TRACED``) train as lanes
+of one compiled program, in the sweep's process (``rlspeed.run.run_trials``).
+
+The sweeper asks for ``hydra.sweeper.batch_size`` trials at once; here each gets its Hydra
+job config and folder as the basic launcher would give it (``.hydra/`` with its config and
+overrides), the trials are grouped by static signature (every other config value: each
+distinct value of a shape-changing parameter makes a group of its own), and each group is
+one program, or as few as fit in this machine's memory. Every trial ends with a
+``JobReturn`` the sweeper records as any job's.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.utils import JobReturn, JobStatus
+from hydra.types import HydraContext
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+
+from rlspeed.config import is_fused
+from rlspeed.errors import ConfigError
+from rlspeed.registry import ALGOS
+
+log = logging.getLogger(__name__)
+
+
+def batches_trials(config: DictConfig, launcher: Any, batch_size: int) -> bool:
+    """Whether this sweep trains its trials in batches: rlspeed trials on the fused path,
+    ``batch_size`` > 1, in this process (the basic launcher; joblib and SLURM launchers
+    run one trial per job)."""
+    return (
+        batch_size > 1
+        and "trial" in config
+        and is_fused(config)
+        and type(launcher).__name__ == "BasicLauncher"
+    )
+
+
+def static_signature(task_cfg: DictConfig) -> str:
+    """The trial's config without its traced hyperparameters and its trial number: trials
+    with the same signature can share one program."""
+    plain = OmegaConf.to_container(task_cfg, resolve=True)
+    assert isinstance(plain, dict)
+    traced = ALGOS.get(task_cfg.algo.name).schema.TRACED
+    plain["algo"] = {key: value for key, value in plain["algo"].items() if key not in traced}
+    plain.pop("trial", None)
+    return json.dumps(plain, sort_keys=True, default=str)
+
+
+def launch_batched(
+    hydra_context: HydraContext, config: DictConfig, batch: Sequence[list[str]], job_idx: int
+) -> list[JobReturn]:
+    """Run the jobs ``batch`` (each trial's overrides), grouped into programs; their
+    returns in order."""
+    from rlspeed.run import run_trials
+
+    jobs = [_job(hydra_context, config, list(batch[i]), job_idx + i) for i in range(len(batch))]
+    cfgs: list[DictConfig] = []
+    out_dirs: list[Path] = []
+    for ret in jobs:
+        assert ret.cfg is not None and ret.hydra_cfg is not None
+        cfgs.append(ret.cfg)
+        out_dirs.append(Path(ret.hydra_cfg.hydra.runtime.output_dir))
+    groups: dict[str, list[int]] = {}
+    for index, cfg in enumerate(cfgs):
+        groups.setdefault(static_signature(cfg), []).append(index)
+    for group in groups.values():
+        for part in _fitting(group, cfgs[group[0]]):
+            log.info(
+                "Trial(s) %s: one program of %d lane(s)",
+                ", ".join(str(cfgs[i].trial.number) for i in part),
+                len(part) * cfgs[part[0]].num_seeds,
+            )
+            outcomes = run_trials([cfgs[i] for i in part], [out_dirs[i] for i in part])
+            for i, outcome in zip(part, outcomes, strict=True):
+                failed = isinstance(outcome, Exception)
+                jobs[i].status = JobStatus.FAILED if failed else JobStatus.COMPLETED
+                jobs[i].return_value = outcome
+    return jobs
+
+
+def _fitting(group: list[int], cfg: DictConfig) -> list[list[int]]:
+    """``group`` split into as few parts as fit in memory together: a program holds every
+    lane's state (``check_memory`` of the run with that many seeds)."""
+    from rlspeed.validation import validate
+
+    size = len(group)
+    while size > 1:
+        lanes = copy.deepcopy(cfg)
+        lanes.num_seeds = cfg.num_seeds * size
+        try:
+            validate(lanes)
+            break
+        except ConfigError:
+            size = (size + 1) // 2
+    return [group[i : i + size] for i in range(0, len(group), size)]
+
+
+def _job(
+    hydra_context: HydraContext, config: DictConfig, overrides: list[str], idx: int
+) -> JobReturn:
+    """Trial job ``idx``'s config and folder, as Hydra's basic launcher and ``run_job`` make
+    them (its ``.hydra/`` files included); its status is still unknown."""
+    sweep_config = hydra_context.config_loader.load_sweep_config(config, overrides)
+    with open_dict(sweep_config):
+        sweep_config.hydra.job.id = idx
+        sweep_config.hydra.job.num = idx
+    HydraConfig.instance().set_config(sweep_config)  # the sweep subdir reads hydra.job
+    output_dir = os.path.abspath(
+        os.path.join(str(sweep_config.hydra.sweep.dir), str(sweep_config.hydra.sweep.subdir))
+    )
+    with read_write(sweep_config.hydra.runtime), open_dict(sweep_config.hydra.runtime):
+        sweep_config.hydra.runtime.output_dir = output_dir
+    HydraConfig.instance().set_config(sweep_config)
+    task_cfg = copy.deepcopy(sweep_config)
+    with read_write(task_cfg), open_dict(task_cfg):
+        del task_cfg["hydra"]
+    hydra_cfg = copy.deepcopy(HydraConfig.instance().cfg)
+    assert isinstance(hydra_cfg, DictConfig)
+    Path(output_dir).mkdir(parents=True, exist_ok=True)
+    if sweep_config.hydra.output_subdir is not None:
+        saved = Path(output_dir) / str(sweep_config.hydra.output_subdir)
+        saved.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(task_cfg, saved / "config.yaml")
+        OmegaConf.save(hydra_cfg, saved / "hydra.yaml")
+        OmegaConf.save(sweep_config.hydra.overrides.task, saved / "overrides.yaml")
+    return JobReturn(
+        overrides=overrides, cfg=task_cfg, hydra_cfg=hydra_cfg, working_dir=os.getcwd()
+    )

@@ -1,0 +1,120 @@
+"""Batched trials (``hydra.sweeper.batch_size``) through the real CLI: a sweep's fused trials
+train as lanes of one program, and each lane learns what a lone run of its trial learns;
+the pruner stops lanes while their batch-mates train on; each trial keeps its own records."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+from optuna.trial import TrialState
+
+from rlspeed.sweep import open_storage
+from tests.conftest import run_cli, without_rates
+
+QLEARN = [
+    "hparams=qlearn_search", "backend=flax", "env=jax-vmap", "progress=none",
+    "total_steps=96000", "hydra.sweeper.report_every=16000", "hydra.sweeper.sampler.seed=1",
+]  # fmt: skip
+PPO = [
+    "hparams=ppo_float_search", "backend=flax", "env=jax-vmap", "progress=none",
+    "total_steps=8192", "hydra.sweeper.report_every=4096", "hydra.sweeper.sampler.seed=1",
+]  # fmt: skip
+
+
+def _trial_dirs(tmp_path: Path) -> dict[int, Path]:
+    """Each trial's folder, by trial number."""
+    dirs = {}
+    for folder in (tmp_path / "outputs" / "multirun").glob("*/*/*/.hydra/.."):
+        overrides = yaml.safe_load((folder / ".hydra" / "overrides.yaml").read_text())
+        number = next(int(o.split("=")[1]) for o in overrides if o.startswith("trial.number="))
+        dirs[number] = folder
+    return dirs
+
+
+def _metrics(folder: Path) -> dict:
+    return json.loads((folder / "metrics.json").read_text())
+
+
+@pytest.mark.parametrize(
+    "search",
+    [
+        pytest.param(QLEARN, id="qlearn"),
+        pytest.param(PPO, id="ppo", marks=pytest.mark.slow),
+    ],
+)
+def test_each_lane_learns_what_a_lone_run_of_its_trial_learns(tmp_path, search):
+    result = run_cli(
+        ["-m", *search, "tracking=none", "hydra.sweeper.n_trials=3", "hydra.sweeper.batch_size=3",
+         "hydra/sweeper/pruner=none"],
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "one program of 3 lane(s)" in result.stdout + result.stderr
+    trials = _trial_dirs(tmp_path)
+    assert sorted(trials) == [0, 1, 2]
+    # Trial 1 alone: the same command's config with its overrides, no study.
+    overrides = yaml.safe_load((trials[1] / ".hydra" / "overrides.yaml").read_text())
+    config = yaml.safe_load((trials[1] / ".hydra" / "config.yaml").read_text())
+    # The search's algo and task, without the search (a search runs only with -m).
+    stack = [f"algo={config['algo']['name']}", f"task={config['task']['name']}"]
+    alone = stack + [o for o in overrides if not o.startswith(("trial.", "hparams="))]
+    lone_dir = tmp_path / "alone"
+    result = run_cli([*alone, "tracking=none", f"hydra.run.dir={lone_dir}"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lane, lone = _metrics(trials[1]), _metrics(lone_dir)
+    assert lane["status"] == lone["status"] == "FINISHED"
+    assert lane["env_steps"] == lone["env_steps"] and len(lane["history"]) == len(lone["history"])
+    for lane_row, lone_row in zip(lane["history"], lone["history"], strict=True):
+        lone_row = without_rates(lone_row)
+        assert without_rates(lane_row) == pytest.approx(lone_row, rel=1e-4, abs=1e-6)
+    assert lane["score"] == pytest.approx(lone["score"], rel=1e-4, abs=1e-6)
+    # The other lanes learned with their own values.
+    finals = {json.dumps(without_rates(_metrics(trials[t])["final"])) for t in trials}
+    assert len(finals) == 3
+
+
+def test_the_pruner_stops_lanes_while_their_batch_trains_on(tmp_path):
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    result = run_cli(
+        ["-m", *QLEARN, f"tracking.uri={uri}", "hydra.sweeper.n_trials=8",
+         "hydra.sweeper.batch_size=4", "hydra.sweeper.pruner.n_startup_trials=1"],
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    journal = tmp_path / "outputs" / "optuna" / "qlearn_search.journal"
+    study = optuna.load_study(study_name="qlearn_search", storage=open_storage(str(journal)))
+    states = {t.number: t.state for t in study.trials}
+    pruned = [n for n, s in states.items() if s == TrialState.PRUNED]
+    assert len(states) == 8 and pruned, states
+    trials = _trial_dirs(tmp_path)
+    assert sorted(trials) == list(range(8))
+    for trial in study.trials:
+        metrics = _metrics(trials[trial.number])
+        steps = max(trial.intermediate_values)
+        assert (trials[trial.number] / "checkpoint.msgpack").is_file()
+        if trial.state == TrialState.PRUNED:
+            # Stopped at its report, its records kept; its batch-mates went on.
+            assert metrics["status"] == "KILLED" and metrics["env_steps"] < 96000
+            assert metrics["history"][-1]["eval/score"] == pytest.approx(
+                trial.intermediate_values[steps], rel=1e-5
+            )
+        else:
+            assert trial.state == TrialState.COMPLETE
+            assert metrics["status"] == "FINISHED" and metrics["env_steps"] == 96000
+            assert trial.value == pytest.approx(metrics["score"], rel=1e-5)
+    # One MLflow child run per trial, KILLED where pruned.
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name("rlspeed")
+    runs = client.search_runs([experiment.experiment_id], max_results=100)
+    children = {
+        int(r.data.tags["optuna.trial"]): r for r in runs if "mlflow.parentRunId" in r.data.tags
+    }
+    assert sorted(children) == list(range(8))
+    for number, run in children.items():
+        expected = "KILLED" if number in pruned else "FINISHED"
+        assert run.info.status == expected and "eval/score" in run.data.metrics

@@ -5,6 +5,10 @@ the pruner stops lanes while their batch-mates train on; each trial keeps its ow
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import time
 from pathlib import Path
 
 import optuna
@@ -14,7 +18,7 @@ from mlflow.tracking import MlflowClient
 from optuna.trial import TrialState
 
 from rlspeed.sweep import open_storage
-from tests.conftest import run_cli, without_rates
+from tests.conftest import run_cli, start_cli, without_rates
 
 QLEARN = [
     "hparams=qlearn_search", "backend=flax", "env=jax-vmap", "progress=none",
@@ -118,3 +122,39 @@ def test_the_pruner_stops_lanes_while_their_batch_trains_on(tmp_path):
     for number, run in children.items():
         expected = "KILLED" if number in pruned else "FINISHED"
         assert run.info.status == expected and "eval/score" in run.data.metrics
+
+
+@pytest.mark.slow
+def test_a_killed_batched_sweep_rerun_keeps_every_completed_trial_and_repeats_none(tmp_path):
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    args = [
+        "-m", *QLEARN, f"tracking.uri={uri}", "hydra.sweeper.batch_size=2",
+        "hydra/sweeper/pruner=none", "total_steps=3000000", "log_every=100000",
+    ]  # fmt: skip
+    process = start_cli(
+        [*args, "hydra.sweeper.n_trials=4"], tmp_path, stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 240
+    for line in process.stdout:  # kill it while the second batch trains
+        if "Trial(s) 2, 3: one program" in line or time.monotonic() > deadline:
+            break
+    time.sleep(1.0)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.communicate(timeout=60)
+    journal = tmp_path / "outputs" / "optuna" / "qlearn_search.journal"
+    study = optuna.load_study(study_name="qlearn_search", storage=open_storage(str(journal)))
+    assert [t.state.name for t in study.trials] == ["COMPLETE", "COMPLETE", "RUNNING", "RUNNING"]
+    kept = [(t.number, t.params, t.value) for t in study.trials[:2]]
+
+    result = run_cli([*args, "hydra.sweeper.n_trials=6"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    study = optuna.load_study(study_name="qlearn_search", storage=open_storage(str(journal)))
+    states = [t.state.name for t in study.trials]
+    assert states == ["COMPLETE", "COMPLETE", "FAIL", "FAIL", "COMPLETE", "COMPLETE"]
+    assert [(t.number, t.params, t.value) for t in study.trials[:2]] == kept
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name("rlspeed")
+    runs = client.search_runs([experiment.experiment_id], max_results=100)
+    numbers = [int(r.data.tags["optuna.trial"]) for r in runs if "optuna.trial" in r.data.tags]
+    assert sorted(numbers) == list(range(6))  # one child run each, none twice

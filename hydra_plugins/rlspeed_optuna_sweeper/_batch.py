@@ -63,15 +63,16 @@ def launch_batched(
     from rlspeed.run import run_trials
 
     jobs = [_job(hydra_context, config, list(batch[i]), job_idx + i) for i in range(len(batch))]
-    cfgs: list[DictConfig] = []
-    out_dirs: list[Path] = []
-    for ret in jobs:
-        assert ret.cfg is not None and ret.hydra_cfg is not None
-        cfgs.append(ret.cfg)
-        out_dirs.append(Path(ret.hydra_cfg.hydra.runtime.output_dir))
+    cfgs: dict[int, DictConfig] = {}
+    out_dirs: dict[int, Path] = {}
     groups: dict[str, list[int]] = {}
-    for index, cfg in enumerate(cfgs):
-        groups.setdefault(static_signature(cfg), []).append(index)
+    for index, ret in enumerate(jobs):
+        if ret.status == JobStatus.FAILED:  # its overrides could not be composed
+            continue
+        assert ret.cfg is not None and ret.hydra_cfg is not None
+        cfgs[index] = ret.cfg
+        out_dirs[index] = Path(ret.hydra_cfg.hydra.runtime.output_dir)
+        groups.setdefault(static_signature(ret.cfg), []).append(index)
     for group in groups.values():
         for part in _fitting(group, cfgs[group[0]]):
             log.info(
@@ -108,8 +109,14 @@ def _job(
     hydra_context: HydraContext, config: DictConfig, overrides: list[str], idx: int
 ) -> JobReturn:
     """Trial job ``idx``'s config and folder, as Hydra's basic launcher and ``run_job`` make
-    them (its ``.hydra/`` files included); its status is still unknown."""
-    sweep_config = hydra_context.config_loader.load_sweep_config(config, overrides)
+    them (its ``.hydra/`` files included); its status is still unknown, or FAILED with the
+    error that its overrides cannot be composed."""
+    try:
+        sweep_config = hydra_context.config_loader.load_sweep_config(config, overrides)
+    except Exception as error:  # noqa: BLE001 - this trial's failure, recorded as FAIL
+        failed = JobReturn(overrides=overrides, status=JobStatus.FAILED)
+        failed.return_value = error
+        return failed
     with open_dict(sweep_config):
         sweep_config.hydra.job.id = idx
         sweep_config.hydra.job.num = idx

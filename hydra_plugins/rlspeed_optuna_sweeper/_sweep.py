@@ -28,11 +28,11 @@ import optuna
 from hydra.core.plugins import Plugins
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.types import HydraContext, TaskFunction
-from hydra_plugins.rlspeed_optuna_sweeper._batch import batches_trials, launch_batched
 from omegaconf import DictConfig, OmegaConf
 from optuna.study import StudyDirection
 from optuna.trial import TrialState
 
+from hydra_plugins.rlspeed_optuna_sweeper._batch import batches_trials, launch_batched
 from hydra_plugins.rlspeed_optuna_sweeper._parent_run import StudyRun
 from hydra_plugins.rlspeed_optuna_sweeper._results import fmt_values, show_best, write_results
 from hydra_plugins.rlspeed_optuna_sweeper._space import SweepConfigError, SweepSetup, build, quote
@@ -220,6 +220,7 @@ class OptunaSweeperImpl:
             extra.append(f"tracking.parent_run_id={quote(parent.run_id)}")
 
         returns: list[Sequence[JobReturn]] = []
+        batched = batches_trials(config, self.launcher, node.batch_size)
         ran = failed = 0
         next_job_idx = 0
         while True:
@@ -259,7 +260,8 @@ class OptunaSweeperImpl:
                     if is_trial_job:
                         overrides.append(f"trial.number={trial.number}")
                     try:
-                        legal(overrides)
+                        if not batched:  # a batch composes each trial's config anyway
+                            legal(overrides)
                     except Exception as error:  # noqa: BLE001 - reported, the trial FAILs
                         log.warning("Trial %d cannot be composed: %s", trial.number, error)
                         keeper.release(trial)
@@ -274,7 +276,7 @@ class OptunaSweeperImpl:
                     consecutive = numbers == list(range(numbers[0], numbers[0] + len(numbers)))
                     job_idx = numbers[0] if consecutive else next_job_idx
                     batch = [overrides for _, overrides in launch]
-                    if batches_trials(config, self.launcher, node.batch_size):
+                    if batched:
                         assert self.hydra_context is not None
                         results = launch_batched(self.hydra_context, config, batch, job_idx)
                     elif is_submitit(self.launcher):  # a lost SLURM job fails its trial alone

@@ -379,7 +379,8 @@ def train_fused_runs(
         if lanes == 1:
             return tree
         index: Any = t if seeds == 1 else lanes_of[t]
-        return jax.tree.map(lambda x: x[index], tree)
+        # On the host: a device array indexed by a new constant compiles a program each.
+        return jax.tree.map(lambda x: np.asarray(x)[index], jax.device_get(tree))
 
     done_iterations = 0
     resumed = first.resume_state()

@@ -14,9 +14,14 @@ from pathlib import Path
 import optuna
 import pytest
 import yaml
+from hydra import compose, initialize_config_dir
 from mlflow.tracking import MlflowClient
+from omegaconf import OmegaConf
 from optuna.trial import TrialState
 
+from hydra_plugins.rlspeed_optuna_sweeper._batch import _derived
+from rlspeed.cli import CONF_DIR
+from rlspeed.config import register_configs
 from rlspeed.sweep import open_storage
 from tests.conftest import run_cli, start_cli, without_rates
 
@@ -158,3 +163,27 @@ def test_a_killed_batched_sweep_rerun_keeps_every_completed_trial_and_repeats_no
     runs = client.search_runs([experiment.experiment_id], max_results=100)
     numbers = [int(r.data.tags["optuna.trial"]) for r in runs if "optuna.trial" in r.data.tags]
     assert sorted(numbers) == list(range(6))  # one child run each, none twice
+
+
+@pytest.mark.parametrize(
+    ("second", "derivable"),
+    [
+        (["algo.alpha=0.25", "algo.gamma=0.95", "trial.number=7"], True),
+        (["algo.alpha=0.25", "algo=dqn", "trial.number=7"], False),  # a config group
+        (["algo.alpha=0.25", "+algo.extra=1", "trial.number=7"], False),  # an added key
+    ],
+)
+def test_a_trial_config_derived_from_its_batch_mate_is_the_config_hydra_composes(second, derivable):
+    first = ["algo.alpha=0.5", "algo.gamma=0.9", "trial.number=6"]
+    base = ["algo=qlearn", "task=doors", "tracking=none"]
+    register_configs()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+        composed = [
+            compose("config", overrides=[*base, *o], return_hydra_config=True)
+            for o in (first, second[:1] + ["algo.gamma=0.95", "trial.number=7"])
+        ]
+    derived = _derived([*base, *first], composed[0], [*base, *second])
+    if not derivable:
+        assert derived is None
+        return
+    assert OmegaConf.to_container(derived) == OmegaConf.to_container(composed[1])

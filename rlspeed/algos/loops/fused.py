@@ -378,9 +378,11 @@ def train_fused_runs(
     def part(tree: Any, t: int) -> Any:
         if lanes == 1:
             return tree
-        index: Any = t if seeds == 1 else lanes_of[t]
-        # On the host: a device array indexed by a new constant compiles a program each.
-        return jax.tree.map(lambda x: np.asarray(x)[index], jax.device_get(tree))
+        # The start as an array: an index that is a new constant compiles a program each.
+        start = jnp.int32(t * seeds)
+        if seeds == 1:
+            return jax.tree.map(lambda x: x[start], tree)
+        return jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(x, start, seeds), tree)
 
     done_iterations = 0
     resumed = first.resume_state()

@@ -32,7 +32,7 @@ from rlspeed.checkpoint import (
     tree_from_host,
     tree_to_host,
 )
-from rlspeed.config import RunConfig, is_fused
+from rlspeed.config import RunConfig, TrackingConfig, TrialConfig, is_fused
 from rlspeed.context import RunContext, TrainResult
 from rlspeed.envs.vmap import VmapEnv, make_vmap_env
 from rlspeed.errors import deferred_interrupts
@@ -207,7 +207,9 @@ def device_score(
     return float(score(policy.params, jax_key(seed, Stream.EVAL)))
 
 
-def _lane_scores(ctxs: list[RunContext], trainer: FusedTrainer) -> Callable[[Any], np.ndarray]:
+def _lane_scores(
+    ctxs: list[RunContext], trainer: FusedTrainer, programs: dict[Any, Any]
+) -> Callable[[Any], np.ndarray]:
     """(every lane's policy params, stacked where there are several) -> every lane's score
     (lane ``t * num_seeds + i``: seed ``i`` of run ``t``): on the task's JAX twin in one
     compiled call (vmapped over lanes); on the host, for a task with no device evaluation,
@@ -217,7 +219,7 @@ def _lane_scores(ctxs: list[RunContext], trainer: FusedTrainer) -> Callable[[Any
     lane_seeds = [ctx.cfg.seed + i for ctx in ctxs for i in range(seeds)]
     lane_tasks = [ctx.cfg.task for ctx in ctxs for _ in range(seeds)]
     if task.evaluate_on_device is None:
-        greedy = jax.jit(trainer.greedy)
+        greedy = programs.setdefault("greedy", jax.jit(trainer.greedy))
 
         def on_host(params: Any) -> np.ndarray:
             def policy(index: int) -> Callable[[Any], np.ndarray]:
@@ -234,9 +236,10 @@ def _lane_scores(ctxs: list[RunContext], trainer: FusedTrainer) -> Callable[[Any
         return on_host
     score = _scorer(task, first.cfg.task, trainer.greedy)
     if len(lane_seeds) == 1:  # as mode=eval scores it (device_score)
-        one, key = jax.jit(score), jax_key(lane_seeds[0], Stream.EVAL)
+        one = programs.setdefault("score", jax.jit(score))
+        key = jax_key(lane_seeds[0], Stream.EVAL)
         return lambda params: np.atleast_1d(np.asarray(one(params, key)))
-    every = jax.jit(jax.vmap(score))
+    every = programs.setdefault("score", jax.jit(jax.vmap(score)))
     keys = jax_key(lane_seeds, Stream.EVAL)
     return lambda params: np.asarray(every(params, keys))
 
@@ -282,6 +285,35 @@ def with_hparams(cfg: RunConfig, values: dict[str, Any]) -> RunConfig:
     return dataclasses.replace(cfg, algo=dataclasses.replace(cfg.algo, **values))
 
 
+# Compiled programs of earlier runs in this process, by what they are a function of: a
+# sweep's next trial or batch with the same static config reuses them instead of tracing
+# its program again (~3 s for tabular Q-learning's 16 lanes). The latest few are kept.
+_PROGRAMS: dict[str, dict[Any, Any]] = {}
+_KEPT_PROGRAMS = 4
+
+
+def _programs(make_train: Callable[..., Any], cfg: RunConfig, lanes: int) -> dict[Any, Any]:
+    """The cache of programs of runs like ``cfg`` with ``lanes`` lanes: configs equal but
+    for traced hyperparameters and what no program reads (seed: keys are inputs; the
+    trial, tracking, progress, outputs)."""
+    algo = dataclasses.replace(cfg.algo, **dict.fromkeys(type(cfg.algo).TRACED, 0.0))
+    static = dataclasses.replace(
+        cfg,
+        algo=algo,
+        seed=0,
+        trial=TrialConfig(),
+        tracking=TrackingConfig(),
+        progress="",
+        checkpoint_every=0,
+    )
+    key = f"{make_train.__module__}.{make_train.__qualname__}/{lanes}/{static!r}"
+    if key not in _PROGRAMS:
+        while len(_PROGRAMS) >= _KEPT_PROGRAMS:
+            _PROGRAMS.pop(next(iter(_PROGRAMS)))
+        _PROGRAMS[key] = {}
+    return _PROGRAMS[key]
+
+
 def train_fused(ctx: RunContext, make_train: Callable[[Any, VmapEnv], FusedTrainer]) -> TrainResult:
     """Train ``num_seeds`` agents as one program: vmap over seeds when there are several."""
     (outcome,) = train_fused_runs([ctx], make_train)
@@ -323,7 +355,8 @@ def train_fused_runs(
         if lanes > 1
         else hparams[0]
     )
-    policy_params = jax.jit(trainer.policy_params)
+    programs = _programs(make_train, cfg, lanes)
+    policy_params = programs.setdefault("policy_params", jax.jit(trainer.policy_params))
     # XLA:CPU compiles a loop with a traced bound (masked_scan) as fast as a fixed-length
     # scan, so there one program runs every chunk, a shorter last one included (a second
     # program for it cost 0.4-6 s of compilation). XLA:GPU took 3x as long over it (PPO's
@@ -333,13 +366,12 @@ def train_fused_runs(
     masked = jax.default_backend() == "cpu"
     target = math.ceil(cfg.log_every / trainer.steps_per_iteration)
     chunk = chunk_length(target, trainer.total_iterations, masked)
-    compiled: dict[int, Callable[..., tuple[Any, Any]]] = {}
     # Per lane: whether its run still trains (a batch's frozen lanes keep their state).
     live = np.ones(lanes, dtype=bool)
 
     def run(state: Any, iterations: int) -> tuple[Any, Any]:
         length = chunk if masked else iterations
-        if length not in compiled:
+        if ("chunk", length, masked) not in programs:
 
             def run_chunk(
                 state: Any, valid: jax.Array, values: Any, live: Any, length: int = length
@@ -350,26 +382,30 @@ def train_fused_runs(
                 return new, stats
 
             vmapped = jax.vmap(run_chunk, in_axes=(0, None, 0, 0)) if lanes > 1 else run_chunk
-            compiled[length] = jax.jit(vmapped)
-        return compiled[length](state, np.int32(iterations), lane_hparams, live)
+            programs["chunk", length, masked] = jax.jit(vmapped)
+        return programs["chunk", length, masked](state, np.int32(iterations), lane_hparams, live)
 
     def init(keys: JaxKeys, values: Any) -> Any:
         return trainer_with(values).init(keys)
 
+    if "init" not in programs:
+        programs["init"] = jax.jit(
+            init if lanes == 1 else jax.vmap(init), compiler_options=RUN_ONCE
+        )
     if lanes == 1:
-        state = jax.jit(init, compiler_options=RUN_ONCE)(jax_keys(cfg.seed), lane_hparams)
+        state = programs["init"](jax_keys(cfg.seed), lane_hparams)
 
         def with_lane_axis(tree: Any) -> Any:
             return jax.tree.map(lambda x: np.asarray(x)[None], tree)
     else:
         # Lane t * seeds + i gets the keys of a single run with run t's seed + i.
         keys = jax_keys([ctx.cfg.seed + i for ctx in ctxs for i in range(seeds)])
-        state = jax.jit(jax.vmap(init), compiler_options=RUN_ONCE)(keys, lane_hparams)
+        state = programs["init"](keys, lane_hparams)
 
         def with_lane_axis(tree: Any) -> Any:
             return tree
 
-    scores_of = _lane_scores(ctxs, trainer)
+    scores_of = _lane_scores(ctxs, trainer, programs)
     every_seed = np.arange(seeds)
     # Run t's lanes, and its part of a tree with a lane axis (a lone seed's without it,
     # as a lone run saves it).

@@ -29,6 +29,7 @@ from rlspeed.secrets import (
     split_credentials,
 )
 from rlspeed.sweep import open_storage
+from rlspeed.tracking._writer import WriterZygote
 from rlspeed.tracking.mlflow import make_tracker, server_credentials
 from tests.conftest import SMALL, assert_one_line_error, free_port, run_cli
 from tests.test_tracking import mlflow_server
@@ -149,7 +150,8 @@ def test_server_credentials_go_to_mlflow_variables_not_the_writer_command_line(m
     # The writer's command line is visible to every user (ps): no settings on it.
     for tracking_uri in (f"http://user:{PASSWORD}@127.0.0.1:1", database):
         tracker = make_tracker(make_cfg([f"tracking.uri={tracking_uri}"]).tracking)
-        assert all(PASSWORD not in arg for arg in tracker._args)
+        command = WriterZygote.command(tracker._module, 3)
+        assert all(PASSWORD not in arg for arg in command)
 
 
 @pytest.mark.parametrize(

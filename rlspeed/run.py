@@ -97,14 +97,13 @@ def run_trials(cfgs: list[DictConfig], out_dirs: list[Path]) -> list[float | Exc
     with slurm.StopSignals(interrupt):
         try:
             results = train_runs([run.ctx for run in started.values()])
-        except BaseException as error:
-            # Every trial ends as a lone run would: KILLED by an interrupt, else FAILED.
-            stopped = isinstance(error, KeyboardInterrupt)
-            if stopped:  # the trials' folders are siblings: their sweep's
-                _interrupted(error, next(iter(started.values())).ctx.out_dir.parent)
+        except KeyboardInterrupt as stop:  # every trial ends KILLED, as a lone run would
+            _interrupted(stop, next(iter(started.values())).ctx.out_dir.parent)
             for run in started.values():
-                _end(run, "KILLED" if stopped else "FAILED")
+                _end(run, "KILLED")
             raise
+        except Exception as error:  # noqa: BLE001 - the program failed: each of its trials
+            results = [error] * len(started)
     for (index, run), result in zip(started.items(), results, strict=True):
         if isinstance(result, Exception):
             pruned = isinstance(result, run.pruned_error)

@@ -12,11 +12,12 @@ one program, or as few as fit in this machine's memory. Every trial ends with a
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -85,12 +86,28 @@ def launch_batched(
                 ", ".join(str(cfgs[i].trial.number) for i in part),
                 len(part) * cfgs[part[0]].num_seeds,
             )
-            outcomes = run_trials([cfgs[i] for i in part], [out_dirs[i] for i in part])
+            with _batch_log(out_dirs[part[0]].parent, [cfgs[i].trial.number for i in part]):
+                outcomes = run_trials([cfgs[i] for i in part], [out_dirs[i] for i in part])
             for i, outcome in zip(part, outcomes, strict=True):
                 failed = isinstance(outcome, Exception)
                 jobs[i].status = JobStatus.FAILED if failed else JobStatus.COMPLETED
                 jobs[i].return_value = outcome
     return jobs
+
+
+@contextlib.contextmanager
+def _batch_log(sweep_dir: Path, numbers: list[int]) -> Iterator[None]:
+    """The batch's log lines (its trials', together) in ``batch_<first>-<last>.log`` in the
+    sweep folder, as a lone trial's go to its folder's ``rlspeed.log``."""
+    handler = logging.FileHandler(sweep_dir / f"batch_{numbers[0]}-{numbers[-1]}.log")
+    handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+        handler.close()
 
 
 def _fitting(group: list[int], cfg: DictConfig) -> list[list[int]]:

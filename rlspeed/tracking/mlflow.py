@@ -321,6 +321,12 @@ class MlflowStore:
         return f"the MLflow store at {where} failed ({cause(error)})"
 
 
+def preload() -> None:
+    """What the tracking writers' zygote loads once for all of them (``_writer``)."""
+    use_mlflow_defaults()
+    import mlflow.tracking  # noqa: F401
+
+
 def make_store(cfg: SimpleNamespace) -> MlflowStore:
     """The store the tracking writer process drives (``rlspeed.tracking._writer``)."""
     return MlflowStore(cfg)

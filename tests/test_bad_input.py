@@ -292,6 +292,7 @@ BAD = [
     (["task=cartpole", "task.eval_episodes=1000000000"], ["expected an integer in [1, 10,000]"]),
     (["task.max_steps=100000000000"], ["expected an integer in [1, 2,000,000,000]"]),
     ([*SWEEP, "hydra.sweeper.n_jobs=100000"], ["n_jobs=100000: expected an integer in [1, 1,024]"]),
+    ([*SWEEP, "hydra.sweeper.batch_size=0"], ["batch_size=0: expected an integer in [1, 1,024]"]),
     ([*SWEEP, f"hydra.sweeper.n_trials={10**12}"], ["expected an integer in [0, 1,000,000]"]),
     (
         [*SWEEP, f"hydra.sweeper.report_every={10**12}"],

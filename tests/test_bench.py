@@ -101,6 +101,20 @@ def _check_torchloop(rows: list[dict[str, str]]) -> None:
             assert len({r[key] for r in task}) == 1 and int(task[0][key]) > 0, key
 
 
+def _check_sweep(rows: list[dict[str, str]]) -> None:
+    """Each search trial by trial, then in batches: every sweep finished its trials, and a
+    batched Q-learning lane learned exactly what a lone run of its trial learned."""
+    assert [(r["search"], r["batch_size"]) for r in rows] == [
+        ("qlearn_search", "1"), ("qlearn_search", "4"),
+        ("ppo_float_search", "1"), ("ppo_float_search", "4"),
+    ]  # fmt: skip
+    for row in rows:
+        assert row["trials"] == "8" and int(row["env_steps"]) > 0, row
+        assert int(row["complete"]) + int(row["pruned"]) == 8, row
+    assert float(rows[0]["ratio"]) == 1.0 == float(rows[2]["ratio"])
+    assert float(rows[1]["lane_vs_lone"]) <= 1e-6
+
+
 CHECKS = {
     "envs": _check_envs,
     "table2": _check_equal_work,
@@ -109,6 +123,7 @@ CHECKS = {
     "updates": _check_updates,
     "overhead": _check_overhead,
     "torchloop": _check_torchloop,
+    "sweep": _check_sweep,
 }
 
 

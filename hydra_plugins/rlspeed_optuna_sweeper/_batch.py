@@ -150,7 +150,9 @@ def _jobs(
     return jobs
 
 
-def _derived(base_overrides: list[str], base: DictConfig, overrides: list[str]) -> Any:
+def _derived(
+    base_overrides: list[str], base: DictConfig, overrides: list[str]
+) -> DictConfig | None:
     """The sweep config ``overrides`` compose to, from ``base`` (what ``base_overrides``
     composed to) with the values they change; None where one changes anything but a
     value the base config has (a config group, an added or deleted key)."""

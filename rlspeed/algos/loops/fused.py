@@ -17,7 +17,7 @@ import dataclasses
 import math
 import time
 from collections.abc import Callable
-from functools import partial
+from functools import cache, partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -412,7 +412,7 @@ def train_fused_runs(
     lanes_of = [slice(t * seeds, (t + 1) * seeds) for t in range(len(ctxs))]
 
     def part(tree: Any, t: int) -> Any:
-        if lanes == 1:
+        if not batched:  # the run's whole state, as it is
             return tree
         # The start as an array: an index that is a new constant compiles a program each.
         start = jnp.int32(t * seeds)
@@ -451,7 +451,7 @@ def train_fused_runs(
             if masked and iterations < chunk:
                 stats = first_iterations(stats, iterations)
             # Evaluated once for every lane, when the first run is due (all are at once).
-            scores = _Once(partial(_scores_at, scores_of, policy_params, state))
+            scores = cache(partial(_scores_at, scores_of, policy_params, state))
             for t, ctx in enumerate(ctxs):
                 if outcomes[t] is not None:
                     continue
@@ -491,18 +491,6 @@ def train_fused_runs(
 def _lanes_of(values: Callable[[], np.ndarray], lanes: slice) -> np.ndarray:
     """The ``lanes`` of ``values()``."""
     return values()[lanes]
-
-
-class _Once:
-    """``compute()``'s value, computed on the first call."""
-
-    def __init__(self, compute: Callable[[], Any]) -> None:
-        self.compute, self.value = compute, None
-
-    def __call__(self) -> Any:
-        if self.value is None:
-            self.value = self.compute()
-        return self.value
 
 
 def _save_agents(

@@ -94,22 +94,43 @@ def _version() -> str:
     return f"rlspeed {version('rlspeed')}"
 
 
-def check_command_line(argv: list[str]) -> None:
-    """What the command does before Hydra starts: set up the config tree, then exit with
-    code 2 and one line naming key, value and what is allowed if ``argv`` cannot run."""
+def set_up_config_tree(showing_help: bool = False) -> None:
+    """The schemas and resolvers rlspeed's config tree composes with."""
     from omegaconf import OmegaConf
 
     from rlspeed.config import register_configs
-    from rlspeed.preflight import preflight
 
     register_configs()
     # Hydra resolves the help text at every compose; listing the groups scans the whole
     # config tree (a quarter of a rejected command's time), so only --help lists them.
-    showing_help = not {"--help", "-h"}.isdisjoint(argv)
     groups = _config_groups if showing_help else str
     OmegaConf.register_new_resolver("rlspeed_config_groups", groups, replace=True)
     OmegaConf.register_new_resolver("rlspeed_stack", _stack, replace=True)
-    preflight(argv, CONF_DIR)
+
+
+# Keys the sweeper and the tracker set for a job, never a user: ``--cfg job`` leaves them out.
+INTERNAL_KEYS = ("trial", "tracking.parent_run_id")
+
+
+def check_command_line(argv: list[str]) -> None:
+    """What the command does before Hydra starts: set up the config tree, then exit with
+    code 2 and one line naming key, value and what is allowed if ``argv`` cannot run.
+    ``--cfg job`` prints the job's config here, without rlspeed's internal keys."""
+    from omegaconf import OmegaConf
+
+    from rlspeed.preflight import preflight
+    from rlspeed.secrets import mask
+
+    set_up_config_tree(showing_help=not {"--help", "-h"}.isdisjoint(argv))
+    job = preflight(argv, CONF_DIR)
+    if job is not None:
+        shown = OmegaConf.to_container(job, resolve="--resolve" in argv)
+        assert isinstance(shown, dict)
+        for key in INTERNAL_KEYS:
+            parent, _, name = key.rpartition(".")
+            (shown[parent] if parent else shown).pop(name)
+        print(mask(OmegaConf.to_yaml(shown)), end="")
+        sys.exit(0)
 
 
 def main() -> None:

@@ -50,6 +50,8 @@ class TrackingConfig:
     experiment: str = "rlspeed"
     # MLflow run to nest this run under (an Optuna study's parent run); set by the sweeper.
     parent_run_id: str | None = None
+    # tracking=tensorboard: the folder of the event files; None: <run folder>/tensorboard.
+    log_dir: str | None = None
 
 
 @dataclass

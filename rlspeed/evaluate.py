@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import re
+import sys
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,11 +35,13 @@ log = logging.getLogger("rlspeed")
 CELL = 24
 COLORS = {
     ".": (245, 245, 245),  # empty
+    " ": (245, 245, 245),
     "#": (60, 60, 60),  # wall
     "A": (30, 100, 220),  # agent
     "G": (40, 170, 70),  # goal
 }
 OTHER = (220, 120, 40)
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
 # (seed, greedy policy, file) of each agent a checkpoint holds.
@@ -56,6 +60,15 @@ def load_agents(value: str) -> tuple[Any, Agents]:
     if key in _last_loaded:
         return _last_loaded[key]
     saved = saved_config(paths[0].parent)
+    module = saved.task.get("import")  # task=gym: the module that registers its env
+    if module and module not in sys.modules:
+        # Nothing a run folder names may run: only a module this process imported itself.
+        raise ConfigError(
+            "checkpoint",
+            value,
+            f"a run whose task.import={module} is imported already: rlspeed imports no "
+            f"module a run folder names (from Python: import {module} before rlspeed.load)",
+        )
     try:
         with warnings.catch_warnings():
             # A file that is not what it should be can make a loader warn before it fails.
@@ -127,14 +140,24 @@ def film(task: TaskSpec, saved: Any, policy: Policy, seed: int) -> tuple[list[np
         frames.append(_frame(env.render(), mode))
         done = terminated or truncated
     env.close()
+    # A text frame may gain a line (FrozenLake's last action): one size for the video.
+    height, width = (max(frame.shape[i] for frame in frames) for i in (0, 1))
+    frames = [
+        np.pad(f, ((0, height - f.shape[0]), (0, width - f.shape[1]), (0, 0)), constant_values=245)
+        for f in frames
+    ]
     return frames, int(env.metadata.get("render_fps", 30))
 
 
 def _frame(rendered: Any, mode: str | None) -> np.ndarray:
     if mode == "rgb_array":
         return np.asarray(rendered, dtype=np.uint8)
-    rows = str(rendered).rstrip("\n").split("\n")
-    cells = np.array([[COLORS.get(ch, OTHER) for ch in row] for row in rows], dtype=np.uint8)
+    # Other envs' text frames (task=gym) may colour with escape codes and vary in width.
+    rows = ANSI_ESCAPE.sub("", str(rendered)).rstrip("\n").split("\n")
+    width = max(len(row) for row in rows)
+    cells = np.array(
+        [[COLORS.get(ch, OTHER) for ch in row.ljust(width)] for row in rows], dtype=np.uint8
+    )
     return np.kron(cells, np.ones((CELL, CELL, 1), dtype=np.uint8))
 
 

@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from rlspeed.tasks import Policy
 from rlspeed.tracking import Tracker
@@ -35,6 +35,8 @@ log = logging.getLogger("rlspeed")
 ROLLING_EPISODES = 2000
 # SPEC §6 targets: mean return of the last 20 training episodes.
 RECENT_EPISODES = 20
+# Seconds between the bar's moves between logs.
+BAR_REFRESH_S = 0.2
 
 
 def to_log_file(message: str) -> None:
@@ -263,6 +265,8 @@ class RunMonitor:
         mode = progress if progress != "auto" else ("rich" if sys.stdout.isatty() else "plain")
         self._mode = mode
         self._progress: Progress | None = None
+        # (console log handler, its stream) while the bar shows (``_log_above_bar``).
+        self._handler_streams: list[tuple[logging.StreamHandler, Any]] = []
         if mode == "rich":
             self._progress = Progress(
                 TextColumn("[bold]{task.description}"),
@@ -271,12 +275,43 @@ class RunMonitor:
                 TextColumn("{task.fields[sps]:,.0f} steps/s"),
                 TextColumn("score {task.fields[score]}"),
                 TextColumn("eta {task.fields[eta]}"),
+                TimeElapsedColumn(),
                 console=console,
             )
             self._bar = self._progress.add_task(
                 "training", total=total_steps * num_seeds, sps=0.0, score="-", eta="-"
             )
             self._progress.start()
+            self._log_above_bar()
+        # When the bar last moved between logs (``moved``).
+        self._moved_at = 0.0
+
+    def _log_above_bar(self) -> None:
+        """Point the console's log handlers at rich's stand-ins for stdout and stderr while
+        the bar shows, so that a warning prints above the bar, not into its line."""
+        for handler in logging.getLogger().handlers:
+            if type(handler) is not logging.StreamHandler:
+                continue  # a FileHandler (the run's log file)
+            for proxy in (sys.stdout, sys.stderr):
+                if handler.stream is getattr(proxy, "rich_proxied_file", None):
+                    self._handler_streams.append((handler, handler.setStream(proxy)))
+
+    def moved(self, step: int, seed: int = 0) -> None:
+        """Seed ``seed`` is at env step ``step``: the bar follows a few times a second
+        between logs (a host-driven run logs every ``log_every`` steps, maybe a minute)."""
+        if self._progress is None:
+            return
+        now = time.perf_counter()
+        if now - self._moved_at >= BAR_REFRESH_S:
+            self._moved_at = now
+            completed = int(self.streams.steps.sum() - self.streams.steps[seed]) + step
+            # The run's mean rate so far; a log shows the rate since the last log.
+            sps = completed / max(now - self._start, 1e-9)
+            self._progress.update(self._bar, completed=completed, sps=sps)
+
+    def saving(self) -> None:
+        """The run trained; its checkpoint, metrics and curve are being written."""
+        self._phase("saving", "rlspeed: saving the checkpoint, metrics and learning curve")
 
     def compiling(self) -> None:
         """The run compiles its program now, before its first log (the fused path's first
@@ -473,6 +508,8 @@ class RunMonitor:
         if self._progress is not None:
             self._progress.stop()
             self._progress = None
+            for handler, stream in self._handler_streams:
+                handler.setStream(stream)
 
 
 class SeedMonitor:
@@ -484,6 +521,9 @@ class SeedMonitor:
 
     def episodes(self, done: Any, episode_return: Any, episode_length: Any) -> None:
         self.monitor.episodes(done, episode_return, episode_length, self.seed)
+
+    def moved(self, step: int) -> None:
+        self.monitor.moved(step, self.seed)
 
 
 def _mean_and_std(rows: list[dict[str, float]]) -> dict[str, float]:

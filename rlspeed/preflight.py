@@ -42,6 +42,14 @@ MAX_SWEEP_JOBS = 10_000
 SEARCH_SPACE = "hydra.sweeper.params"
 # A range of up to this many values has each checked (~10 ms each), a longer one its ends.
 CHECKED_RANGE_VALUES = 100
+# Dicts whose keys are the user's (task=gym's keyword arguments for gym.make): Hydra adds a
+# key to one with +, as to any dict of a config.
+OPEN_DICTS = ("task.kwargs",)
+
+
+def _open_dict(key: str) -> str | None:
+    """The open dict ``key`` is in, if any."""
+    return next((parent for parent in OPEN_DICTS if key.startswith(f"{parent}.")), None)
 
 
 def _parse(overrides: list[str]) -> list[Override]:
@@ -80,7 +88,7 @@ def _check_overrides(parsed: list[Override]) -> None:
     for override in parsed:
         line = override.input_line
         options = _group_options(override.key_or_group)
-        if override.is_add() and not options:
+        if override.is_add() and not options and not _open_dict(override.key_or_group):
             raise RLSpeedError(
                 f"rlspeed: unknown key '{override.key_or_group}' in '{line}': rlspeed reads no "
                 "such key; expected an existing key, without + (see rlspeed --cfg job)"
@@ -102,14 +110,25 @@ def _check_overrides(parsed: list[Override]) -> None:
 
 def _check_forced_keys(parsed: list[Override], compose_job: Callable, variant: list[str]) -> None:
     """``++key=value`` sets a key, adding it where it is missing: rlspeed reads only its own
-    keys, so an added one (a typo such as ``++algo.lerning_rate=0.1``) would be ignored."""
-    forced = [o for o in parsed if o.is_force_add() and not _group_options(o.key_or_group)]
-    if not forced:
+    keys, so an added one (a typo such as ``++algo.lerning_rate=0.1``) would be ignored. So
+    would ``+`` adding to an open dict the config does not have (task.kwargs off task=gym)."""
+    # (override, the key the config must have without the additions)
+    needs = [
+        (o, o.key_or_group)
+        for o in parsed
+        if o.is_force_add() and not _group_options(o.key_or_group)
+    ]
+    needs += [(o, parent) for o in parsed if o.is_add() and (parent := _open_dict(o.key_or_group))]
+    if not needs:
         return
-    base = compose_job([line for line in variant if not line.startswith("++")])
+
+    def addition(line: str) -> bool:
+        return line.startswith("++") or bool(_open_dict(line.lstrip("+").partition("=")[0]))
+
+    base = compose_job([line for line in variant if not addition(line)])
     absent = object()
-    for override in forced:
-        if OmegaConf.select(base, override.key_or_group, default=absent) is absent:
+    for override, key in needs:
+        if OmegaConf.select(base, key, default=absent) is absent:
             raise RLSpeedError(
                 f"rlspeed: unknown key '{override.key_or_group}' in '{override.input_line}': "
                 "rlspeed reads no such key; expected an existing key (see rlspeed --cfg job)"
@@ -248,6 +267,8 @@ def _explain(error: Exception) -> str:
         key = getattr(cause, "full_key", None) or "?"
         message = str(cause.msg if hasattr(cause, "msg") else cause).splitlines()[0]
         if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) or "not in struct" in message:
+            if _open_dict(key):
+                return f"rlspeed: unknown key '{key}': a new key is added with +, e.g. +{key}=VALUE"
             return f"rlspeed: unknown key '{key}': it is not in the config (see rlspeed --cfg job)"
         return f"rlspeed: invalid {key}: {message}"
     return "rlspeed: " + " ".join(str(error).split())
@@ -270,8 +291,9 @@ def _check_sweep(full: DictConfig, arguments: list[str], compose_job: Callable) 
         validate(compose_job(overrides))
 
 
-def preflight(argv: list[str], conf_dir: str) -> None:
-    """Exit with one clear line and code 2 if the command line cannot run."""
+def preflight(argv: list[str], conf_dir: str) -> DictConfig | None:
+    """Exit with one clear line and code 2 if the command line cannot run. Returns the
+    job's config where the command only prints it (``--cfg job``, no ``--package``)."""
     parser = get_args_parser()
     parser.exit_on_error = False  # argparse's usage block would come before its line
     try:
@@ -281,7 +303,7 @@ def preflight(argv: list[str], conf_dir: str) -> None:
     if options := [x for x in unknown if x.startswith("-")]:
         _fail(f"rlspeed: invalid command line: unknown option {options[0]} (see rlspeed --help)")
     if args.help or args.hydra_help:
-        return
+        return None
     showing = args.cfg is not None  # --cfg prints the config: no job, no folder, no -m
     commands = (args.run, args.multirun, showing, args.info is not None, args.shell_completion)
     if sum(map(bool, commands)) > 1:
@@ -290,7 +312,7 @@ def preflight(argv: list[str], conf_dir: str) -> None:
             "--cfg, --info and --shell-completion"
         )
     if args.info or args.shell_completion:
-        return
+        return None
     overrides = [o for o in args.overrides if not _is_hydra(o)]
     hydra_overrides = [o for o in args.overrides if _is_hydra(o)]
     if args.config_dir and not os.path.isdir(args.config_dir):
@@ -299,8 +321,33 @@ def preflight(argv: list[str], conf_dir: str) -> None:
         # --config-dir adds a config folder (e.g. one's own hparams options).
         path = "file://" + os.path.abspath(args.config_dir)
         hydra_overrides.append(f"hydra.searchpath=['{path}']")
+    try:
+        job = check_overrides(
+            overrides,
+            hydra_overrides,
+            conf_dir,
+            config_name=args.config_name or "config",
+            multirun=args.multirun,
+            showing=showing,
+        )
+    except RLSpeedError as error:
+        _fail(str(error))
+    return job if args.cfg == "job" and not args.package else None
+
+
+def check_overrides(
+    overrides: list[str],
+    hydra_overrides: list[str],
+    conf_dir: str,
+    config_name: str = "config",
+    multirun: bool = False,
+    showing: bool = False,
+) -> DictConfig:
+    """Raise RLSpeedError with one line naming key, value and what is allowed if the run
+    (or every job of the sweep) these overrides describe cannot run; else return the first
+    job's config. ``showing``: the config is only printed (--cfg), so no job runs and no
+    folder is made."""
     searchpath = [o for o in hydra_overrides if o.startswith("hydra.searchpath")]
-    config_name = args.config_name or "config"
     try:
         parsed = _parse(overrides)
         for override in _parse(hydra_overrides):
@@ -324,7 +371,7 @@ def preflight(argv: list[str], conf_dir: str) -> None:
                 overrides=[*variants[0], *hydra_overrides],
                 return_hydra_config=True,
             )
-            multirun = args.multirun or full.hydra.mode == RunMode.MULTIRUN
+            multirun = multirun or full.hydra.mode == RunMode.MULTIRUN
             if not showing:
                 _check_mode(full, parsed, multirun)
             _check_forced_keys(parsed, compose_job, variants[0])
@@ -337,18 +384,20 @@ def preflight(argv: list[str], conf_dir: str) -> None:
                 )
             if multirun:
                 _check_launcher(full)
+            first = compose_job(variants[0])
             for variant in variants:
-                validate(compose_job(variant))
+                validate(compose_job(variant) if variant is not variants[0] else first)
             if not showing:
                 if optuna:
                     _check_sweep(full, overrides, compose_job)
                 _check_output_dir(full, multirun)
-    except RLSpeedError as error:
-        _fail(str(error))
+            return first
+    except RLSpeedError:
+        raise  # a HydraException too: already one line
     except (ConfigCompositionException, OmegaConfBaseException) as error:
-        _fail(_explain(error))
+        raise RLSpeedError(_explain(error)) from None
     except HydraException as error:
-        _fail("rlspeed: " + " ".join(str(error).split()))
+        raise RLSpeedError("rlspeed: " + " ".join(str(error).split())) from None
 
 
 def _fail(line: str) -> None:

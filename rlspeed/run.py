@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import math
 import sys
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -104,16 +106,22 @@ def run_trials(cfgs: list[DictConfig], out_dirs: list[Path]) -> list[float | Exc
             raise
         except Exception as error:  # noqa: BLE001 - the program failed: each of its trials
             results = [error] * len(started)
+    endings = {}
     for (index, run), result in zip(started.items(), results, strict=True):
+        status = "FINISHED"
         if isinstance(result, Exception):
-            pruned = isinstance(result, run.pruned_error)
-            unrecorded = _end(run, _pruned(run, result) if pruned else "FAILED")
+            status = _pruned(run, result) if isinstance(result, run.pruned_error) else "FAILED"
+        endings[index] = _ending(run, status)
+        next(endings[index])  # every trial's files first (_finishing)
+    for (index, run), result in zip(started.items(), results, strict=True):
+        unrecorded = next(endings[index])
+        if isinstance(result, Exception):
             if unrecorded:
                 log.warning(unrecorded.line)
             outcomes[index] = result
             continue
         try:
-            outcomes[index] = _finished(run, result, _end(run, "FINISHED"))
+            outcomes[index] = _finished(run, result, unrecorded)
         except Exception as error:  # noqa: BLE001 - what this trial could not record
             outcomes[index] = error
     return [outcome for outcome in outcomes if outcome is not None]
@@ -163,7 +171,7 @@ def _start(cfg: DictConfig, out_dir: Path, continued: bool) -> Started:
         tracked_run = resumed[min(resumed)].get("tracked_run_id")
     elif resumed:
         tags["rlspeed.resumed_from"] = str(run_folder(cfg.resume).resolve())
-    tracker = TRACKERS.get(cfg.tracking.name).make(cfg.tracking)
+    tracker = TRACKERS.get(cfg.tracking.name).make(cfg.tracking, out_dir)
     tracker.start(run_name=run_name, params=flatten(cfg), tags=tags, run_id=tracked_run)
     # The training loops read the config on every step: as the schema's dataclasses an
     # attribute costs ~30 ns, through DictConfig ~10 us (18% of a CartPole DQN run).
@@ -176,7 +184,8 @@ def _start(cfg: DictConfig, out_dir: Path, continued: bool) -> Started:
         evaluate=lambda policy, index: task.evaluate(
             plain_cfg.task, policy, plain_cfg.seed + index
         ),
-        progress=cfg.progress,
+        # A sweep's console shows one line per trial: a trial's progress goes to its log file.
+        progress="none" if reporter is not None else cfg.progress,
         step_reward=task.step_reward,
         num_seeds=cfg.num_seeds,
     )
@@ -213,9 +222,24 @@ def _pruned(started: Started, pruned: BaseException) -> str:
 
 
 def _end(started: Started, status: str) -> Unrecorded | None:
-    """Close the monitor, save the outputs and end the tracked run (``_finish``)."""
-    started.ctx.run_monitor.close()
-    return _finish(started.tracker, started.ctx, status)
+    """Save the outputs and end the tracked run; what could not be recorded, or None."""
+    ending = _ending(started, status)
+    next(ending)
+    return next(ending)
+
+
+def _ending(started: Started, status: str) -> Iterator[Unrecorded | None]:
+    """``_finishing``'s two steps in the monitor's saving phase; the monitor is closed
+    before the second step yields (the summary comes after it)."""
+    monitor = started.ctx.run_monitor
+    monitor.saving()
+    finishing = _finishing(started.tracker, started.ctx, status)
+    try:
+        yield next(finishing)
+        unrecorded = next(finishing)
+    finally:
+        monitor.close()
+    yield unrecorded
 
 
 def _finished(started: Started, result: TrainResult, unrecorded: Unrecorded | None) -> float:
@@ -239,13 +263,17 @@ class Unrecorded(NamedTuple):
     remote_only: bool
 
 
-def _finish(tracker: Tracker, ctx: RunContext, status: str) -> Unrecorded | None:
-    """Save the run's outputs and close the tracked run, however training ended.
+def _finishing(tracker: Tracker, ctx: RunContext, status: str) -> Iterator[Unrecorded | None]:
+    """Save the run's outputs and close the tracked run, however training ended, in two
+    steps: the first writes every file and queues its upload (yields None); the second
+    waits for the tracking store, writes metrics.json, ends the tracked run and yields what
+    could not be recorded (the run is then FAILED where it would have FINISHED; a sweep's
+    trial that lost only its tracking store's copy stays FINISHED), or None. A batch of
+    trials takes every trial's first step before any second step (``run_trials``): the
+    trials' tracking writers upload while the next trial's files are drawn.
 
     Each file is written on its own (atomically), so one that cannot be written, on a full
-    disk say, costs only itself. Returns what could not be recorded (the run is then FAILED
-    where it would have FINISHED; a sweep's trial that lost only its tracking store's copy
-    stays FINISHED), or None."""
+    disk say, costs only itself."""
     out_dir, monitor = ctx.out_dir, ctx.run_monitor
     failed: dict[str, list[str]] = {}  # why -> the files that could not be written
 
@@ -298,6 +326,7 @@ def _finish(tracker: Tracker, ctx: RunContext, status: str) -> Unrecorded | None
                 tracker.log_artifact(output.path)
         if _curves(monitor):
             write(OutputFile(out_dir / "learning_curve.png", partial(_plot_curve, ctx)))
+        yield None
         # Written last: its status and errors cover the files above and every metric row
         # (the tracker has written all it was given, or says why not).
         tracker.flush()
@@ -309,7 +338,7 @@ def _finish(tracker: Tracker, ctx: RunContext, status: str) -> Unrecorded | None
     finally:
         tracker.end(final)
     lines = problems()  # ending the tracked run may have failed too
-    return Unrecorded("rlspeed: " + "; ".join(lines), not failed) if lines else None
+    yield Unrecorded("rlspeed: " + "; ".join(lines), not failed) if lines else None
 
 
 def _write_text(path: Path, text: str) -> Path:
@@ -459,7 +488,10 @@ def _summary(
     where += tracker.links().items()
     width = max(len(key) for key, _ in where)
     lines = "\n".join(f"{key:<{width}}  {value}" for key, value in where)
-    console = Console(record=True)
+    # A sweep's trial keeps its summary in its log file; the sweep prints one line for it.
+    trial = ctx.cfg.trial.number is not None
+    console = Console(record=True, file=io.StringIO() if trial else None)
     console.print(table)
-    print(lines, flush=True)
+    if not trial:
+        print(lines, flush=True)
     to_log_file("\n" + console.export_text() + lines)

@@ -28,7 +28,7 @@ from rlspeed.checkpoint import (
 from rlspeed.config import check_creatable, flatten, is_fused
 from rlspeed.errors import ConfigError
 from rlspeed.evaluate import load_agents, render_mode
-from rlspeed.registry import TASKS
+from rlspeed.registry import ALGOS, TASKS
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -130,6 +130,7 @@ def check_resume(cfg: DictConfig) -> dict[int, dict[str, Any]]:
     current = training_keys(flatten(cfg))
     saved = training_keys(flatten(readable_config("resume", value, folder)))
     _same_config(value, saved, current, "it ran with")
+    _added_keys_at_default(value, cfg, saved, current)
     fused = is_fused(cfg)
     resume = folder / RESUME_FILE
     if cfg.num_seeds == 1 or fused:
@@ -176,4 +177,25 @@ def _same_config(value: str, saved: dict[str, Any], current: dict[str, Any], ran
                 value,
                 f"a run of this config ({ran} {key}={saved[key]}, this run has "
                 f"{key}={current[key]}); repeat that run's settings",
+            )
+
+
+def _added_keys_at_default(
+    value: str, cfg: DictConfig, saved: dict[str, Any], current: dict[str, Any]
+) -> None:
+    """A run saved before rlspeed had a setting ran as its default does: continuing it with
+    another value (an algorithm's option that a task's defaults turn on, say) would change
+    it midway."""
+    schemas = {"algo": ALGOS.get(cfg.algo.name).schema, "task": TASKS.get(cfg.task.name).schema}
+    for key in sorted(current.keys() - saved.keys()):
+        group, _, name = key.partition(".")
+        if group not in schemas or "." in name:
+            continue
+        default = getattr(schemas[group](), name, current[key])
+        if current[key] != default:
+            raise ConfigError(
+                "resume",
+                value,
+                f"a run of this config (it ran before rlspeed had {key}, as its default "
+                f"{key}={default}; this run has {key}={current[key]}); set {key}={default}",
             )

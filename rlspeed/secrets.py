@@ -149,11 +149,14 @@ def _masking_factory(make: Any) -> Any:
     return factory
 
 
-def install() -> None:
+def install(streams: bool = True) -> None:
     """Mask passwords in everything this process logs or prints from now on (its log
-    records, ``sys.stdout`` and ``sys.stderr``). Idempotent."""
+    records; with ``streams``, ``sys.stdout`` and ``sys.stderr`` too: the command's own
+    process, not a notebook's). Idempotent."""
     if not getattr(logging.getLogRecordFactory(), "masks_secrets", False):
         logging.setLogRecordFactory(_masking_factory(logging.getLogRecordFactory()))
+    if not streams:
+        return
     for name in ("stdout", "stderr"):
         stream = getattr(sys, name)
         if stream is not None and not isinstance(stream, _MaskedStream):

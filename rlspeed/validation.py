@@ -58,7 +58,9 @@ def validate(cfg: DictConfig) -> None:
     engine = ENGINES.get(cfg.env.name)
     algo = ALGOS.get(cfg.algo.name)
     task = TASKS.get(cfg.task.name)
-    if task.action_kind not in algo.action_kinds:
+    if task.check_algo is not None:
+        task.check_algo(cfg.task, algo)
+    elif task.action_kind not in algo.action_kinds:
         fits = [a.name for a in ALGOS if task.action_kind in a.action_kinds]
         raise ConfigError(
             "algo",

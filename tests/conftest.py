@@ -149,6 +149,21 @@ def slow_but(fast: Any, cases: list[Any]) -> list[Any]:
     ]
 
 
+def script_sources(page: str) -> list[str]:
+    """The ``src`` of every ``<script>`` tag of an HTML page: the files it loads to run
+    (scripts' own text, where "src=" may well occur, is not looked into)."""
+    from html.parser import HTMLParser
+
+    sources: list[str] = []
+
+    class Scripts(HTMLParser):
+        def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+            sources.extend(v or "" for k, v in attrs if tag == "script" and k == "src")
+
+    Scripts().feed(page)
+    return sources
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

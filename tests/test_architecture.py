@@ -89,7 +89,8 @@ def test_the_import_graph_has_no_circle() -> None:
 # module may import its own layer's and any lower layer's; the most specific entry places it
 # (``pkg.__init__``: the package's own module only).
 LAYERS = [
-    ("entry", ["rlspeed.__init__", "rlspeed.cli", "rlspeed.preflight", "rlspeed.bench"]),
+    ("entry", ["rlspeed.__init__", "rlspeed.api", "rlspeed.cli", "rlspeed.preflight"]),
+    ("entry", ["rlspeed.bench"]),
     ("entry", ["hydra_plugins"]),
     ("run", ["rlspeed.run"]),
     ("checks", ["rlspeed.validation", "rlspeed.run_folders"]),
@@ -100,6 +101,7 @@ LAYERS = [
     ("RL pieces", ["rlspeed.algos.__init__", "rlspeed.algos.networks", "rlspeed.algos.schedule"]),
     ("RL pieces", [f"rlspeed.algos.{name}" for name in ("rollout", "rollout_jax", "replay")]),
     ("RL pieces", ["rlspeed.algos.replay_jax", "rlspeed.algos.encoding"]),
+    ("RL pieces", ["rlspeed.algos.normalization"]),
     ("loops", ["rlspeed.algos.loops"]),
     ("run context", ["rlspeed.context"]),
     ("parts", [f"rlspeed.{name}" for name in ("tasks", "engines", "envs", "backends")]),

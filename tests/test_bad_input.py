@@ -60,7 +60,10 @@ BAD = [
     (["algo=td3", "task=cartpole"], ["algo=td3", "discrete actions", "dqn"]),
     (["algo=qlearn", "task=pendulum"], ["algo=qlearn", "td3"]),
     (["algo=qlearn", "task=cartpole"], ["task=cartpole", "a task with a tabular state: doors"]),
-    (["algo=td3", "task=halfcheetah", "env=jax-vmap"], ["env=jax-vmap", "gym-async, gym-sync"]),
+    (
+        ["algo=ppo", "task=gym", "task.id=Acrobot-v1", "env=jax-vmap"],
+        ["env=jax-vmap", "gym-async, gym-sync", "task=gym has no JAX version"],
+    ),
     # task settings
     (["task.grid_size=2"], ["invalid task.grid_size=2: expected an integer >= 3"]),
     (["task.n_doors=16"], ["invalid task.n_doors=16: expected an integer in [1, task.grid_size]"]),
@@ -236,6 +239,10 @@ BAD = [
     ),
     (["tracking.uri=file:///tmp/mlruns"], ["MLflow 3 refuses file stores"]),
     (["tracking.uri=ftp://host/mlruns"], ["expected a tracking URI MLflow can record to"]),
+    (
+        ["tracking=tensorboard", "tracking.log_dir=/proc/rlspeed/tb"],
+        ["invalid tracking.log_dir=/proc/rlspeed/tb: expected a folder rlspeed can write to"],
+    ),
     (
         ["tracking.uri=mysql://user@localhost/mlflow"],
         ["expected a database whose Python driver is installed"],

@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -47,10 +48,11 @@ def _check_equal_work(rows: list[dict[str, str]], stacks=ALL_STACKS) -> None:
         assert cached[key] == fused[key], key
 
 
-def _check_envs(rows: list[dict[str, str]]) -> None:
+def _check_envs(rows: list[dict[str, str]], tasks=("doors", "cartpole"), counts=("1", "8")) -> None:
     modes = {"gym-sync", "gym-async", "jax-vmap", "jax-fused"}
-    for task in ("doors", "cartpole"):
-        for num_envs in ("1", "8"):
+    assert {r["task"] for r in rows} == set(tasks)
+    for task in tasks:
+        for num_envs in counts:
             cell = [r for r in rows if r["task"] == task and r["num_envs"] == num_envs]
             assert {r["mode"] for r in cell} == modes
     assert all(float(r["env_steps_per_s"]) > 0 for r in rows)
@@ -117,6 +119,7 @@ def _check_sweep(rows: list[dict[str, str]]) -> None:
 
 CHECKS = {
     "envs": _check_envs,
+    "mjx": partial(_check_envs, tasks=("halfcheetah",), counts=("8",)),
     "table2": _check_equal_work,
     "cartpole": _check_equal_work,
     "qlearn": _check_qlearn,

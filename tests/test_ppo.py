@@ -50,8 +50,19 @@ METRICS = {
         (_doors_batch, {"ent_coef": 0.01, "clip_vloss": True, "max_grad_norm": 0.5}),
         # Continuous: a diagonal Gaussian on Pendulum, plain value loss, no clipping.
         (_pendulum_batch, {"ent_coef": 0.0, "clip_vloss": False, "max_grad_norm": 0.0}),
+        # HalfCheetah's options: orthogonal init, learners that normalise (the batch's
+        # observations stand for normalised ones: the update takes them as stored).
+        (
+            _pendulum_batch,
+            {
+                "ent_coef": 0.0,
+                "orthogonal_init": True,
+                "normalize_obs": True,
+                "scale_rewards": True,
+            },
+        ),
     ],
-    ids=["discrete", "continuous"],
+    ids=["discrete", "continuous", "continuous-options"],
 )
 def test_torch_and_flax_compute_the_same_update(make_batch, overrides):
     """Three batches (annealed step sizes, optimizer states carried), each 2 epochs of

@@ -454,6 +454,12 @@ def test_a_run_an_earlier_rlspeed_saved_resumes_to_its_end_and_its_agent_scores(
         "backend=torch", "env=gym-sync", "algo=ppo", "task=cartpole", "total_steps=40960",
         "log_every=2048", "eval_every=10240", "tracking=none", "progress=plain",
     ]  # fmt: skip
+    # A setting added since (PPO's observation normalisation) ran at its default then:
+    # continuing with it on would change the run midway.
+    changed = run_cli([*args, "algo.normalize_obs=true", f"resume={folder}"], tmp_path)
+    assert_one_line_error(
+        changed, "it ran before rlspeed had algo.normalize_obs", "set algo.normalize_obs=False"
+    )
     resumed = run_cli(
         [*args, f"resume={folder}", f"hydra.run.dir={tmp_path / 'resumed'}"], tmp_path
     )

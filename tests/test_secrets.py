@@ -149,7 +149,7 @@ def test_server_credentials_go_to_mlflow_variables_not_the_writer_command_line(m
     assert server_credentials(database) == (database, {})  # libpq takes it from the URL
     # The writer's command line is visible to every user (ps): no settings on it.
     for tracking_uri in (f"http://user:{PASSWORD}@127.0.0.1:1", database):
-        tracker = make_tracker(make_cfg([f"tracking.uri={tracking_uri}"]).tracking)
+        tracker = make_tracker(make_cfg([f"tracking.uri={tracking_uri}"]).tracking, Path("run"))
         command = WriterZygote.command(tracker._module, 3)
         assert all(PASSWORD not in arg for arg in command)
 

@@ -1,5 +1,5 @@
 """What a sweep leaves: multi-objective studies and their Pareto front, values rounded so
-that ties tie, a readable contour plot and HTML plots sharing one plotly.js.
+that ties tie, a readable contour plot, and plots that show inside MLflow's artifact view.
 
 Tiny torch trials on GridWorld against a real Optuna journal file, through the real CLI.
 """
@@ -14,9 +14,10 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
+from hydra_plugins.rlspeed_optuna_sweeper._results import write_plots
 from rlspeed.cli import CONF_DIR
 from rlspeed.sweep import TrialReporter, open_storage, study_value
-from tests.conftest import run_cli
+from tests.conftest import run_cli, script_sources
 
 TINY = [
     "backend=torch",
@@ -75,22 +76,12 @@ def test_multi_objective_sweep_optimizes_named_metrics_and_plots_the_pareto_fron
     assert "wall_time_s (minimize)" in result.stdout
 
     plots = sweep_dir / "plots"
-    pages = {p.name for p in plots.glob("*.html")}
-    assert pages == {
-        f"{n}.html"
-        for n in ("param_importances", "contour", "pareto_front", "optimization_history")
-    }
-    assert (plots / "pareto_front.png").is_file()
-    # One plotly.js beside the pages, none inside them (it is 3.6 MB each otherwise).
-    assert (plots / "plotly.min.js").stat().st_size > 1_000_000
-    for page in pages:
-        html = (plots / page).read_text()
-        assert '<script charset="utf-8" src="plotly.min.js"></script>' in html, page
-        # Shown alone (MLflow's artifact view), the page falls back to plotly's CDN.
-        assert "window.Plotly || document.write('<script src=\"https://cdn.plot.ly/plotly-" in html
-        assert len(html) < 200_000, page
+    names = ("param_importances", "contour", "pareto_front", "optimization_history")
+    assert {p.name for p in plots.iterdir()} == {"plots.html", *(f"{n}.png" for n in names)}
+    page = (plots / "plots.html").read_text()
+    assert [f'<h2 id="{n}">' in page for n in names] == [True] * 4
     # The contour plot shows at most the 4 most important of the 6 parameters.
-    contour = (plots / "contour.html").read_text()
+    contour = page.split('<h2 id="contour">')[1].split("<h2 ")[0]
     shown = [name for name in PARAMS if f'"{name}"' in contour]
     assert 2 <= len(shown) <= 4, shown
 
@@ -105,6 +96,23 @@ def test_multi_objective_sweep_optimizes_named_metrics_and_plots_the_pareto_fron
     assert "optimizes [score,wall_time_s]" in result.stderr
     study = optuna.load_study(study_name="dqn_search", storage=open_storage(str(journal)))
     assert len(study.trials) == 3
+
+
+def test_plots_are_pngs_and_one_page_that_needs_no_other_file(tmp_path):
+    """MLflow shows an HTML artifact alone: the plots' page holds plotly.js itself and loads
+    nothing from beside it or from the internet; each plot is a valid PNG too."""
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
+    study.optimize(lambda t: t.suggest_float("x", -1, 1) ** 2 + t.suggest_int("n", 1, 4), 8)
+    files = write_plots(study, tmp_path / "plots")
+    names = ("param_importances", "contour", "optimization_history")
+    assert sorted(f.name for f in files) == sorted(["plots.html", *(f"{n}.png" for n in names)])
+    for name in names:
+        assert (tmp_path / "plots" / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    page = (tmp_path / "plots" / "plots.html").read_text()
+    assert script_sources(page) == []  # nothing loaded from beside it or the internet
+    assert page.count("Plotly.newPlot(") == 3
+    # plotly.js is in the page once (the library's own header comment), not once per plot.
+    assert page.count("plotly.js v") == 1 and 3_000_000 < len(page) < 5_000_000
 
 
 def test_reported_scores_are_rounded_so_that_ties_tie():

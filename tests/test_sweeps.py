@@ -24,7 +24,7 @@ from optuna.trial import TrialState
 from rlspeed.cli import CONF_DIR
 from rlspeed.sweep import open_storage
 from rlspeed.validation import validate
-from tests.conftest import run_cli, start_cli
+from tests.conftest import run_cli, script_sources, start_cli
 
 # Tiny trials: torch on 4 synchronous envs, 3000 env steps, a report every 1000 steps.
 TINY = [
@@ -51,9 +51,8 @@ SEARCH = [
     *TINY,
 ]
 PLOTS = {
-    f"plots/{name}.{ext}"
-    for name in ("param_importances", "contour", "optimization_history")
-    for ext in ("html", "png")
+    "plots/plots.html",
+    *(f"plots/{name}.png" for name in ("param_importances", "contour", "optimization_history")),
 }
 
 
@@ -123,6 +122,9 @@ def test_study_prunes_tracks_in_mlflow_and_resumes(tmp_path):
     parent = parents[0]
     assert parent.info.run_name == "dqn_search" and parent.info.status == "FINISHED"
     assert parent.data.tags["optuna.study"] == "dqn_search"
+    # The parent and each child name what they ran on (rlspeed.tracking._environment).
+    assert "hparams=dqn_search" in parent.data.tags["rlspeed.command"]
+    assert all("rlspeed.version.optuna" in c.data.tags for c in children.values())
     assert sorted(children) == [0, 1, 2, 3]
     for trial in study.trials:
         child = children[trial.number]
@@ -139,8 +141,10 @@ def test_study_prunes_tracks_in_mlflow_and_resumes(tmp_path):
     assert parent.data.params["best.algo.optimizer"] == best.params["algo.optimizer"]
     artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
     artifacts |= {a.path for a in client.list_artifacts(parent.info.run_id, "plots")}
-    # The HTML plots' shared plotly.js goes along with them.
-    assert {"optimization_results.yaml", "trials.csv", "plots/plotly.min.js", *PLOTS} <= artifacts
+    assert {"optimization_results.yaml", "trials.csv", *PLOTS} <= artifacts
+    # The plots' page as MLflow serves it needs no other file (MLflow shows it alone).
+    page = client.download_artifacts(parent.info.run_id, "plots/plots.html", str(tmp_path))
+    assert script_sources(Path(page).read_text()) == []
 
     # The sweep folder: results file and the table of the best trials.
     (sweep_dir,) = _sweep_dirs(tmp_path)
@@ -149,6 +153,26 @@ def test_study_prunes_tracks_in_mlflow_and_resumes(tmp_path):
     assert results["best_value"] == pytest.approx(best.value)
     assert results["best_params"] == best.params
     assert "Best trials of study 'dqn_search'" in result.stdout
+    # The console: one line per trial with its state, value and sampled values; no run's
+    # progress or summary, no job overrides with internal keys; the sweep's folder and
+    # parent run at the end.
+    console = result.stdout + result.stderr
+    for trial in study.trials:
+        (line,) = [x for x in console.splitlines() if f"Trial {trial.number}: " in x]
+        assert f"Trial {trial.number}: {trial.state.name}" in line
+        assert f"algo.optimizer={trial.params['algo.optimizer']}" in line
+    for internal in ("trial.storage=", "Launching", "rlspeed run", "steps/s"):
+        assert internal not in console
+    where, ui, page = console.rstrip().splitlines()[-3:]
+    assert where.endswith(
+        f"rlspeed: sweep folder {sweep_dir.resolve()}; study in {journal}; "
+        f"MLflow parent run {parent.info.run_id}"
+    )
+    assert ui.endswith(f"MLflow UI: mlflow ui --backend-store-uri {uri}")
+    assert page.endswith(
+        f"/#/experiments/{parent.info.experiment_id}/runs/{parent.info.run_id}"
+        "?workflowType=machine_learning (with mlflow ui)"
+    )
 
     # The same command with a larger budget resumes the study: earlier trials are kept.
     first = [(t.number, t.state, t.params) for t in study.trials]
@@ -170,8 +194,10 @@ def test_parallel_trials_with_joblib_are_neither_lost_nor_duplicated(tmp_path):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     args = [
         *SEARCH,
+        # hydra.sweeper.n_jobs left unset: the sweep asks for as many trials as the
+        # launcher runs at once (SPEC §1's joblib line).
         "hydra/launcher=joblib",
-        "hydra.sweeper.n_jobs=2",
+        "hydra.launcher.n_jobs=2",
         "hydra.sweeper.n_trials=4",
         f"tracking.uri={uri}",
     ]

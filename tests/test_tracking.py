@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import json
 import os
+import shlex
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -15,8 +18,10 @@ from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from tests.conftest import SMALL, free_port, run_cli, start_cli
+from rlspeed.tracking._environment import environment_tags
+from tests.conftest import REPO_ROOT, SMALL, free_port, run_cli, start_cli
 
 
 def _only_run(uri: str):
@@ -27,9 +32,9 @@ def _only_run(uri: str):
     return client, runs[0]
 
 
-def assert_every_row_in_mlflow(client: MlflowClient, run_id: str, out_dir: Path) -> int:
-    """Every row of the run's ``metrics.json`` (each seed's as ``seed<i>/<name>``) is in the
-    MLflow run, and MLflow holds no other; returns how many values that is."""
+def logged_metrics(out_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every row of the run's ``metrics.json`` as a tracker gets it: name -> [(step, value)]
+    (each seed's as ``seed<i>/<name>``)."""
     metrics = json.loads((out_dir / "metrics.json").read_text())
     streams = [("", metrics["history"])]
     streams += [(f"seed{i}/", seed["history"]) for i, seed in enumerate(metrics.get("seeds", []))]
@@ -39,6 +44,13 @@ def assert_every_row_in_mlflow(client: MlflowClient, run_id: str, out_dir: Path)
             for name, value in row.items():
                 if name != "step":
                     expected.setdefault(prefix + name, []).append((int(row["step"]), value))
+    return expected
+
+
+def assert_every_row_in_mlflow(client: MlflowClient, run_id: str, out_dir: Path) -> int:
+    """Every row of the run's ``metrics.json`` is in the MLflow run, and MLflow holds no
+    other; returns how many values that is."""
+    expected = logged_metrics(out_dir)
     run = client.get_run(run_id)
     assert set(run.data.metrics) == set(expected)
     for name, values in expected.items():
@@ -69,6 +81,89 @@ def test_finished_run_has_params_metrics_tags_and_artifacts(tmp_path):
     assert metrics["score"] == run.data.metrics["eval/score"]
     assert metrics["status"] == "FINISHED" and metrics["env_steps"] >= 4000
     assert assert_every_row_in_mlflow(client, run.info.run_id, out_dir) >= 4 * 5
+    # What the run ran on, and MLflow 3's UI opens the experiment in its training view.
+    tags = run.data.tags
+    assert tags["rlspeed.version"] == importlib.metadata.version("rlspeed")
+    for library in ("jax", "flax", "torch", "gymnasium", "mlflow", "optuna"):
+        assert tags[f"rlspeed.version.{library}"] == importlib.metadata.version(library)
+    assert tags["rlspeed.host"] == socket.gethostname()
+    assert tags["rlspeed.cpu"]
+    assert tags["rlspeed.command"].endswith(shlex.join([*SMALL, f"tracking.uri={uri}"]))
+    checkout = subprocess.run(
+        ["git", "-C", REPO_ROOT, "rev-parse", "HEAD"], capture_output=True, text=True
+    )
+    if checkout.returncode == 0:  # a source checkout (not an installed wheel)
+        assert tags["rlspeed.git_commit"] == checkout.stdout.strip()
+    experiment = client.get_experiment(run.info.experiment_id)
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+
+
+def test_command_line_tag_masks_a_password():
+    """The command line a run is tagged with holds no password of a URL in it."""
+    secret = "s3cret-Pw"
+    tags = environment_tags(["rlspeed", f"hydra.sweeper.storage=postgresql://u:{secret}@db/x"])
+    assert secret not in tags["rlspeed.command"]
+    assert "postgresql://u:***@db/x" in tags["rlspeed.command"]
+
+
+def tensorboard_scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar in the event files of ``log_dir``: name -> [(step, value)]."""
+    events = EventAccumulator(str(log_dir), size_guidance={"scalars": 0})
+    events.Reload()
+    return {
+        name: [(e.step, e.value) for e in events.Scalars(name)] for name in events.Tags()["scalars"]
+    }
+
+
+def assert_every_row_in_tensorboard(out_dir: Path, log_dir: Path) -> int:
+    """Every row of the run's ``metrics.json`` is in the event files of ``log_dir``, at its
+    step, and they hold no other; returns how many values that is."""
+    expected = logged_metrics(out_dir)
+    recorded = tensorboard_scalars(log_dir)
+    assert set(recorded) == set(expected)
+    for name, values in expected.items():
+        assert [step for step, _ in recorded[name]] == [step for step, _ in values], name
+        # TensorBoard keeps float32.
+        assert [v for _, v in recorded[name]] == pytest.approx([v for _, v in values]), name
+    return sum(map(len, expected.values()))
+
+
+def test_tensorboard_run_writes_every_row_of_metrics_json(tmp_path):
+    """tracking=tensorboard: the event files hold each metric of metrics.json (each seed's as
+    seed<i>/<name>, as in MLflow), at the same steps, and nothing else; the params and tags
+    as text; the summary says how to open them."""
+    args = ["algo=qlearn", "task=gridworld", "backend=torch", "env=gym-sync", "num_envs=1"]
+    args += ["total_steps=2000", "log_every=500", "eval_every=1000", "num_seeds=2"]
+    result = run_cli([*args, "tracking=tensorboard", "progress=none"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    (out_dir,) = (tmp_path / "outputs").glob("*/*")
+    log_dir = out_dir / "tensorboard"
+    assert f"tensorboard --logdir {log_dir}" in result.stdout
+    metrics = json.loads((out_dir / "metrics.json").read_text())
+    assert metrics["mlflow_run_id"] is None and metrics["errors"] == []
+    assert "seed1/eval/score" in tensorboard_scalars(log_dir)
+    assert assert_every_row_in_tensorboard(out_dir, log_dir) >= 4 * 10
+    text = EventAccumulator(str(log_dir), size_guidance={"tensors": 0})
+    text.Reload()
+    config = text.Tensors("config")[0].tensor_proto.string_val[0].decode()
+    assert "| algo.name | qlearn |" in config and "| num_seeds | 2 |" in config
+    assert text.Tensors("status")[-1].tensor_proto.string_val == [b"FINISHED"]
+    assert "_hparams_/session_start_info" in text.Tags()["tensors"]
+
+
+@pytest.mark.slow
+def test_tensorboard_log_dir_given_keeps_each_run_in_a_folder_of_its_own(tmp_path):
+    """tracking.log_dir=DIR: runs write to DIR/<date>/<run folder's name>, one folder each."""
+    args = ["algo=qlearn", "task=gridworld", "backend=torch", "env=gym-sync", "num_envs=1"]
+    args += ["total_steps=400", "log_every=200", "eval_every=400", "progress=none"]
+    args += ["tracking=tensorboard", f"tracking.log_dir={tmp_path}/tb"]
+    for index in range(2):
+        result = run_cli([*args, f"hydra.run.dir=runs/run{index}"], cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+    for index in range(2):
+        recorded = tensorboard_scalars(tmp_path / "tb" / "runs" / f"run{index}")
+        assert [step for step, _ in recorded["eval/score"]] == [400]
+    assert not (tmp_path / "runs" / "run0" / "tensorboard").exists()
 
 
 @pytest.mark.slow
@@ -175,3 +270,21 @@ def test_run_logged_to_a_real_mlflow_server(tmp_path):
         assert {"config.yaml", "checkpoint.msgpack", "metrics.json"} <= artifacts
         with urllib.request.urlopen(f"{uri}/", timeout=10) as page:  # the UI itself answers
             assert page.status == 200
+
+
+@pytest.mark.slow
+def test_tensorboard_sweep_writes_each_trial_in_its_own_folder(tmp_path):
+    """tracking=tensorboard in a sweep whose trials train two at a time as one program: each
+    trial's event files are in its own folder and hold its own rows, all of them."""
+    args = ["-m", "hparams=qlearn_search", "hydra.sweeper.n_trials=4"]
+    args += ["hydra.sweeper.batch_size=2", "total_steps=20000", "log_every=5000"]
+    args += ["eval_every=10000", "hydra.sweeper.report_every=10000", "progress=none"]
+    result = run_cli([*args, "tracking=tensorboard"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    trials = sorted((tmp_path / "outputs" / "multirun").glob("*/*/*_flax_jax-vmap_qlearn_doors"))
+    assert len(trials) == 4
+    scores = set()
+    for trial in trials:
+        assert assert_every_row_in_tensorboard(trial, trial / "tensorboard") >= 4 * 4
+        scores.add(tuple(tensorboard_scalars(trial / "tensorboard")["charts/epsilon"]))
+    assert len(scores) == 4  # each its own exploration schedule, not another trial's rows

@@ -15,10 +15,19 @@ from importlib.metadata import version
 from pathlib import Path
 
 import pytest
+import yaml
 from mlflow import MlflowClient
 from omegaconf import OmegaConf
 
-from tests.conftest import REPO_ROOT, RLSPEED, cli_env, logged_rows, run_cli, saved_agent
+from tests.conftest import (
+    REPO_ROOT,
+    RLSPEED,
+    SMALL,
+    cli_env,
+    logged_rows,
+    run_cli,
+    saved_agent,
+)
 
 SPEC_COMMANDS = (
     "rlspeed backend=flax env=jax-vmap num_envs=384",
@@ -72,7 +81,13 @@ def test_cfg_job_prints_the_composed_config(tmp_path: Path) -> None:
     result = run_cli(["--cfg", "job", "backend=torch", "env=gym-sync"], cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "name: torch" in result.stdout and "name: gym-sync" in result.stdout
+    # What the sweeper sets for its jobs is not the user's to set: it is left out.
+    shown = yaml.safe_load(result.stdout)
+    assert "trial" not in shown and "parent_run_id" not in shown["tracking"]
+    assert shown["tracking"]["experiment"] == "rlspeed"
     assert list(tmp_path.iterdir()) == []
+    resolved = run_cli(["--cfg", "job", "--resolve"], cwd=tmp_path)
+    assert resolved.returncode == 0 and "${" not in resolved.stdout, resolved.stdout
 
 
 @pytest.mark.slow
@@ -187,6 +202,49 @@ def test_terminal_run_logs_progress_summary_compile_phase_and_eta(tmp_path: Path
     # Doors: episodic return, and rolling step reward beside the score (two panels).
     assert _png_width(out / "learning_curve.png") == 1100
     assert "| rolling step reward " in log and "rolling step reward  " in log
+
+
+def _bar_states(screen: str) -> list[str]:
+    """Each state the rich bar was drawn in, in order (escape codes taken out)."""
+    states: list[str] = []
+    for part in re.split(r"\r|\x1b\[2K|\x1b\[1A", screen):
+        text = re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", part).strip()
+        if "━" in text and text not in states:
+            states.append(text)
+    return states
+
+
+def test_host_bar_moves_between_logs_with_elapsed_time_and_a_saving_phase(
+    tmp_path: Path,
+) -> None:
+    """A host-driven run that logs once, at its end: the bar still moves as it trains,
+    shows the elapsed time, and says when it saves."""
+    out = tmp_path / "run"
+    code, screen = _on_a_terminal(
+        [
+            *(x for x in SMALL if not x.startswith("progress=")),
+            "backend=torch",
+            "env=gym-sync",
+            "total_steps=6000",
+            "log_every=6000",
+            "eval_every=6000",
+            "progress=rich",
+            "tracking=none",
+            f"hydra.run.dir={out}",
+        ],
+        tmp_path,
+    )
+    assert code == 0, screen[-3000:]
+    states = _bar_states(screen)
+    counts = {
+        int(match[1].replace(",", ""))
+        for state in states
+        if state.startswith("training") and (match := re.search(r"([\d,]+)/6,000 steps", state))
+    }
+    assert len(counts - {0, 6000}) >= 2, states  # moved between the start and the only log
+    assert all(re.search(r"\d+:\d\d:\d\d$", state) for state in states), states  # elapsed
+    assert any(state.startswith("saving") for state in states), states
+    assert "rlspeed: saving the checkpoint" in (out / "rlspeed.log").read_text()
 
 
 def test_summary_shows_full_paths_and_how_to_open_the_run(tmp_path: Path) -> None:

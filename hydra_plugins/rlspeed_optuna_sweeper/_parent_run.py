@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -29,9 +30,11 @@ class StudyRun:
     tags of the same names; ``best_value`` is a metric stepped by the finished trial count.
     """
 
-    def __init__(self, client: Any, run_id: str) -> None:
+    def __init__(self, client: Any, run_id: str, links: dict[str, str]) -> None:
         self.client = client
         self.run_id = run_id
+        # Where to see it (rlspeed.tracking.mlflow.run_links), for the sweep's last lines.
+        self.links = links
         # Why something could not be sent to the parent run (None while all was).
         self.failure: str | None = None
 
@@ -39,9 +42,12 @@ class StudyRun:
     def open(
         cls, tracking: DictConfig, study: Any, study_id: int, storage: Any, storage_spec: str
     ) -> StudyRun:
+        from rlspeed.tracking._environment import environment_tags
         from rlspeed.tracking.mlflow import (
+            experiment_id,
             mlflow_client,
             resolve_uri,
+            run_links,
             server_credentials,
             use_mlflow_defaults,
         )
@@ -53,14 +59,11 @@ class StudyRun:
         bare_uri, credentials = server_credentials(uri)
         os.environ.update(credentials)  # where MLflow reads a server's user and password
         client = mlflow_client(bare_uri or mlflow.get_tracking_uri())
-        experiment = client.get_experiment_by_name(tracking.experiment)
-        if experiment is None:
-            try:
-                experiment_id = client.create_experiment(tracking.experiment)
-            except Exception:  # noqa: BLE001 - created meanwhile by another process
-                experiment_id = client.get_experiment_by_name(tracking.experiment).experiment_id
-        else:
-            experiment_id = experiment.experiment_id
+        study_experiment = experiment_id(client, tracking.experiment)
+
+        def links(run_id: str) -> dict[str, str]:
+            return run_links(bare_uri or mlflow.get_tracking_uri(), study_experiment, run_id)
+
         # Recorded in the study: without a server's user and password, a database's masked.
         where = {"uri": secrets.mask(bare_uri or ""), "experiment": tracking.experiment}
         known = storage.get_study_system_attrs(study_id).get(PARENT_ATTR)
@@ -70,15 +73,16 @@ class StudyRun:
                 if run.info.lifecycle_stage == "active":
                     client.update_run(run.info.run_id, status="RUNNING")
                     log.info("MLflow: resuming the study's parent run %s", run.info.run_id)
-                    return cls(client, run.info.run_id)
+                    return cls(client, run.info.run_id, links(run.info.run_id))
             except Exception:  # noqa: BLE001 - deleted or gone: start a new parent run
                 pass
         sampler = type(study.sampler).__name__
         pruner = type(study.pruner).__name__
         run = client.create_run(
-            experiment_id,
+            study_experiment,
             run_name=study.study_name,
             tags={
+                **environment_tags(sys.argv),
                 "optuna.study": study.study_name,
                 "optuna.storage": secrets.mask(storage_spec),
                 "optuna.sampler": sampler,
@@ -88,7 +92,7 @@ class StudyRun:
         )
         storage.set_study_system_attr(study_id, PARENT_ATTR, {**where, "run_id": run.info.run_id})
         log.info("MLflow: study parent run %s", run.info.run_id)
-        return cls(client, run.info.run_id)
+        return cls(client, run.info.run_id, links(run.info.run_id))
 
     def _try(self, what: str, send: Callable[[], None]) -> None:
         """``send()``, or, if the tracking store fails, one warning: a store that dies

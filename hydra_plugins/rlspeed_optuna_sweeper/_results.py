@@ -107,9 +107,9 @@ CONTOUR_PANEL_PX = 280
 
 def write_plots(study: Any, out_dir: Path) -> list[Path]:
     """Parameter importance, contour (of the CONTOUR_PARAMS most important parameters),
-    optimization history and, for several objectives, the Pareto front: HTML (plotly,
-    interactive, sharing one ``plotly.min.js``) and PNG (matplotlib; plotly's static export
-    needs a browser). Plots of one objective show the first."""
+    optimization history and, for several objectives, the Pareto front: each as a PNG
+    (matplotlib; plotly's static export needs a browser), and all of them, interactive, on
+    one HTML page (``PLOTS_PAGE``, plotly). Plots of one objective show the first."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -125,6 +125,7 @@ def write_plots(study: Any, out_dir: Path) -> list[Path]:
     if multi:
         target["target"] = lambda t: t.values[0]
     files = []
+    figures: dict[str, Any] = {}
     verbosity = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # e.g. "unique value length < 2"
     with warnings.catch_warnings():
@@ -146,11 +147,7 @@ def write_plots(study: Any, out_dir: Path) -> list[Path]:
                 if name == "contour" and big_contour:
                     size = CONTOUR_PANEL_PX * big_contour
                     fig.update_layout(width=size + 200, height=size)
-                html = out_dir / f"{name}.html"
-                # plotly.js (3.6 MB) once, as plotly.min.js beside the pages.
-                fig.write_html(html, include_plotlyjs="directory")
-                _add_plotly_fallback(html)
-                files.append(html)
+                figures[name] = fig
                 axes = getattr(vis_mpl, f"plot_{name}")(study, **args)
                 figure = np.atleast_1d(axes).flat[0].figure
                 if name == "contour" and big_contour:
@@ -162,25 +159,33 @@ def write_plots(study: Any, out_dir: Path) -> list[Path]:
             except Exception as error:  # noqa: BLE001 - e.g. too few trials for importances
                 log.warning("No %s plot: %s", name, " ".join(str(error).split()))
     optuna.logging.set_verbosity(verbosity)
-    script = out_dir / "plotly.min.js"
-    if script.exists():
-        files.append(script)
+    if figures:
+        files.append(_write_page(out_dir / PLOTS_PAGE, study.study_name, figures))
     return files
 
 
-LOCAL_PLOTLY = '<script charset="utf-8" src="plotly.min.js"></script>'
+# The interactive plots, together on one page that holds plotly.js itself. MLflow shows an
+# HTML artifact alone, from a blob: URL in a sandboxed frame, so a page that loads a script
+# beside it (or from a CDN a cluster's browser may not reach) stays blank there. plotly.js is
+# 3.6 MB: once per sweep, not once per plot (which would cost ~15 MB per sweep).
+PLOTS_PAGE = "plots.html"
 
 
-def _add_plotly_fallback(page: Path) -> None:
-    """Load plotly.js from its CDN where the page cannot reach the plotly.min.js beside it:
-    MLflow shows an HTML artifact alone (in an iframe of its own), so the relative script
-    is not found there and the plot would stay blank."""
-    from plotly.offline import get_plotlyjs_version
+def _write_page(path: Path, title: str, figures: dict[str, Any]) -> Path:
+    """``figures`` (name -> plotly figure) on one self-contained page, each under a heading
+    whose anchor is its name, linked from the top."""
+    from html import escape
 
-    cdn = f"https://cdn.plot.ly/plotly-{get_plotlyjs_version()}.min.js"
-    load = f"document.write('<script src=\"{cdn}\"><\\/script>')"
-    fallback = f"<script>window.Plotly || {load}</script>"
-    page.write_text(page.read_text().replace(LOCAL_PLOTLY, LOCAL_PLOTLY + fallback, 1))
+    links = " | ".join(f'<a href="#{name}">{name.replace("_", " ")}</a>' for name in figures)
+    sections = [
+        f'<h2 id="{name}">{name.replace("_", " ")}</h2>'
+        + fig.to_html(full_html=False, include_plotlyjs=index == 0)
+        for index, (name, fig) in enumerate(figures.items())
+    ]
+    head = f'<meta charset="utf-8"><title>{escape(title)}: Optuna plots</title>'
+    body = f"<h1>{escape(title)}</h1><p>{links}</p>{''.join(sections)}"
+    path.write_text(f"<!DOCTYPE html><html><head>{head}</head><body>{body}</body></html>")
+    return path
 
 
 def _top_params(study: Any, target: Any) -> list[str] | None:

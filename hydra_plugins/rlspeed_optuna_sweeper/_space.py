@@ -311,10 +311,13 @@ def build(sweeper: DictConfig, cfg: DictConfig, arguments: list[str]) -> SweepSe
             f">= 2 * heartbeat_s = {2 * sweeper.heartbeat_s}",
         ),
     ):
+        if sweeper[key] is None and key == "n_jobs":
+            continue  # the launcher's own count
         if sweeper[key] < low or (high is not None and sweeper[key] > high):
             raise SweepConfigError(
                 f"rlspeed: invalid hydra.sweeper.{key}={sweeper[key]}: "
                 f"expected an integer {allowed}"
+                + (" or null (the launcher's n_jobs)" if key == "n_jobs" else "")
             )
     if not 0.0 <= sweeper.max_failure_rate <= 1.0:
         raise SweepConfigError(

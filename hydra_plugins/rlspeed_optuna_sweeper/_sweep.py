@@ -34,7 +34,12 @@ from optuna.trial import TrialState
 
 from hydra_plugins.rlspeed_optuna_sweeper._batch import batches_trials, launch_batched
 from hydra_plugins.rlspeed_optuna_sweeper._parent_run import StudyRun
-from hydra_plugins.rlspeed_optuna_sweeper._results import fmt_values, show_best, write_results
+from hydra_plugins.rlspeed_optuna_sweeper._results import (
+    _fmt_param,
+    fmt_values,
+    show_best,
+    write_results,
+)
 from hydra_plugins.rlspeed_optuna_sweeper._space import SweepConfigError, SweepSetup, build, quote
 from hydra_plugins.rlspeed_optuna_sweeper._submitit import is_submitit, launch_each
 from hydra_plugins.rlspeed_optuna_sweeper._trials import TrialKeeper, counted, is_surplus
@@ -108,6 +113,10 @@ class OptunaSweeperImpl:
         node = config.hydra.sweeper
         setup = build(node, config, list(arguments))
         optuna.logging.set_verbosity(optuna.logging.WARNING)  # this sweeper logs what matters
+        # One console line per trial (``_record``): the launchers' "Launching N jobs" and
+        # each job's overrides, internal keys and all, stay in the trials' .hydra/ files.
+        for launcher_log in LAUNCHER_LOGGERS:
+            logging.getLogger(launcher_log).setLevel(logging.WARNING)
         study_name = node.study_name or default_study_name(config)
         storage_spec = sweep_storage(config)
         storage = open_storage(storage_spec, heartbeat=(node.heartbeat_s, node.grace_s))
@@ -170,6 +179,14 @@ class OptunaSweeperImpl:
             show_best(study)
             if parent is not None:
                 parent.finish(study, files, status)
+            study_at = secrets.mask(storage_spec)
+            where = f"rlspeed: sweep folder {sweep_dir.resolve()}; study in {study_at}"
+            if parent is not None:
+                where += f"; MLflow parent run {parent.run_id}"
+            log.info(where)
+            for name, link in parent.links.items() if parent is not None else ():
+                log.info("%s: %s", name, link)
+            if parent is not None:
                 self._say_unsent(parent, sweep_dir)
         return returns
 
@@ -221,6 +238,7 @@ class OptunaSweeperImpl:
 
         returns: list[Sequence[JobReturn]] = []
         batched = batches_trials(config, self.launcher, node.batch_size)
+        parallel = node.n_jobs if node.n_jobs is not None else launcher_jobs(config)
         ran = failed = 0
         next_job_idx = 0
         while True:
@@ -236,7 +254,7 @@ class OptunaSweeperImpl:
                     # The heartbeats are the sweeper's, not optimize's.
                     warnings.filterwarnings("ignore", "Heartbeat of storage is supposed")
                     remaining = node.n_trials - len(counted(study.get_trials(deepcopy=False)))
-                    for _ in range(min(max(node.n_jobs, node.batch_size), remaining)):
+                    for _ in range(min(max(parallel, node.batch_size), remaining)):
                         try:
                             pending.append(study.ask(fixed_distributions=setup.space.distributions))
                             keeper.claim(pending[-1])
@@ -340,19 +358,41 @@ class OptunaSweeperImpl:
             )
             if not isinstance(values, str):
                 _tell(study, trial, values=values)
-                log.info("Trial %d: COMPLETE, %s", trial.number, fmt_values(study, values))
+                values_text = fmt_values(study, values)
+                log.info("Trial %d: COMPLETE, %s | %s", trial.number, values_text, _params(trial))
                 return 0
             reason = values
         else:
             error = ret._return_value  # the exception the job raised
             if isinstance(error, optuna.TrialPruned):
                 _tell(study, trial, state=TrialState.PRUNED)
-                log.info("Trial %d: PRUNED, %s", trial.number, error)
+                log.info("Trial %d: PRUNED, %s | %s", trial.number, error, _params(trial))
                 return 0
             reason = " ".join(str(error).split()) or type(error).__name__
         _tell(study, trial, state=TrialState.FAIL)
-        log.warning("Trial %d: FAIL: %s", trial.number, reason)
+        log.warning("Trial %d: FAIL: %s | %s", trial.number, reason, _params(trial))
         return 1
+
+
+# The loggers of the launchers a sweep's jobs go through.
+LAUNCHER_LOGGERS = (
+    "hydra._internal.core_plugins.basic_launcher",
+    "hydra_plugins.hydra_joblib_launcher._core",
+    "hydra_plugins.hydra_submitit_launcher.submitit_launcher",
+)
+
+
+def _params(trial: Any) -> str:
+    """The trial's sampled values, on its one line of the sweep's console."""
+    return ", ".join(f"{name}={_fmt_param(value)}" for name, value in trial.params.items())
+
+
+def launcher_jobs(config: DictConfig) -> int:
+    """How many jobs the launcher runs at once: joblib's n_jobs (-1: one per core), else 1."""
+    n_jobs = OmegaConf.select(config, "hydra.launcher.n_jobs", default=None)
+    if n_jobs is None:
+        return 1
+    return (os.cpu_count() or 1) if n_jobs == -1 else int(n_jobs)
 
 
 def _unwritable(storage_spec: str, error: OSError, what: str) -> RLSpeedError:

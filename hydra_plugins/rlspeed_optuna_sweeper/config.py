@@ -158,8 +158,9 @@ class OptunaSweeperConf:
     # Finished trials (complete, pruned or failed) the study should have; a resumed study
     # runs only the rest.
     n_trials: int = 20
-    # Trials asked for and launched together (run in parallel with hydra/launcher=joblib).
-    n_jobs: int = 1
+    # Trials asked for and launched together (run in parallel with hydra/launcher=joblib);
+    # null: as many as the launcher runs at once (joblib: its n_jobs; otherwise 1).
+    n_jobs: int | None = None
     # On the fused path (backend=flax env=jax-vmap), trials asked for at once and trained as
     # one program, vmapped over trials x seeds, in this process; trials that differ in a
     # parameter that is not traced (a shape: hidden sizes, num_steps, ...) make programs of

@@ -27,7 +27,7 @@ class OptunaSweeper(Sweeper):
         storage: str | None,
         study_name: str | None,
         n_trials: int,
-        n_jobs: int,
+        n_jobs: int | None,
         batch_size: int,
         max_failure_rate: float,
         params: Any,

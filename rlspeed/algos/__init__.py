@@ -180,6 +180,10 @@ class AlgoSpec:
     validate: Callable[[Any, Any], None] = _no_extra_checks
     # Tasks the algorithm is offered on (SPEC §4); None: every task whose action kind fits.
     tasks: tuple[str, ...] | None = None
+    # Observation kinds it handles: "continuous" (Box) and "categorical" (Discrete,
+    # MultiDiscrete: one-hot into a network, or a table's state index). Checked where the
+    # spaces depend on the task's settings (task=gym); the built-in tasks list their algorithms.
+    observation_kinds: tuple[str, ...] = ("continuous", "categorical")
 
     @property
     def backends(self) -> tuple[str, ...]:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from rlspeed.algos.loops.host import Iteration
+from rlspeed.algos.normalization import HostNormalization, NormSettings
 from rlspeed.engines import Engine
 from rlspeed.monitor import SeedMonitor
 
@@ -102,20 +103,32 @@ class Rollout:
         )
 
     def collect(
-        self, engine: Engine, act: Act, obs: Any, length: int, episodes: SeedMonitor
+        self,
+        engine: Engine,
+        act: Act,
+        obs: Any,
+        length: int,
+        episodes: SeedMonitor,
+        norm: HostNormalization | None = None,
     ) -> Any:
         """Step every env ``length`` times with ``act``, from ``obs``; finished episodes go
-        to ``episodes``. Returns the envs' latest observations."""
+        to ``episodes``. Returns the envs' latest observations (raw). ``norm``: the
+        observations acted on and stored are normalised, the stored rewards scaled."""
         for t in range(length):
-            actions, env_actions, log_prob = act(obs)
+            seen = obs if norm is None else norm.observe(obs)
+            actions, env_actions, log_prob = act(seen)
             result = engine.step(env_actions)
-            self.obs[t] = np.asarray(obs)
+            self.obs[t] = np.asarray(seen)
             self.actions[t] = np.asarray(actions)
             self.log_probs[t] = np.asarray(log_prob)
-            self.rewards[t] = np.asarray(result.reward)
             self.terminated[t] = np.asarray(result.terminated)
             self.dones[t] = np.asarray(result.terminated) | np.asarray(result.truncated)
-            self.final_obs[t] = np.asarray(result.final_obs)
+            if norm is None:
+                self.rewards[t] = np.asarray(result.reward)
+                self.final_obs[t] = np.asarray(result.final_obs)
+            else:
+                self.rewards[t] = norm.rewards(result.reward, self.dones[t] > 0)
+                self.final_obs[t] = norm.normalize(result.final_obs)
             episodes.episodes(self.dones[t] > 0, result.episode_return, result.episode_length)
             obs = result.obs
         return obs
@@ -155,7 +168,9 @@ class RolloutLearner:
     (``Rollout.batch``), then makes the algorithm's update on it.
 
     A learner calls ``init_rollout`` and has, from its algorithm's file, ``act``, ``values``
-    and ``update`` (its loss and gradient steps, ``updates_per_batch`` of them)."""
+    and ``update`` (its loss and gradient steps, ``updates_per_batch`` of them). With
+    ``norm`` settings it acts on normalised observations and learns from scaled rewards
+    (``rlspeed.algos.normalization``); its greedy actions then go through ``seen``."""
 
     algo: Any
     updates_per_batch: int
@@ -163,14 +178,30 @@ class RolloutLearner:
     values: Callable[[np.ndarray], np.ndarray]
     update: Callable[[RolloutBatch], dict[str, Any]]
 
-    def init_rollout(self, obs_space: Any, action_space: Any, cfg: RunConfigLike) -> None:
+    def init_rollout(
+        self,
+        obs_space: Any,
+        action_space: Any,
+        cfg: RunConfigLike,
+        norm: NormSettings | None = None,
+    ) -> None:
         self.total_steps, self.num_envs = cfg.total_steps, cfg.num_envs
         self.rollout = Rollout(obs_space, action_space, cfg.num_envs, cfg.algo.num_steps)
+        # Saved with the learner's state (resume) by its state_dict; None where off.
+        self.normalization = (
+            None
+            if norm is None
+            else HostNormalization(norm, obs_space.shape, cfg.num_envs, cfg.algo.gamma)
+        )
+
+    def seen(self, obs: Any) -> Any:
+        """Observations as the policy sees them: normalised, not counted."""
+        return obs if self.normalization is None else self.normalization.normalize(obs)
 
     def iteration(self, engine: Engine, obs: Any, step: int, episodes: SeedMonitor) -> Iteration:
         """Collect a rollout from env step ``step``, compute its advantages, update on it."""
         algo, n = self.algo, self.num_envs
         length = int(rollout_length(self.total_steps - step, n, algo.num_steps))
-        obs = self.rollout.collect(engine, self.act, obs, length, episodes)
+        obs = self.rollout.collect(engine, self.act, obs, length, episodes, self.normalization)
         batch = self.rollout.batch(length, self.values, algo.gamma, algo.gae_lambda)
         return Iteration(obs, length * n, self.updates_per_batch, [self.update(batch)])

@@ -10,6 +10,8 @@ algorithm's update.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import jax
@@ -18,7 +20,18 @@ import numpy as np
 
 from rlspeed.algos.loops.fused import FusedTrainer, per_seed_mean, scan_iterations
 from rlspeed.algos.loops.jax_learner import JaxLearner
+from rlspeed.algos.normalization import (
+    Moments,
+    NormSettings,
+    NormState,
+    init_state,
+    normalize,
+    observe,
+    scale_rewards,
+    standardized,
+)
 from rlspeed.algos.rollout import RolloutBatch, RolloutLearner, advantage_terms, rollout_length
+from rlspeed.checkpoint import save_pytree
 from rlspeed.engines import StepResult
 from rlspeed.envs.vmap import VmapEnv, VmapState
 from rlspeed.seeding import JaxKeys, Stream, jax_key
@@ -110,7 +123,7 @@ class OnPolicyJaxLearner(JaxLearner, RolloutLearner):
     ) -> None:
         super().__init__(fns.init, seed)
         self.algo, self.updates_per_batch = cfg.algo, fns.updates_per_batch
-        self.init_rollout(obs_space, action_space, cfg)
+        self.init_rollout(obs_space, action_space, cfg, norm_settings(fns))
         # Minibatch draws have a stream of their own, so the actions' stays as it was.
         self.update_key = jax_key(seed, Stream.REPLAY)
         self._act = jax.jit(fns.act)
@@ -125,12 +138,16 @@ class OnPolicyJaxLearner(JaxLearner, RolloutLearner):
         return np.asarray(self._values(self.agent.value_params, obs))
 
     def greedy(self, obs: np.ndarray) -> np.ndarray:
-        return np.asarray(self._greedy(self.agent.policy_params, obs))
+        return np.asarray(self._greedy(self.agent.policy_params, self.seen(obs)))
 
     def update(self, batch: RolloutBatch) -> dict[str, jax.Array]:
         self.update_key, key = jax.random.split(self.update_key)
         self.agent, metrics = self._update(self.agent, batch, key)
         return metrics
+
+    def save(self, path: Path) -> Path:
+        norm = None if self.normalization is None else self.normalization.state
+        return save_pytree(checkpoint_tree(self.agent, norm), path)
 
 
 class OnPolicyState(NamedTuple):
@@ -139,6 +156,9 @@ class OnPolicyState(NamedTuple):
     key: jax.Array
     step: jax.Array
     updates: jax.Array
+    # The running statistics (``rlspeed.algos.normalization``); None where none is on, so
+    # such a state (and its resume file) is what it was before they existed.
+    norm: NormState | None = None
 
 
 class Transition(NamedTuple):
@@ -158,14 +178,48 @@ class ChunkStats(NamedTuple):
     metrics: dict[str, jax.Array]
 
 
+def norm_settings(fns: OnPolicyFunctions) -> NormSettings | None:
+    """The normalisation an algorithm's functions ask for (``normalization``, optional)."""
+    return getattr(fns, "normalization", None)
+
+
+def normalized_greedy(
+    fns: OnPolicyFunctions,
+) -> tuple[Callable[[Any], Any], Callable[[Any, jax.Array], jax.Array]]:
+    """(agent -> what the greedy policy needs, greedy policy on it): the policy parameters
+    and, with observation normalisation, the observation statistics (``checkpoint_tree``)."""
+    settings = norm_settings(fns)
+    if settings is None or not settings.normalize_obs:
+        return (lambda agent: agent["policy_params"]), fns.greedy
+
+    def greedy(params: tuple[Any, Moments], obs: jax.Array) -> jax.Array:
+        policy_params, stats = params
+        return fns.greedy(policy_params, standardized(stats, obs, settings.obs_clip, jnp))
+
+    return (lambda agent: (agent["policy_params"], Moments(**agent["obs_norm"]))), greedy
+
+
+def checkpoint_tree(agent: Any, norm: NormState | None) -> dict[str, Any]:
+    """What a flax checkpoint holds: the agent's fields and, with observation
+    normalisation, its statistics under ``obs_norm`` (the same on host and fused paths)."""
+    tree = agent._asdict()
+    if norm is not None and norm.obs is not None:
+        tree["obs_norm"] = norm.obs._asdict()
+    return tree
+
+
 def make_on_policy_train(cfg: RunConfigLike, env: VmapEnv, fns: OnPolicyFunctions) -> FusedTrainer:
     """The fused program of an on-policy algorithm: the host loop's steps, in JAX."""
     algo, n, horizon = cfg.algo, env.num_envs, cfg.algo.num_steps
     batch_size = horizon * n
+    settings = norm_settings(fns)
+    obs_shape = env.single_observation_space.shape
 
     def init(keys: JaxKeys) -> OnPolicyState:
         agent = fns.init(keys.init)
-        return OnPolicyState(agent, env.init(keys.env), keys.act, jnp.int32(0), jnp.int32(0))
+        norm = init_state(settings, obs_shape, n, jnp)
+        env_state = env.init(keys.env)
+        return OnPolicyState(agent, env_state, keys.act, jnp.int32(0), jnp.int32(0), norm)
 
     def flat(x: jax.Array) -> jax.Array:
         return x.reshape(batch_size, *x.shape[2:])
@@ -175,20 +229,33 @@ def make_on_policy_train(cfg: RunConfigLike, env: VmapEnv, fns: OnPolicyFunction
         # Folded in, not split off: a key added to the split would move every action draw.
         update_key = jax.random.fold_in(rollout_key, horizon)
         agent = state.agent
-
-        def env_step(env_state: VmapState, step_key: jax.Array) -> tuple[VmapState, Transition]:
-            actions, env_actions, log_probs = fns.act(agent.policy_params, env_state.obs, step_key)
-            next_env_state, result = env.step(env_state, env_actions)
-            return next_env_state, Transition(env_state.obs, actions, log_probs, result)
-
-        env_state, trajectory = jax.lax.scan(
-            env_step, state.env, jax.random.split(rollout_key, horizon)
-        )
-        result = trajectory.result
         # The run's last batch takes only the steps that reach total_steps, as the host loop's
         # does; the program's shapes stay whole: the steps past ``length`` run but count for
-        # nothing (no episode ends, no weight in the update), and the training ends there.
+        # nothing (no episode ends, no weight in the update, no statistics), and the
+        # training ends there.
         length = rollout_length(cfg.total_steps - state.step, n, horizon, jnp)
+
+        def env_step(
+            carry: tuple[VmapState, NormState | None], xs: tuple[jax.Array, jax.Array]
+        ) -> tuple[tuple[VmapState, NormState | None], Transition]:
+            (env_state, norm), (step_key, t) = carry, xs
+            new_norm, obs = observe(settings, norm, env_state.obs, jnp)
+            actions, env_actions, log_probs = fns.act(agent.policy_params, obs, step_key)
+            next_env_state, result = env.step(env_state, env_actions)
+            if new_norm is not None:
+                done = result.terminated | result.truncated
+                new_norm, reward = scale_rewards(
+                    settings, new_norm, result.reward, done, algo.gamma, jnp
+                )
+                final_obs = normalize(settings, new_norm, result.final_obs, jnp)
+                result = result._replace(reward=reward, final_obs=final_obs)
+                new_norm = jax.tree.map(lambda a, b: jnp.where(t < length, a, b), new_norm, norm)
+            transition = Transition(obs, actions, log_probs, result)
+            return (next_env_state, new_norm), transition
+
+        steps = (jax.random.split(rollout_key, horizon), jnp.arange(horizon))
+        (env_state, norm), trajectory = jax.lax.scan(env_step, (state.env, state.norm), steps)
+        result = trajectory.result
         time_index = jnp.arange(horizon)[:, None]
         dones = (result.terminated | result.truncated) & (time_index < length)
         values = fns.values(agent.value_params, flat(trajectory.obs)).reshape(horizon, n)
@@ -216,17 +283,19 @@ def make_on_policy_train(cfg: RunConfigLike, env: VmapEnv, fns: OnPolicyFunction
         stats = ChunkStats(dones, result.episode_return, result.episode_length, metrics)
         step = state.step + length * n
         updates = state.updates + fns.updates_per_batch
-        return OnPolicyState(agent, env_state, key, step, updates), stats
+        return OnPolicyState(agent, env_state, key, step, updates, norm), stats
 
     def summarize(stats: ChunkStats) -> dict[str, np.ndarray]:
         return {name: per_seed_mean(values) for name, values in stats.metrics.items()}
 
+    greedy_params, greedy = normalized_greedy(fns)
     return FusedTrainer(
         init=init,
         run=scan_iterations(iteration),
         total_iterations=math.ceil(cfg.total_steps / batch_size),
         steps_per_iteration=batch_size,
-        policy_params=lambda state: state.agent.policy_params,
-        greedy=fns.greedy,
+        policy_params=lambda state: greedy_params(checkpoint_tree(state.agent, state.norm)),
+        greedy=greedy,
         summarize=summarize,
+        checkpoint=lambda state: checkpoint_tree(state.agent, state.norm),
     )

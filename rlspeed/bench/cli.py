@@ -17,6 +17,8 @@ from rlspeed.config import register_configs
 # name -> what it measures (each is rlspeed.bench.<name> with run(out_dir, quick, compose)).
 BENCHMARKS = {
     "envs": "env steps/s against num_envs: gym-sync, gym-async, jax-vmap, jax-fused",
+    "mjx": "HalfCheetah env steps/s against num_envs: MuJoCo (gym-sync, gym-async) against"
+    " MJX (jax-vmap, jax-fused)",
     "table2": "DQN on Doors, four stacks at equal env steps (the seed's Table 2)",
     "qlearn": "agent-steps/s of 1, 30 and 1024 tabular Q-learning agents in one program",
     "cartpole": "DQN on CartPole per stack: env steps/s and the return reached",

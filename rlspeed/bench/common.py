@@ -18,7 +18,10 @@ from typing import Any
 
 import yaml
 
-LIBRARIES = ("rlspeed", "jax", "jaxlib", "flax", "optax", "torch", "gymnasium", "numpy")
+LIBRARIES = (
+    "rlspeed", "jax", "jaxlib", "flax", "optax", "torch", "gymnasium", "numpy", "mujoco",
+    "mujoco-mjx",
+)  # fmt: skip
 
 
 def cpu_model() -> str:

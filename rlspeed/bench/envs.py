@@ -27,6 +27,8 @@ MODES = ("gym-sync", "gym-async", "jax-vmap", "jax-fused")
 # One OS process per env: beyond this the machine thrashes long before it measures anything.
 ASYNC_MAX_ENVS = 64
 COLUMNS = ["task", "mode", "num_envs", "env_steps_per_s", "x_gym_sync"]
+# Env steps per compiled call of jax-fused, where a task's step is too slow for the default.
+CALL_ENV_STEPS = {"halfcheetah": 2048}
 
 
 def _make_engine(cfg: DictConfig, num_envs: int) -> Any:
@@ -36,11 +38,18 @@ def _make_engine(cfg: DictConfig, num_envs: int) -> Any:
     return engine
 
 
+def _action_rows(space: Any, num_envs: int) -> np.ndarray:
+    """64 rows of ``num_envs`` random actions: uniform over a Discrete space's actions or
+    within a Box's bounds."""
+    rng = np.random.default_rng(0)
+    if hasattr(space, "n"):
+        return rng.integers(0, int(space.n), size=(64, num_envs))
+    return rng.uniform(space.low, space.high, (64, num_envs, *space.shape)).astype(space.dtype)
+
+
 def _gym_rate(cfg: DictConfig, num_envs: int, budget_s: float) -> float:
     engine = _make_engine(cfg, num_envs)
-    n_actions = int(engine.single_action_space.n)
-    rng = np.random.default_rng(0)
-    actions = rng.integers(0, n_actions, size=(64, num_envs))
+    actions = _action_rows(engine.single_action_space, num_envs)
     counter = iter(range(1 << 62))
 
     def block() -> None:
@@ -54,8 +63,7 @@ def _gym_rate(cfg: DictConfig, num_envs: int, budget_s: float) -> float:
 
 def _vmap_rate(cfg: DictConfig, num_envs: int, budget_s: float) -> float:
     engine = _make_engine(cfg, num_envs)
-    n_actions = int(engine.single_action_space.n)
-    actions = jax.random.randint(jax.random.key(0), (64, num_envs), 0, n_actions)
+    actions = jnp.asarray(_action_rows(engine.single_action_space, num_envs))
     counter = iter(range(1 << 62))
 
     def block() -> None:
@@ -67,13 +75,14 @@ def _vmap_rate(cfg: DictConfig, num_envs: int, budget_s: float) -> float:
 
 def _fused_rate(cfg: DictConfig, num_envs: int, budget_s: float) -> float:
     env = make_vmap_env(TASKS.get(cfg.task.name), cfg.task, num_envs)
-    n_actions = int(env.single_action_space.n)
-    # Long enough per call that dispatch is negligible, short enough to compile quickly.
-    length = max(16, min(4096, 262_144 // num_envs))
+    # Long enough per call that dispatch is negligible, short enough that one call takes
+    # seconds at most (an MJX step costs a thousand times a CartPole one).
+    work = CALL_ENV_STEPS.get(cfg.task.name, 262_144)
+    length = max(16, min(4096, work // num_envs))
 
     # The same 64 pre-drawn action rows as the Gymnasium modes cycle through, so no mode
     # pays for drawing actions.
-    actions = jax.random.randint(jax.random.key(0), (64, num_envs), 0, n_actions)
+    actions = jnp.asarray(_action_rows(env.single_action_space, num_envs))
 
     @jax.jit
     def run(state: Any) -> Any:
@@ -108,11 +117,12 @@ def rates_table(
     env_counts: tuple[int, ...],
     budget_s: float,
     max_envs: dict[str, int],
+    tasks: tuple[str, ...] = ("doors", "cartpole"),
 ) -> Table:
-    """Fill ``table`` with env steps/s of Doors and CartPole for each of ``modes`` at each
+    """Fill ``table`` with env steps/s of each of ``tasks`` for each of ``modes`` at each
     of ``env_counts`` (a mode stops at its ``max_envs``); ``x_gym_sync`` divides by
     gym-sync's rate at the widest count it ran up to this one."""
-    for task_name in ("doors", "cartpole"):
+    for task_name in tasks:
         task_cfg = compose([f"task={task_name}"]).task
         table.configs.append(f"task={task_name}: {dict(task_cfg)}")
         baseline = float("nan")
@@ -149,12 +159,13 @@ def run(out_dir: Path, quick: bool, compose: Any) -> list[Path]:
         ],
     )
     rates_table(table, compose, MODES, env_counts, budget_s, {"gym-async": ASYNC_MAX_ENVS})
-    return write_results(table, out_dir, _plot)
+    return write_results(table, out_dir, plot_rates)
 
 
-def _plot(table: Table, ax: Any) -> None:
-    styles = {"doors": "-", "cartpole": "--"}
-    for task_name in ("doors", "cartpole"):
+def plot_rates(table: Table, ax: Any) -> None:
+    """env steps/s against num_envs, a line per (task, mode), on log scales."""
+    styles = {"doors": "-", "cartpole": "--", "halfcheetah": ":"}
+    for task_name in dict.fromkeys(r["task"] for r in table.rows):
         for color, mode in enumerate(MODES):
             rows = [r for r in table.rows if r["task"] == task_name and r["mode"] == mode]
             if rows:

@@ -63,7 +63,7 @@ def mean_return_on_device(
 class TaskSpec:
     name: str
     schema: type
-    # "discrete" or "continuous" actions.
+    # "discrete" or "continuous" actions (where check_algo is set, the env's spaces decide).
     action_kind: str
     # Gymnasium env for training, with the config's time limit (max_steps).
     make_env: Callable[[Any], Any]
@@ -87,6 +87,10 @@ class TaskSpec:
     tabular: TabularSpec | None = None
     # Raises ConfigError for settings the task cannot run with.
     validate: Callable[[Any], None] = check_settings
+    # Where the spaces depend on the settings (task=gym): (task cfg, algo spec) -> raises
+    # ConfigError naming the space the algorithm cannot work with; it then decides in place
+    # of ``action_kind``.
+    check_algo: Callable[[Any, Any], None] | None = None
     # True where the rolling step reward is the task's training metric and its score a step
     # reward ratio (Doors); elsewhere the score is a mean return, plotted beside the returns.
     step_reward: bool = False

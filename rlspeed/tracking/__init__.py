@@ -56,6 +56,7 @@ def cause(error: BaseException) -> str:
 @dataclass(frozen=True)
 class TrackerSpec:
     name: str
-    make: Callable[[Any], Tracker]
+    # make(tracking config, the run's output folder)
+    make: Callable[[Any, Path], Tracker]
     # Raises ConfigError when the tracker cannot work (e.g. unreachable URI).
     check: Callable[[Any], None]

@@ -39,6 +39,7 @@ from types import SimpleNamespace
 from typing import Any, NamedTuple, Protocol, TextIO
 
 from rlspeed import secrets
+from rlspeed.tracking._environment import environment_tags
 
 log = logging.getLogger("rlspeed")
 
@@ -49,7 +50,7 @@ RETRY_SECONDS = 5.0
 # transaction, so a failed call can be tried again without writing a row twice.
 MAX_METRICS_PER_CALL = 1000
 # The only modules the child loads a store from (each defines ``make_store(cfg)``).
-STORE_MODULES = ("rlspeed.tracking.mlflow",)
+STORE_MODULES = ("rlspeed.tracking.mlflow", "rlspeed.tracking.tensorboard")
 
 
 class Row(NamedTuple):
@@ -241,7 +242,7 @@ def child_main(module: str) -> None:
     def done(index: int) -> None:
         store = writer.store
         run_id = store.run_id if store is not None else None
-        links = store.links() if store is not None and run_id is not None else {}
+        links = store.links() if store is not None else {}
         # The failure is recorded (metrics.json): an error naming a database URI is masked.
         failure = secrets.mask_value(writer.failure)
         send({"done": index, "failure": failure, "run_id": run_id, "links": links})
@@ -249,7 +250,8 @@ def child_main(module: str) -> None:
     # The calls on the store, each with its message's arguments (bound now: the writer's
     # thread makes the call later).
     def start(run: dict[str, Any], store: Store) -> None:
-        store.start(run["run_name"], run["params"], run["tags"], run["run_id"])
+        tags = {**environment_tags(run["command"]), **run["tags"]}
+        store.start(run["run_name"], run["params"], tags, run["run_id"])
 
     def log_artifact(path: Path, store: Store) -> None:
         store.log_artifact(path)
@@ -398,8 +400,15 @@ class WriterProcess:
         self._outbox.put(self._settings)
         threading.Thread(target=self._send_lines, name="rlspeed-tracking-out", daemon=True).start()
         threading.Thread(target=self._read_answers, name="rlspeed-tracking-in", daemon=True).start()
-        start = {"run_name": run_name, "params": {k: str(v) for k, v in params.items()}}
-        self._send({"start": {**start, "tags": tags, "run_id": run_id}})
+        start = {
+            "run_name": run_name,
+            "params": {k: str(v) for k, v in params.items()},
+            "tags": tags,
+            "run_id": run_id,
+            # This process's command line; the writer adds the rest (environment_tags).
+            "command": sys.argv,
+        }
+        self._send({"start": start})
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         row = [{name: float(value) for name, value in metrics.items()}, step, _now_ms()]

@@ -214,6 +214,46 @@ def _portable(uri: str) -> str:
     return url.render_as_string(hide_password=True)
 
 
+# The kind of experiment rlspeed's are: model training, not GenAI (traces, prompts). Earlier
+# MLflow 3 UIs chose an experiment's view by this tag; 3.17's has one switch for all of them
+# (the URL's workflowType, else the browser's last choice, else GenAI), so rlspeed's links
+# carry ?workflowType=machine_learning (MlflowStore.links) as well.
+EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
+
+
+def experiment_id(client: Any, name: str) -> str:
+    """The id of experiment ``name``, created if there is none, tagged EXPERIMENT_KIND
+    (unless the user gave it a kind of their own)."""
+    from mlflow.exceptions import MlflowException
+
+    experiment = client.get_experiment_by_name(name)
+    if experiment is None:
+        try:
+            return client.create_experiment(name, tags=EXPERIMENT_KIND)
+        except MlflowException:  # created meanwhile by a run started beside this one
+            experiment = client.get_experiment_by_name(name)
+            if experiment is None:
+                raise
+    if not EXPERIMENT_KIND.keys() & experiment.tags.keys():  # made before rlspeed tagged
+        for key, value in EXPERIMENT_KIND.items():
+            client.set_experiment_tag(experiment.experiment_id, key, value)
+    return experiment.experiment_id
+
+
+def run_links(uri: str, experiment: str, run_id: str) -> dict[str, str]:
+    """Where to see a run: its page on the MLflow server; for a local or database store,
+    the ``mlflow ui`` command that serves it and the run's page there."""
+    # MLflow 3 opens a run's page on its GenAI view unless the URL asks for the classic one.
+    page = f"#/experiments/{experiment}/runs/{run_id}?workflowType=machine_learning"
+    scheme = urllib.parse.urlparse(uri).scheme.lower()
+    if scheme in ("http", "https"):
+        return {"MLflow run": f"{uri.rstrip('/')}/{page}"}
+    if scheme == "databricks":
+        return {}
+    ui = f"mlflow ui --backend-store-uri {_portable(uri)}"
+    return {"MLflow UI": ui, "MLflow run": f"http://127.0.0.1:5000/{page} (with mlflow ui)"}
+
+
 class MlflowStore:
     """One run in MLflow, driven by the tracking writer process (``rlspeed.tracking._writer``):
     it is made there, so MLflow's import and store opening overlap compilation and
@@ -245,7 +285,7 @@ class MlflowStore:
 
         client = self._client
         if self._experiment_id is None:
-            self._experiment_id = self._experiment_id_of(self._experiment)
+            self._experiment_id = experiment_id(client, self._experiment)
         if self._parent_run_id:
             # Nested under a study's parent run that may live in another process: the tag
             # alone is what MLflow uses to nest runs.
@@ -260,20 +300,6 @@ class MlflowStore:
         client.log_batch(self.run_id, params=[] if self._params_logged else run_params)
         self._params_logged = True
         self.set_tags({key: str(value) for key, value in tags.items()})
-
-    def _experiment_id_of(self, name: str) -> str:
-        from mlflow.exceptions import MlflowException
-
-        experiment = self._client.get_experiment_by_name(name)
-        if experiment is not None:
-            return experiment.experiment_id
-        try:
-            return self._client.create_experiment(name)
-        except MlflowException:  # created meanwhile by a run started beside this one
-            experiment = self._client.get_experiment_by_name(name)
-            if experiment is None:
-                raise
-            return experiment.experiment_id
 
     def log_rows(self, rows: list[Row]) -> None:
         from mlflow.entities import Metric
@@ -298,20 +324,9 @@ class MlflowStore:
             self._client.set_terminated(self.run_id, status)
 
     def links(self) -> dict[str, str]:
-        """Where to see the run: its page on the MLflow server; for a local or database
-        store, the ``mlflow ui`` command that serves it and the run's page there."""
-        if self.run_id is None:
+        if self.run_id is None or self._experiment_id is None:
             return {}
-        # MLflow 3 opens a run's page on its GenAI view unless the URL asks for the classic one.
-        page = f"#/experiments/{self._experiment_id}/runs/{self.run_id}"
-        page += "?workflowType=machine_learning"
-        scheme = urllib.parse.urlparse(self._uri).scheme.lower()
-        if scheme in ("http", "https"):
-            return {"MLflow run": f"{self._uri.rstrip('/')}/{page}"}
-        if scheme == "databricks":
-            return {}
-        ui = f"mlflow ui --backend-store-uri {_portable(self._uri)}"
-        return {"MLflow UI": ui, "MLflow run": f"http://127.0.0.1:5000/{page} (with mlflow ui)"}
+        return run_links(self._uri, self._experiment_id, self.run_id)
 
     def lost(self, error: BaseException) -> str:
         # Recorded in metrics.json and shown: a database URI's password masked.
@@ -332,7 +347,7 @@ def make_store(cfg: SimpleNamespace) -> MlflowStore:
     return MlflowStore(cfg)
 
 
-def make_tracker(cfg: DictConfig) -> WriterProcess:
+def make_tracker(cfg: DictConfig, out_dir: Path) -> WriterProcess:
     """The run's tracker: MLflow written by a process of its own, off training's path; a
     server's user and password go to it in its environment (server_credentials)."""
     uri, credentials = server_credentials(resolve_uri(cfg))

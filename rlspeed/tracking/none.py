@@ -36,4 +36,4 @@ class NoTracker:
         return None
 
 
-SPEC = TrackerSpec(name="none", make=lambda cfg: NoTracker(), check=lambda cfg: None)
+SPEC = TrackerSpec(name="none", make=lambda cfg, out_dir: NoTracker(), check=lambda cfg: None)

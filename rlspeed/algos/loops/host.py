@@ -83,6 +83,7 @@ def train_host(
                     interval.add(metrics)
                 interval.log_if_due(step, updates, learner.greedy, done.latest)
                 point.reached(step, updates, obs)
+                ctx.monitor.moved(step)
                 check_interrupt()
     finally:
         # The parts' state is taken before the engine closes, which drops the envs' state.

@@ -5,8 +5,13 @@ torch also the init and optimizers every torch learner builds with."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Protocol
+
+# Orthogonal init's gains (PPO's ``orthogonal_init``, CleanRL's and PureJaxRL's): hidden
+# layers, the policy's output (near-uniform first actions), the value's output.
+HIDDEN_GAIN, POLICY_GAIN, VALUE_GAIN = math.sqrt(2), 0.01, 1.0
 
 
 class ActorCriticSettings(Protocol):

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rlspeed.algos.encoding import one_hot_classes
-from rlspeed.algos.networks import ActorCriticSettings
+from rlspeed.algos.networks import HIDDEN_GAIN, POLICY_GAIN, VALUE_GAIN, ActorCriticSettings
 
 LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 
@@ -26,12 +26,15 @@ def apply_output(module: nn.Module, params: Any, *inputs: jax.Array) -> jax.Arra
 
 
 class MLP(nn.Module):
-    """Observations -> ``activation`` after each hidden layer -> ``out_size`` outputs."""
+    """Observations -> ``activation`` after each hidden layer -> ``out_size`` outputs.
+    ``output_gain``: orthogonal weights (``HIDDEN_GAIN`` in the hidden layers, this gain on
+    the output; biases 0) instead of flax's default LeCun normal."""
 
     out_size: int
     hidden_sizes: Sequence[int]
     classes: int  # one-hot classes per observation entry, 0 for continuous
     activation: Callable[[jax.Array], jax.Array] = nn.tanh
+    output_gain: float | None = None
 
     @nn.compact
     def __call__(self, obs: jax.Array) -> jax.Array:
@@ -40,9 +43,16 @@ class MLP(nn.Module):
             x = jax.nn.one_hot(obs, self.classes).reshape(batch, -1)
         else:
             x = obs.reshape(batch, -1).astype(jnp.float32)
+        orthogonal = self.output_gain is not None
+
+        def dense(size: int, gain: float | None) -> nn.Dense:
+            if not orthogonal or gain is None:
+                return nn.Dense(size)
+            return nn.Dense(size, kernel_init=nn.initializers.orthogonal(gain))
+
         for size in self.hidden_sizes:
-            x = self.activation(nn.Dense(size)(x))
-        return nn.Dense(self.out_size)(x)
+            x = self.activation(dense(size, HIDDEN_GAIN)(x))
+        return dense(self.out_size, self.output_gain)(x)
 
 
 class Policy(nn.Module):
@@ -53,10 +63,11 @@ class Policy(nn.Module):
     hidden_sizes: Sequence[int]
     classes: int
     initial_log_std: float | None
+    output_gain: float | None = None
 
     @nn.compact
     def __call__(self, obs: jax.Array) -> tuple[jax.Array, jax.Array | None]:
-        out = MLP(self.out_size, self.hidden_sizes, self.classes)(obs)
+        out = MLP(self.out_size, self.hidden_sizes, self.classes, output_gain=self.output_gain)(obs)
         if self.initial_log_std is None:
             return out, None
         init = nn.initializers.constant(self.initial_log_std)
@@ -66,9 +77,16 @@ class Policy(nn.Module):
 class ActorCritic:
     """Pure functions of an on-policy learner's policy and value networks
     (``algo.hidden_sizes``, ``algo.initial_log_std``): their parameters, acting, values,
-    log-probabilities; the algorithm adds its optimizers and update."""
+    log-probabilities; the algorithm adds its optimizers and update. ``orthogonal``:
+    orthogonal init (see ``MLP``)."""
 
-    def __init__(self, obs_space: Any, action_space: Any, algo: ActorCriticSettings) -> None:
+    def __init__(
+        self,
+        obs_space: Any,
+        action_space: Any,
+        algo: ActorCriticSettings,
+        orthogonal: bool = False,
+    ) -> None:
         self.continuous = bool(action_space.shape)
         classes = one_hot_classes(obs_space)
         hidden = tuple(algo.hidden_sizes)
@@ -78,8 +96,9 @@ class ActorCritic:
         else:
             out_size = int(action_space.n)
         log_std = float(algo.initial_log_std) if self.continuous else None
-        self.policy = Policy(out_size, hidden, classes, log_std)
-        self.value = MLP(1, hidden, classes)
+        policy_gain, value_gain = (POLICY_GAIN, VALUE_GAIN) if orthogonal else (None, None)
+        self.policy = Policy(out_size, hidden, classes, log_std, policy_gain)
+        self.value = MLP(1, hidden, classes, output_gain=value_gain)
         self._dummy_obs = jnp.zeros((1, *obs_space.shape), dtype=obs_space.dtype)
 
     def init_params(self, key: jax.Array) -> tuple[Any, Any]:

@@ -16,7 +16,7 @@ from torch import nn
 from torch.distributions import Categorical, Distribution, Independent, Normal
 
 from rlspeed.algos.encoding import input_size, one_hot_classes
-from rlspeed.algos.networks import ActorCriticSettings
+from rlspeed.algos.networks import HIDDEN_GAIN, POLICY_GAIN, VALUE_GAIN, ActorCriticSettings
 from rlspeed.seeding import Stream, int_seed
 
 
@@ -51,8 +51,17 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     return torch.load(path, weights_only=True, map_location="cpu")
 
 
+def orthogonal_(layer: nn.Linear, gain: float) -> nn.Linear:
+    """Orthogonal weights scaled by ``gain``, zero bias (``orthogonal_init``)."""
+    nn.init.orthogonal_(layer.weight, gain)
+    nn.init.zeros_(layer.bias)
+    return layer
+
+
 class MLP(nn.Module):
-    """Observations -> ``activation`` after each hidden layer -> ``out_size`` outputs."""
+    """Observations -> ``activation`` after each hidden layer -> ``out_size`` outputs.
+    ``output_gain``: orthogonal weights (``HIDDEN_GAIN`` in the hidden layers, this gain on
+    the output; biases 0) instead of LeCun normal."""
 
     def __init__(
         self,
@@ -60,14 +69,21 @@ class MLP(nn.Module):
         out_size: int,
         hidden_sizes: Sequence[int],
         activation: type[nn.Module] = nn.Tanh,
+        output_gain: float | None = None,
     ) -> None:
         super().__init__()
         self.classes = one_hot_classes(obs_space)
         sizes = [input_size(obs_space), *hidden_sizes]
+
+        def init(layer: nn.Linear, gain: float | None) -> nn.Linear:
+            if output_gain is None or gain is None:
+                return lecun_normal_(layer)
+            return orthogonal_(layer, gain)
+
         layers: list[nn.Module] = []
         for fan_in, fan_out in zip(sizes[:-1], sizes[1:], strict=True):
-            layers += [lecun_normal_(nn.Linear(fan_in, fan_out)), activation()]
-        layers.append(lecun_normal_(nn.Linear(sizes[-1], out_size)))
+            layers += [init(nn.Linear(fan_in, fan_out), HIDDEN_GAIN), activation()]
+        layers.append(init(nn.Linear(sizes[-1], out_size), output_gain))
         self.net = nn.Sequential(*layers)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
@@ -82,11 +98,17 @@ class Policy(nn.Module):
     """Categorical over logits (discrete actions), or a diagonal Gaussian with a learned,
     state-independent log std (continuous actions)."""
 
-    def __init__(self, obs_space: Any, action_space: Any, algo: ActorCriticSettings) -> None:
+    def __init__(
+        self,
+        obs_space: Any,
+        action_space: Any,
+        algo: ActorCriticSettings,
+        output_gain: float | None = None,
+    ) -> None:
         super().__init__()
         self.continuous = bool(action_space.shape)
         out_size = int(np.prod(action_space.shape)) if self.continuous else int(action_space.n)
-        self.net = MLP(obs_space, out_size, algo.hidden_sizes)
+        self.net = MLP(obs_space, out_size, algo.hidden_sizes, output_gain=output_gain)
         if self.continuous:
             self.log_std = nn.Parameter(torch.full((out_size,), float(algo.initial_log_std)))
 
@@ -101,7 +123,8 @@ class Policy(nn.Module):
 
 class ActorCritic:
     """The policy and value networks of an on-policy learner (``algo.hidden_sizes``,
-    ``algo.initial_log_std``) and how it acts; the algorithm adds its optimizers and update."""
+    ``algo.initial_log_std``) and how it acts; the algorithm adds its optimizers and update.
+    ``orthogonal``: orthogonal init (see ``MLP``)."""
 
     def __init__(
         self,
@@ -110,11 +133,13 @@ class ActorCritic:
         algo: ActorCriticSettings,
         seed: int,
         device: torch.device | None = None,
+        orthogonal: bool = False,
     ) -> None:
         # Weights drawn on the CPU (the global generator), then moved: the same anywhere.
         self.device = device or torch.device("cpu")
-        self.policy = Policy(obs_space, action_space, algo).to(self.device)
-        self.value = MLP(obs_space, 1, algo.hidden_sizes).to(self.device)
+        policy_gain, value_gain = (POLICY_GAIN, VALUE_GAIN) if orthogonal else (None, None)
+        self.policy = Policy(obs_space, action_space, algo, policy_gain).to(self.device)
+        self.value = MLP(obs_space, 1, algo.hidden_sizes, output_gain=value_gain).to(self.device)
         if self.policy.continuous:
             self.low = from_numpy(action_space.low, self.device)
             self.high = from_numpy(action_space.high, self.device)

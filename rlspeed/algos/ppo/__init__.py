@@ -16,6 +16,8 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from omegaconf import DictConfig, OmegaConf
+
 from rlspeed.algos import (
     AlgoSpec,
     agents_at_once,
@@ -26,10 +28,9 @@ from rlspeed.algos import (
 )
 from rlspeed.errors import ConfigError
 from rlspeed.machine import physical_memory
+from rlspeed.registry import TASKS
 
 if TYPE_CHECKING:
-    from omegaconf import DictConfig
-
     from rlspeed.config import RunConfigLike
 
 
@@ -73,6 +74,19 @@ class PPOConfig:
     # Gaussian policies (continuous actions): the initial state-independent log std.
     initial_log_std: float = 0.0
     hidden_sizes: list[int] = field(default_factory=lambda: [64, 64])
+    # Normalise observations by the running mean and variance of every observation acted on
+    # (rlspeed/algos/normalization.py), clipped to +-obs_clip; the statistics are saved with
+    # the agent. Continuous observations only. Off by default: on for the continuous tasks
+    # (conf/algo_task/ppo_pendulum.yaml, ppo_halfcheetah.yaml), as CleanRL's continuous PPO.
+    normalize_obs: bool = False
+    obs_clip: float = 10.0
+    # Divide rewards by the running std of the discounted return (gamma), clipped to
+    # +-reward_clip. What PPO learns from only: episode returns and scores stay raw.
+    scale_rewards: bool = False
+    reward_clip: float = 10.0
+    # Orthogonal weights (gain sqrt(2) in hidden layers, 0.01 on the policy's output, 1 on
+    # the value's; biases 0), as CleanRL and PureJaxRL, instead of LeCun normal.
+    orthogonal_init: bool = False
 
 
 def minibatch_positions(
@@ -109,18 +123,34 @@ def annealed_rate(algo: PPOConfig, batch: Any, batches: int) -> Any:
     return algo.learning_rate * (1.0 - batch / batches)
 
 
+def with_defaults(saved: DictConfig) -> DictConfig:
+    """A run folder's config as ``mode=eval`` reads it (as it is), with the PPO keys it lacks
+    at their defaults: an agent saved before an option existed loads with it off."""
+    algo = OmegaConf.merge(OmegaConf.structured(PPOConfig), saved.algo)
+    merged = OmegaConf.merge(saved, {"algo": algo})
+    assert isinstance(merged, DictConfig)  # a mapping merged with a mapping
+    return merged
+
+
 def validate(algo: PPOConfig, cfg: DictConfig) -> None:
     check_ranges(
         algo,
         count=("num_steps", "num_minibatches"),
         passes=("update_epochs",),
         unit=("gamma", "gae_lambda"),
-        positive=("learning_rate", "clip_coef"),
+        positive=("learning_rate", "clip_coef", "obs_clip", "reward_clip"),
         off_at_zero=("ent_coef", "max_grad_norm"),
         non_negative=("vf_coef",),
         finite=("initial_log_std",),
     )
     check_hidden_sizes(algo)
+    # Categorical observations are one-hot encoded: a normalised cell code is no class.
+    if algo.normalize_obs and TASKS.get(cfg.task.name).tabular is not None:
+        raise ConfigError(
+            "algo.normalize_obs",
+            algo.normalize_obs,
+            f"false on {cfg.task.name}, whose observations are categorical (one-hot encoded)",
+        )
     batch = algo.num_steps * cfg.num_envs
     # Equal minibatches: every transition is used once per epoch, and the fused update
     # has one static minibatch shape.
@@ -155,5 +185,5 @@ SPEC = AlgoSpec(
     },
     fused="rlspeed.algos.ppo.flax:make_train",
     validate=validate,
-    tasks=("doors", "cartpole", "pendulum", "halfcheetah"),
+    tasks=("doors", "cartpole", "pendulum", "halfcheetah", "gym"),
 )

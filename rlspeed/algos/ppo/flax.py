@@ -14,14 +14,23 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from rlspeed.algos.loops.fused import FusedTrainer, saved_agent_policies
+from rlspeed.algos.loops.fused import FusedTrainer, saved_policies
 from rlspeed.algos.networks.flax import ActorCritic
-from rlspeed.algos.ppo import PPOConfig, annealed_rate, batches_in_run, minibatch_positions
+from rlspeed.algos.normalization import init_state, settings_of
+from rlspeed.algos.ppo import (
+    PPOConfig,
+    annealed_rate,
+    batches_in_run,
+    minibatch_positions,
+    with_defaults,
+)
 from rlspeed.algos.rollout import RolloutBatch
 from rlspeed.algos.rollout_jax import (
     OnPolicyJaxLearner,
+    checkpoint_tree,
     make_on_policy_train,
     normalized,
+    normalized_greedy,
     weighted_mean,
 )
 from rlspeed.envs.vmap import VmapEnv
@@ -45,8 +54,10 @@ class PPOFunctions(ActorCritic):
     ``batches``: the batches of the run, over which ``anneal_lr`` takes the step size to 0."""
 
     def __init__(self, obs_space: Any, action_space: Any, algo: PPOConfig, batches: int) -> None:
-        super().__init__(obs_space, action_space, algo)
+        super().__init__(obs_space, action_space, algo, algo.orthogonal_init)
         self.algo = algo
+        # What the rollouts normalise (``rollout_jax.norm_settings``).
+        self.normalization = settings_of(algo, obs_space)
         self.updates_per_batch = algo.update_epochs * algo.num_minibatches
         self.optimizer = optimizer(algo, self.updates_per_batch, batches)
 
@@ -170,6 +181,11 @@ def make_train(cfg: RunConfigLike, env: VmapEnv) -> FusedTrainer:
 def load_policies(
     cfg: DictConfig, path: Path, obs_space: Any, action_space: Any
 ) -> list[GreedyPolicy]:
-    """The greedy policies of a saved ``checkpoint.msgpack`` (``mode=eval``)."""
+    """The greedy policies of a saved ``checkpoint.msgpack`` (``mode=eval``): with
+    observation normalisation, on observations normalised by its saved statistics."""
+    cfg = with_defaults(cfg)
     fns = functions(cfg, obs_space, action_space)
-    return saved_agent_policies(cfg, path, fns.init, "policy_params", fns.greedy)
+    norm = init_state(fns.normalization, obs_space.shape, 1, jnp)
+    template = checkpoint_tree(fns.init(jax.random.key(0)), norm)
+    params_of, greedy = normalized_greedy(fns)
+    return saved_policies(cfg, path, template, params_of, greedy)

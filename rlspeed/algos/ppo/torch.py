@@ -12,8 +12,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from rlspeed.algos.networks.torch import ActorCritic, from_numpy, saved_greedy_policy
-from rlspeed.algos.ppo import annealed_rate, batches_in_run, minibatch_positions
+from rlspeed.algos.networks.torch import (
+    ActorCritic,
+    from_numpy,
+    load_checkpoint,
+    saved_greedy_policy,
+)
+from rlspeed.algos.normalization import settings_of
+from rlspeed.algos.ppo import annealed_rate, batches_in_run, minibatch_positions, with_defaults
 from rlspeed.algos.rollout import RolloutBatch, RolloutLearner
 from rlspeed.backends.torch import device_of
 from rlspeed.checkpoint import save_torch
@@ -31,7 +37,8 @@ METRICS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac")
 class TorchLearner(ActorCritic, RolloutLearner):
     def __init__(self, obs_space: Any, action_space: Any, cfg: RunConfigLike, seed: int) -> None:
         algo = self.algo = cfg.algo
-        super().__init__(obs_space, action_space, algo, seed, device_of(cfg.backend))
+        device = device_of(cfg.backend)
+        super().__init__(obs_space, action_space, algo, seed, device, algo.orthogonal_init)
         self.updates_per_batch = algo.update_epochs * algo.num_minibatches
         self.params = [*self.policy.parameters(), *self.value.parameters()]
         # One Adam over both networks, with CleanRL's eps; the fused step (see
@@ -40,7 +47,10 @@ class TorchLearner(ActorCritic, RolloutLearner):
         self.batches = batches_in_run(algo, cfg)
         self.batches_done = 0
         self.minibatch_generator = torch.Generator().manual_seed(int_seed(seed, Stream.REPLAY))
-        self.init_rollout(obs_space, action_space, cfg)
+        self.init_rollout(obs_space, action_space, cfg, settings_of(algo, obs_space))
+
+    def greedy(self, obs: np.ndarray) -> np.ndarray:
+        return super().greedy(self.seen(obs))
 
     def loss(
         self, minibatch: tuple[torch.Tensor, ...]
@@ -106,18 +116,24 @@ class TorchLearner(ActorCritic, RolloutLearner):
         return {name: torch.stack(values).mean() for name, values in metrics.items()}
 
     def save(self, path: Path) -> Path:
-        return save_torch(
-            {
-                "policy": self.policy.state_dict(),
-                "value": self.value.state_dict(),
-                "optimizer": self.optimizer.state_dict(),
-            },
-            path,
-        )
+        saved = {
+            "policy": self.policy.state_dict(),
+            "value": self.value.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+        }
+        if self.normalization is not None and (stats := self.normalization.obs_moments()):
+            saved["obs_norm"] = {name: torch.from_numpy(x) for name, x in stats.items()}
+        return save_torch(saved, path)
 
 
 def load_policies(
     cfg: DictConfig, path: Path, obs_space: Any, action_space: Any
 ) -> list[GreedyPolicy]:
-    """The greedy policy of a saved ``checkpoint.pt`` (``mode=eval``)."""
-    return saved_greedy_policy(TorchLearner(obs_space, action_space, cfg, cfg.seed), path)
+    """The greedy policy of a saved ``checkpoint.pt`` (``mode=eval``): with observation
+    normalisation, on observations normalised by its saved statistics."""
+    cfg = with_defaults(cfg)
+    learner = TorchLearner(obs_space, action_space, cfg, cfg.seed)
+    if learner.normalization is not None and learner.normalization.obs_moments() is not None:
+        saved = load_checkpoint(path)["obs_norm"]
+        learner.normalization.load_obs_moments({k: x.numpy() for k, x in saved.items()})
+    return saved_greedy_policy(learner, path)

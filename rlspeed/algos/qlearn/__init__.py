@@ -17,9 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from rlspeed.algos import AlgoSpec, check_memory, check_ranges
+from rlspeed.algos import AlgoSpec, agents_at_once, check_memory, check_ranges
 from rlspeed.algos.schedule import epsilon_at
 from rlspeed.errors import ConfigError
+from rlspeed.machine import physical_memory
 from rlspeed.registry import TASKS
 
 if TYPE_CHECKING:
@@ -134,13 +135,35 @@ def validate(algo: QLearnConfig, cfg: DictConfig) -> None:
         raise ConfigError(
             "task", cfg.task.name, f"a task with a tabular state: {', '.join(tabular)}"
         )
+    check_table(cfg)
     check_memory(cfg)
+
+
+# States are int32 indices on every path.
+MAX_STATES = 2**31 - 1
+
+
+def check_table(cfg: DictConfig) -> None:
+    """A Q-table that fits: int32 state indices, and memory for every agent's table (a
+    float32 per state and action, at least one action; task=gym's spaces can be huge)."""
+    states = TASKS.get(cfg.task.name).tabular.num_states(cfg.task)
+    needed, available = 4 * states * agents_at_once(cfg), physical_memory()
+    if states > MAX_STATES or needed > available:
+        raise ConfigError(
+            "task",
+            cfg.task.name,
+            f"a task whose Q-table fits: at most {MAX_STATES:,} states and the memory for "
+            f"them (it has {states:,} states, {needed / 2**30:,.1f} GiB or more; this "
+            f"machine has {available / 2**30:,.1f} GiB)",
+        )
 
 
 SPEC = AlgoSpec(
     name="qlearn",
     schema=QLearnConfig,
     action_kinds=("discrete",),
+    # A finite state index (``TaskSpec.tabular``).
+    observation_kinds=("categorical",),
     learners={
         "torch": "rlspeed.algos.qlearn.torch:TorchQTable",
         "flax": "rlspeed.algos.qlearn.flax:FlaxQTable",

@@ -126,6 +126,8 @@ SPEC = AlgoSpec(
     name="td3",
     schema=TD3Config,
     action_kinds=("continuous",),
+    # Its networks take observations as numbers: no one-hot encoding.
+    observation_kinds=("continuous",),
     learners={
         "torch": "rlspeed.algos.td3.torch:TorchLearner",
         "flax": "rlspeed.algos.td3.flax:FlaxLearner",

@@ -1,0 +1,174 @@
+"""rlspeed from Python: ``train`` runs what the ``rlspeed`` command runs, with its checks,
+into a run folder of its own; ``load`` reads a run folder's agent back to act with.
+
+    import rlspeed
+
+    result = rlspeed.train(algo="dqn", task="cartpole", backend="flax", env="jax-vmap",
+                           total_steps=50_000, tracking="none")
+    agent = rlspeed.load(result.out_dir)
+    action = agent.act(observation)
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from omegaconf import DictConfig
+
+from rlspeed.errors import ConfigError, RLSpeedError
+
+# The config groups ``train`` takes by name: an option of conf/<group>/.
+GROUPS = ("algo", "task", "backend", "env", "tracking")
+
+
+class Agent:
+    """A saved agent's greedy policy: ``act`` one observation, ``act_batch`` many. A run of
+    several seeds saved one agent per seed; ``seed`` picks one (the first by default)."""
+
+    def __init__(self, config: DictConfig, policies: dict[int, Any], seed: int) -> None:
+        # The config of the run that trained it (its folder's config.yaml).
+        self.config = config
+        self.seeds = sorted(policies)
+        self.seed = seed
+        self._policy = policies[seed]
+
+    def act_batch(self, observations: Any) -> np.ndarray:
+        """Greedy actions of observations stacked on a first axis [B, ...]."""
+        return np.asarray(self._policy(np.asarray(observations)))
+
+    def act(self, observation: Any) -> Any:
+        """The greedy action of one observation, as a Gymnasium env's ``step`` takes it."""
+        return self.act_batch(np.asarray(observation)[None])[0]
+
+    def __repr__(self) -> str:
+        cfg = self.config
+        return (
+            f"Agent(algo={cfg.algo.name}, task={cfg.task.name}, backend={cfg.backend.name}, "
+            f"seed={self.seed})"
+        )
+
+
+def load(folder: str | Path, seed: int | None = None) -> Agent:
+    """The agent a run saved in ``folder`` (a run folder, or an agent file in one); ``seed``
+    picks one agent of a multi-seed run. Only arrays are read: nothing in the folder runs."""
+    from rlspeed.checkpoint import agent_files
+    from rlspeed.config import register_configs
+    from rlspeed.evaluate import load_agents
+
+    register_configs()
+    if not agent_files(str(folder)):
+        raise ConfigError(
+            "folder", folder, "a run folder holding checkpoint.pt or checkpoint.msgpack"
+        )
+    saved, agents = load_agents(str(folder))
+    policies = {agent_seed: policy for agent_seed, policy, _ in agents}
+    if seed is None:
+        seed = min(policies)
+    if seed not in policies:
+        raise ConfigError("seed", seed, f"one of the saved agents' seeds: {sorted(policies)}")
+    return Agent(saved, policies, seed)
+
+
+class Result:
+    """What ``train`` returns: the run's score, its folder and what it recorded there."""
+
+    def __init__(self, score: float, out_dir: Path) -> None:
+        # The task's greedy score (the mean over seeds where there are several).
+        self.score = score
+        self.out_dir = out_dir
+
+    @cached_property
+    def metrics(self) -> dict[str, Any]:
+        """The run's metrics.json: status, rates, every logged row."""
+        metrics: dict[str, Any] = json.loads((self.out_dir / "metrics.json").read_text())
+        return metrics
+
+    @cached_property
+    def agent(self) -> Agent:
+        """The trained agent (its checkpoint, read back)."""
+        return load(self.out_dir)
+
+    def __repr__(self) -> str:
+        return f"Result(score={self.score:.4f}, out_dir={str(self.out_dir)!r})"
+
+
+def train(
+    algo: str | None = None,
+    task: str | None = None,
+    backend: str | None = None,
+    env: str | None = None,
+    tracking: str | None = None,
+    out_dir: str | Path | None = None,
+    **overrides: Any,
+) -> Result:
+    """Train as ``rlspeed`` would with these choices and overrides, e.g.
+    ``train(algo="ppo", task="cartpole", total_steps=100_000, **{"algo.learning_rate": 3e-4})``.
+
+    Unset groups take the command's defaults. The config is checked as the command checks
+    it (a bad value raises ConfigError naming key, value and what is allowed, before anything
+    is created). Outputs go to ``out_dir``, by default a new folder under ``outputs/`` named
+    as the command names it."""
+    from rlspeed import secrets
+    from rlspeed.cli import CONF_DIR, set_up_config_tree
+    from rlspeed.preflight import check_overrides
+
+    chosen = dict(zip(GROUPS, (algo, task, backend, env, tracking), strict=True))
+    arguments = [f"{group}={name}" for group, name in chosen.items() if name is not None]
+    arguments += [f"{key}={_hydra_value(value)}" for key, value in overrides.items()]
+    hydra_arguments = [] if out_dir is None else [f"hydra.run.dir={_hydra_value(str(out_dir))}"]
+    secrets.install(streams=False)  # the caller's streams stay theirs
+    arguments = secrets.hide_in_arguments(arguments)
+    set_up_config_tree()
+    check_overrides(arguments, hydra_arguments, CONF_DIR)
+    return _run_job(CONF_DIR, [*arguments, *hydra_arguments])
+
+
+def _run_job(conf_dir: str, arguments: list[str]) -> Result:
+    """Run one Hydra job of the composed config, as ``hydra.main`` runs one: its folder,
+    ``.hydra/`` files and log file, then ``rlspeed.run.run`` inside it."""
+    from hydra import compose, initialize_config_dir
+    from hydra._internal.callbacks import Callbacks
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.utils import run_job, setup_globals
+    from hydra.types import HydraContext, RunMode
+    from omegaconf import open_dict
+
+    from rlspeed.run import run
+
+    setup_globals()
+    with initialize_config_dir(config_dir=conf_dir, version_base=None):
+        cfg = compose(config_name="config", overrides=arguments, return_hydra_config=True)
+        with open_dict(cfg):
+            cfg.hydra.mode = RunMode.RUN
+        context = HydraContext(GlobalHydra.instance().config_loader(), Callbacks(cfg))
+        job = run_job(run, cfg, "hydra.run.dir", None, context)
+    score = job.return_value  # raises what the run raised
+    assert job.hydra_cfg is not None  # run_job sets it before it runs the job
+    out_dir = Path(job.hydra_cfg.hydra.runtime.output_dir)
+    if not isinstance(score, float):
+        raise RLSpeedError(f"rlspeed: the run in {out_dir} returned no score")
+    return Result(score, out_dir)
+
+
+def _hydra_value(value: Any) -> str:
+    """``value`` in Hydra's override grammar: strings quoted (so ``"1e-3"`` or ``"null"``
+    stay strings and a path's characters need no escaping), lists and dicts as literals."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str | Path):
+        return "'" + str(value).replace("\\", "\\\\").replace("'", "\\'") + "'"
+    if isinstance(value, Mapping):
+        items = ", ".join(f"{key}: {_hydra_value(item)}" for key, item in value.items())
+        return "{" + items + "}"
+    if isinstance(value, Sequence):
+        return "[" + ", ".join(_hydra_value(item) for item in value) + "]"
+    raise TypeError(f"rlspeed.train: {value!r} is not a config value (str, number, bool, ...)")

@@ -217,7 +217,8 @@ def _pruned(started: Started, pruned: BaseException) -> str:
     """Stopped by the study's pruner: the sweeper records the trial as PRUNED; the run
     ends KILLED."""
     started.tracker.set_tags({"optuna.pruned": "true"})
-    log.info("rlspeed: trial %d %s", started.cfg.trial.number, pruned)
+    # The sweep's console has the trial's one line (PRUNED and why); its log file this one.
+    to_log_file(f"rlspeed: trial {started.cfg.trial.number} {pruned}")
     return "KILLED"
 
 

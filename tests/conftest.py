@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -124,6 +125,22 @@ def start_cli(
     return subprocess.Popen(
         [RLSPEED, *args], cwd=cwd, env=cli_env(), text=True, preexec_fn=prepare, **popen
     )
+
+
+def wait_for_log(
+    process: subprocess.Popen, folder: Path, pattern: str, text: str, timeout: float = 180
+) -> Path:
+    """The first ``rlspeed.log`` under ``folder`` matching ``pattern`` (a glob) that holds
+    ``text``, once one does: a sweep's trials keep their progress lines in their own log
+    files (its console has one line per trial)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for log in sorted(folder.glob(pattern)):
+            if text in log.read_text(errors="replace"):
+                return log
+        assert process.poll() is None, f"the command ended before {text!r} in {pattern}"
+        time.sleep(0.2)
+    raise AssertionError(f"no {text!r} in {folder}/{pattern} within {timeout} s")
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str) -> None:

@@ -9,6 +9,7 @@ import json
 import os
 import re
 import resource
+import select
 import signal
 import subprocess
 import time
@@ -18,7 +19,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from tests.conftest import start_cli
+from tests.conftest import start_cli, wait_for_log
 from tests.test_sweep_faults import STUDY, SWEEP
 from tests.test_tracking import _only_run, assert_every_row_in_mlflow, mlflow_server
 
@@ -52,13 +53,18 @@ def _one_line(stderr: str, *fragments: str) -> str:
 
 
 def _wait_for(process: subprocess.Popen, text: str) -> None:
-    """Read the run's log until a line holds ``text`` (the run is where the test wants it)."""
+    """Read the run's output until a line holds ``text`` (the run is where the test wants
+    it); fails after 120 s, silent output included."""
     deadline = time.monotonic() + 120
-    for line in process.stdout:
+    while (left := deadline - time.monotonic()) > 0:
+        if not select.select([process.stdout], [], [], left)[0]:
+            break
+        line = process.stdout.readline()
+        if not line:
+            raise AssertionError(f"the run ended before {text!r}: {process.communicate()[1]}")
         if text in line:
             return
-        assert time.monotonic() < deadline, f"no {text!r} within 120 s"
-    raise AssertionError(f"the run ended before {text!r}: {process.communicate()[1]}")
+    raise AssertionError(f"no {text!r} within 120 s")
 
 
 def _file_size_limit(limit: int) -> Callable[[], None]:
@@ -270,7 +276,7 @@ def test_sigkill_of_a_joblib_sweep_stops_its_workers(tmp_path):
         "tracking=none",
     ]
     process = start_cli(args, tmp_path, stderr=subprocess.STDOUT)
-    _wait_for(process, "step 1,000/")
+    wait_for_log(process, tmp_path, "outputs/multirun/*/*/*/rlspeed.log", "step 1,000/")
     workers = _children(process.pid, "popen_loky_posix")
     assert workers, "no joblib worker found"
     process.kill()

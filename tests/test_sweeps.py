@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import textwrap
-import time
 from pathlib import Path
 
 import optuna
@@ -24,7 +23,7 @@ from optuna.trial import TrialState
 from rlspeed.cli import CONF_DIR
 from rlspeed.sweep import open_storage
 from rlspeed.validation import validate
-from tests.conftest import run_cli, script_sources, start_cli
+from tests.conftest import run_cli, script_sources, start_cli, wait_for_log
 
 # Tiny trials: torch on 4 synchronous envs, 3000 env steps, a report every 1000 steps.
 TINY = [
@@ -306,15 +305,10 @@ def test_killed_sweep_resumes_and_records_the_interrupted_trial_as_fail(tmp_path
         *TINY,
     ]
     process = start_cli(args, tmp_path, stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + 180
-    second_trial = False
-    for line in process.stdout:  # kill it in the middle of the second trial
-        second_trial = second_trial or "#1 :" in line
-        if (second_trial and "step 1,000/" in line) or time.monotonic() > deadline:
-            break
+    # Killed in the middle of the second trial (its progress is in its own log file).
+    wait_for_log(process, tmp_path, "outputs/multirun/*/*/1_*/rlspeed.log", "step 1,000/")
     os.killpg(process.pid, signal.SIGKILL)
     process.communicate(timeout=60)
-    assert second_trial
     journal = tmp_path / "outputs" / "optuna" / "dqn_search.journal"
     assert _states(_study(journal)) == ["COMPLETE", "RUNNING"]
 

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 from omegaconf import DictConfig
 
+from rlspeed.config import quote
 from rlspeed.errors import ConfigError, RLSpeedError
 
 # The config groups ``train`` takes by name: an option of conf/<group>/.
@@ -165,7 +166,7 @@ def _hydra_value(value: Any) -> str:
     if isinstance(value, int | float):
         return repr(value)
     if isinstance(value, str | Path):
-        return "'" + str(value).replace("\\", "\\\\").replace("'", "\\'") + "'"
+        return quote(str(value))
     if isinstance(value, Mapping):
         items = ", ".join(f"{key}: {_hydra_value(item)}" for key, item in value.items())
         return "{" + items + "}"

@@ -135,6 +135,12 @@ def is_fused(cfg: RunConfigLike) -> bool:
 MAX_STEPS = 2_000_000_000
 
 
+def quote(text: str) -> str:
+    """``text`` as a quoted string of Hydra's override grammar (``key='...'``): taken as
+    it is, whatever characters it holds."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
 def to_yaml(cfg: DictConfig) -> str:
     """The run's config.yaml, passwords in URLs masked."""
     return mask(OmegaConf.to_yaml(cfg, resolve=True))

@@ -218,11 +218,11 @@ def show_best(study: Any) -> None:
         directed = f"{name} ({study.directions[i].name.lower()})" if multi else name
         table.add_row(directed, *[f"{t.values[i]:.6g}" for t in best])
     for name in sorted({name for trial in best for name in trial.params}):
-        table.add_row(name, *[_fmt_param(t.params.get(name)) for t in best])
+        table.add_row(name, *[fmt_param(t.params.get(name)) for t in best])
     Console().print(table)
 
 
-def _fmt_param(value: Any) -> str:
+def fmt_param(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
     return "-" if value is None else str(value)

@@ -39,7 +39,7 @@ from optuna.distributions import (
     IntDistribution,
 )
 
-from rlspeed.config import MAX_STEPS
+from rlspeed.config import MAX_STEPS, quote
 from rlspeed.errors import RLSpeedError
 
 MAX_TRIALS = 1_000_000
@@ -122,10 +122,6 @@ def value_text(value: Any) -> str:
     if isinstance(value, str):
         return quote(value) if _needs_quotes(value) else value
     return Override._get_value_element_as_str(value)
-
-
-def quote(text: str) -> str:
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def _needs_quotes(text: str) -> bool:

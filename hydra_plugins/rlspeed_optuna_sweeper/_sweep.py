@@ -35,15 +35,16 @@ from optuna.trial import TrialState
 from hydra_plugins.rlspeed_optuna_sweeper._batch import batches_trials, launch_batched
 from hydra_plugins.rlspeed_optuna_sweeper._parent_run import StudyRun
 from hydra_plugins.rlspeed_optuna_sweeper._results import (
-    _fmt_param,
+    fmt_param,
     fmt_values,
     show_best,
     write_results,
 )
-from hydra_plugins.rlspeed_optuna_sweeper._space import SweepConfigError, SweepSetup, build, quote
+from hydra_plugins.rlspeed_optuna_sweeper._space import SweepConfigError, SweepSetup, build
 from hydra_plugins.rlspeed_optuna_sweeper._submitit import is_submitit, launch_each
 from hydra_plugins.rlspeed_optuna_sweeper._trials import TrialKeeper, counted, is_surplus
 from rlspeed import secrets
+from rlspeed.config import quote
 from rlspeed.errors import RLSpeedError
 from rlspeed.sweep import (
     PRUNER_ATTR,
@@ -384,7 +385,7 @@ LAUNCHER_LOGGERS = (
 
 def _params(trial: Any) -> str:
     """The trial's sampled values, on its one line of the sweep's console."""
-    return ", ".join(f"{name}={_fmt_param(value)}" for name, value in trial.params.items())
+    return ", ".join(f"{name}={fmt_param(value)}" for name, value in trial.params.items())
 
 
 def launcher_jobs(config: DictConfig) -> int:

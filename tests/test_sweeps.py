@@ -332,3 +332,36 @@ def test_every_shipped_search_space_names_keys_of_the_run_it_selects(option, mak
     space = OmegaConf.load(Path(CONF_DIR) / "hparams" / f"{option}.yaml").hydra.sweeper.params
     for key in space:
         assert OmegaConf.select(cfg, key) is not None, f"{option}: {key} is not a config key"
+
+
+def test_trials_compose_alike_when_they_differ_only_in_numbers_inside_their_ranges():
+    """A sweep composes one trial per composition_signature before launching it (Hydra's
+    composition, ~0.2 s): trials that differ only in where a number falls inside its range
+    share it; another choice, another kind of number or another key does not."""
+    from optuna.distributions import (
+        CategoricalDistribution,
+        FloatDistribution,
+        IntDistribution,
+    )
+
+    from hydra_plugins.rlspeed_optuna_sweeper._space import composition_signature
+
+    space = {
+        "algo.gamma": FloatDistribution(0.8, 0.99),
+        "algo.buffer_size": IntDistribution(1000, 5000),
+        "algo/optimizer": CategoricalDistribution(["adam", "sgd"]),
+    }
+    first = composition_signature(
+        space, {"algo.gamma": 0.9, "algo.buffer_size": 1000, "algo/optimizer": "adam"}
+    )
+    alike = composition_signature(
+        space, {"algo/optimizer": "adam", "algo.gamma": 0.81, "algo.buffer_size": 4321}
+    )
+    assert alike == first
+    other_choice = {"algo.gamma": 0.9, "algo.buffer_size": 1000, "algo/optimizer": "sgd"}
+    assert composition_signature(space, other_choice) != first
+    as_float = {**space, "algo.buffer_size": FloatDistribution(1000, 5000)}
+    params = {"algo.gamma": 0.9, "algo.buffer_size": 1000.0, "algo/optimizer": "adam"}
+    assert composition_signature(as_float, params) != first
+    fewer = {key: space[key] for key in ("algo.gamma", "algo/optimizer")}
+    assert composition_signature(fewer, {"algo.gamma": 0.9, "algo/optimizer": "adam"}) != first

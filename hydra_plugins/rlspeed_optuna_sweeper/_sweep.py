@@ -40,7 +40,12 @@ from hydra_plugins.rlspeed_optuna_sweeper._results import (
     show_best,
     write_results,
 )
-from hydra_plugins.rlspeed_optuna_sweeper._space import SweepConfigError, SweepSetup, build
+from hydra_plugins.rlspeed_optuna_sweeper._space import (
+    SweepConfigError,
+    SweepSetup,
+    build,
+    composition_signature,
+)
 from hydra_plugins.rlspeed_optuna_sweeper._submitit import is_submitit, launch_each
 from hydra_plugins.rlspeed_optuna_sweeper._trials import TrialKeeper, counted, is_surplus
 from rlspeed import secrets
@@ -242,6 +247,7 @@ class OptunaSweeperImpl:
         parallel = node.n_jobs if node.n_jobs is not None else launcher_jobs(config)
         ran = failed = 0
         next_job_idx = 0
+        composable: set[Any] = set()  # composition_signature of trials that composed
         while True:
             if _grid_exhausted(setup.sampler, study):
                 log.info("The grid is exhausted: every combination has been tried")
@@ -278,9 +284,12 @@ class OptunaSweeperImpl:
                     overrides = setup.space.overrides(trial.params) + extra
                     if is_trial_job:
                         overrides.append(f"trial.number={trial.number}")
+                    signature = composition_signature(trial.distributions, trial.params)
                     try:
-                        if not batched:  # a batch composes each trial's config anyway
+                        # A batch composes each trial's config anyway.
+                        if not batched and signature not in composable:
                             legal(overrides)
+                            composable.add(signature)
                     except Exception as error:  # noqa: BLE001 - reported, the trial FAILs
                         log.warning("Trial %d cannot be composed: %s", trial.number, error)
                         keeper.release(trial)

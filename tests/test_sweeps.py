@@ -317,7 +317,10 @@ def test_killed_sweep_resumes_and_records_the_interrupted_trial_as_fail(tmp_path
     assert _states(_study(journal)) == ["COMPLETE", "FAIL", "COMPLETE"]
     _, parents, children = _runs(uri)
     assert len(parents) == 1 and sorted(children) == [0, 1, 2]
-    assert [children[n].info.status for n in (0, 1, 2)] == ["FINISHED", "FAILED", "FINISHED"]
+    statuses = [children[n].info.status for n in (0, 1, 2)]
+    # The killed trial's run: ended KILLED by its writer, which outlives the sweep, or (a
+    # writer that died too) FAILED by the rerun, which ends its trial's runs left RUNNING.
+    assert statuses[0] == statuses[2] == "FINISHED" and statuses[1] in ("KILLED", "FAILED")
 
 
 HPARAMS = sorted(path.stem for path in (Path(CONF_DIR) / "hparams").glob("*.yaml"))

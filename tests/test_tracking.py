@@ -149,6 +149,41 @@ def test_the_writers_zygote_preloads_what_a_writer_imports_for_a_sqlite_store(tm
     assert [run.info.status for run in runs] == ["FINISHED"]
 
 
+def test_a_writer_whose_run_is_gone_before_its_answer_still_ends_the_run_killed(tmp_path):
+    """A run killed outright before its writer could answer it (the writer still starting):
+    the answer has nowhere to go, and the writer still writes what it was given and ends the
+    MLflow run KILLED, as it does for a run killed later."""
+    from rlspeed.tracking._writer import WriterZygote
+    from rlspeed.tracking.mlflow import mlflow_client
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    zygote = WriterZygote("rlspeed.tracking.mlflow")
+    try:
+        to_writer, from_writer = zygote.spawn({})
+        from_writer.close()  # the run is gone: no answer reaches it
+        start = {"run_name": "r", "params": {}, "tags": {}, "run_id": None, "command": ["x"]}
+        for message in (
+            {"uri": uri, "experiment": "e", "parent_run_id": None},
+            {"start": start},
+            {"rows": [[{"loss": 0.5}, 10, 1_000]]},
+        ):
+            to_writer.write(json.dumps(message) + "\n")
+        to_writer.close()
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            time.sleep(0.5)
+            client = mlflow_client(uri)
+            experiment = client.get_experiment_by_name("e")
+            runs = client.search_runs([experiment.experiment_id]) if experiment else []
+            if runs and runs[0].info.status != "RUNNING":
+                break
+        assert [run.info.status for run in runs] == ["KILLED"]
+        assert runs[0].data.metrics == {"loss": 0.5}
+    finally:
+        zygote.control.close()
+        zygote.process.wait(timeout=30)
+
+
 def tensorboard_scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
     """Every scalar in the event files of ``log_dir``: name -> [(step, value)]."""
     events = EventAccumulator(str(log_dir), size_guidance={"scalars": 0})

@@ -230,8 +230,13 @@ def child_main(module: str) -> None:
 
     def send(message: dict[str, Any]) -> None:
         with out_lock:
-            channel.write(json.dumps(message) + "\n")
-            channel.flush()
+            try:
+                channel.write(json.dumps(message) + "\n")
+                channel.flush()
+            except (BrokenPipeError, ValueError):
+                # The parent is gone (killed before this answer): the records still go to
+                # the store, and the run still ends, KILLED.
+                pass
 
     log.addHandler(_ToParent(send))
     log.setLevel(logging.INFO)

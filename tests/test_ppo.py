@@ -324,3 +324,15 @@ def test_resumed_run_ends_like_the_whole_one_and_eval_scores_it(backend, engine,
     evaluated = run_cli(["mode=eval", "checkpoint=resumed", "hydra.run.dir=eval"], tmp_path)
     assert evaluated.returncode == 0, evaluated.stderr[-2000:]
     assert f"rlspeed: score {a['score']:.4f}" in evaluated.stdout
+
+
+@pytest.mark.slow
+def test_shipped_pendulum_settings_learn_pendulum(make_cfg, tmp_path, monkeypatch):
+    """`rlspeed algo=ppo task=pendulum` as shipped (conf/algo_task/ppo_pendulum.yaml, 300k
+    steps, ~10 s fused): seeds 1-3 scored -134 to -172, where a random policy scores about
+    -1200 and PPO's general defaults (128 envs x 128 steps) stayed there."""
+    cfg = make_cfg(["algo=ppo", "task=pendulum", "backend=flax", "env=jax-vmap"])
+    assert cfg.num_envs == 8 and cfg.algo.normalize_obs and cfg.total_steps == 300_000
+    metrics = _run_in(tmp_path / "run", monkeypatch, cfg)
+    assert metrics["recent_return"] > -400, metrics
+    assert metrics["score"] > -400, metrics

@@ -208,7 +208,10 @@ def test_the_checkpoint_keeps_the_statistics_and_eval_scores_with_them(backend, 
     score = json.loads((tmp_path / "run" / "metrics.json").read_text())["score"]
     evaluated = run_cli(["mode=eval", "checkpoint=run", "hydra.run.dir=eval"], tmp_path)
     assert evaluated.returncode == 0, evaluated.stderr[-2000:]
-    assert f"rlspeed: score {score:.4f}" in evaluated.stdout
+    # Equal up to float32 rounding of a sum of 400 rewards (the printed 4th decimal can
+    # differ); without the statistics the policy acts on other inputs and scores otherwise.
+    printed = float(evaluated.stdout.split("rlspeed: score ")[1].split()[0])
+    assert printed == pytest.approx(score, rel=1e-6, abs=1e-3)
 
 
 @pytest.mark.slow

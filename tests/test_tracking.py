@@ -116,7 +116,8 @@ from rlspeed.tracking import mlflow as tracking
 from rlspeed.tracking._writer import Row
 tracking.preload()
 before = set(sys.modules)
-store = tracking.make_store(SimpleNamespace(uri=sys.argv[1], experiment="e", parent_run_id=None))
+settings = SimpleNamespace(uri=sys.argv[1], experiment="rlspeed", parent_run_id=None)
+store = tracking.make_store(settings)
 store.start("run", {"algo.gamma": "0.9"}, {"tag": "x"}, None)
 store.log_rows([Row({"return": 1.0}, 10, int(time.time() * 1000))])
 store.log_artifact(Path(sys.argv[2]))
@@ -143,10 +144,7 @@ def test_the_writers_zygote_preloads_what_a_writer_imports_for_a_sqlite_store(tm
     imported = done.stdout.split()
     heavy = [name for name in imported if name.partition(".")[0] in ("sqlalchemy", "alembic")]
     assert not heavy and len(imported) < 40, imported
-    runs = MlflowClient(uri).search_runs(
-        [MlflowClient(uri).get_experiment_by_name("e").experiment_id]
-    )
-    assert [run.info.status for run in runs] == ["FINISHED"]
+    assert _only_run(uri)[1].info.status == "FINISHED"
 
 
 def test_a_writer_whose_run_is_gone_before_its_answer_still_ends_the_run_killed(tmp_path):
@@ -169,10 +167,10 @@ def test_a_writer_whose_run_is_gone_before_its_answer_still_ends_the_run_killed(
         ):
             to_writer.write(json.dumps(message) + "\n")
         to_writer.close()
+        client = mlflow_client(uri)
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
             time.sleep(0.5)
-            client = mlflow_client(uri)
             experiment = client.get_experiment_by_name("e")
             runs = client.search_runs([experiment.experiment_id]) if experiment else []
             if runs and runs[0].info.status != "RUNNING":

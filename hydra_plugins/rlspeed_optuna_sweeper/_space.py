@@ -95,22 +95,14 @@ class SearchSpace:
 
 def composition_signature(
     distributions: dict[str, BaseDistribution], params: dict[str, Any]
-) -> tuple[tuple[str, Any], ...]:
+) -> frozenset[tuple[str, Any]]:
     """What decides whether a trial's overrides compose: its keys, each choice's value and
     each number's kind. Trials alike in it compose alike (a number inside a range composes
     as any other of that range does; the pre-flight check composed both ends of each), so
     a sweep composes one trial of each to check it (Hydra's composition, ~0.2 s a trial)."""
-    return tuple(
-        sorted(
-            (
-                (
-                    key,
-                    repr(params[key]) if isinstance(dist, CategoricalDistribution) else type(dist),
-                )
-                for key, dist in distributions.items()
-            ),
-            key=lambda item: item[0],
-        )
+    return frozenset(
+        (key, repr(params[key]) if isinstance(dist, CategoricalDistribution) else type(dist))
+        for key, dist in distributions.items()
     )
 
 

@@ -86,7 +86,11 @@ class Result:
     @cached_property
     def metrics(self) -> dict[str, Any]:
         """The run's metrics.json: status, rates, every logged row."""
-        metrics: dict[str, Any] = json.loads((self.out_dir / "metrics.json").read_text())
+        from rlspeed.checkpoint import check_whole
+
+        path = self.out_dir / "metrics.json"
+        check_whole(path, "metrics file")
+        metrics: dict[str, Any] = json.loads(path.read_text())
         return metrics
 
     @cached_property

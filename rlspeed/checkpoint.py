@@ -38,15 +38,20 @@ from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
-from rlspeed import statefile
+from rlspeed import digests, statefile
 from rlspeed.errors import ConfigError
+from rlspeed.machine import physical_memory
 
 RESUME_FILE = "resume.npz"
 # What versions before the resume.npz format wrote: pickles, refused unread.
 PICKLED_RESUME_FILES = "resume*.pkl"
 CONFIG_FILE = "config.yaml"
+# A run's config.yaml is a few kilobytes: a larger one is not a run's (and would stall).
+CONFIG_BYTES = 1 << 20
+# Keys every rlspeed config.yaml has: one without them (an empty file) is not a run's.
+IDENTITY_KEYS = ("algo.name", "backend.name", "env.name", "task.name")
 AGENT_FILES = ("checkpoint.pt", "checkpoint.msgpack")
 # Bumped when what the resume file holds changes shape (1: resume.pkl; 2: replay buffers
 # with two observations per transition).
@@ -64,7 +69,8 @@ FREE_KEYS += ("checkpoint_every",)
 
 def atomic_write(path: Path, write: Callable[[IO[bytes]], Any]) -> Path:
     """``write(file)`` into a temporary file beside ``path``, fsync it, then rename it over
-    ``path``; on any error the temporary file is removed and ``path`` is left as it was."""
+    ``path``, its digest recorded in the folder's manifest (``rlspeed.digests``); on any
+    error the temporary file is removed and ``path`` is left as it was."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
@@ -72,7 +78,8 @@ def atomic_write(path: Path, write: Callable[[IO[bytes]], Any]) -> Path:
             write(file)
             file.flush()
             os.fsync(file.fileno())
-        os.replace(tmp, path)
+        with digests.recording(path, digests.of_file(tmp)):
+            os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -235,8 +242,64 @@ def seed_file(path: Path, index: int) -> Path:
     return path.with_name(f"{path.stem}_seed{index}{path.suffix}")
 
 
-def saved_config(folder: Path) -> Any:
-    return OmegaConf.load(folder / CONFIG_FILE)
+def read_config(key: str, value: str, folder: Path) -> Any:
+    """The ``config.yaml`` in ``folder`` (of ``key=value``: resume, checkpoint) as rlspeed
+    runs write it: whole (its digest), resolved (no interpolation, which could read the
+    environment) and naming no module this process has not imported; one ConfigError line
+    otherwise."""
+    from rlspeed.config import flatten
+
+    path = folder / CONFIG_FILE
+    try:
+        digests.check(path, CONFIG_BYTES, f"run's {CONFIG_FILE}")
+        saved = OmegaConf.load(path)
+        if not isinstance(saved, DictConfig):
+            raise ValueError("a list, not a mapping of keys")
+        if where := _interpolation(saved):
+            raise ValueError(f"{where} is an interpolation; rlspeed writes values")
+        flat = flatten(saved)
+    except Exception as error:  # damaged, not YAML, not a mapping
+        raise ConfigError(key, value, f"a readable {CONFIG_FILE} ({why(error)})") from None
+    if missing := [name for name in IDENTITY_KEYS if name not in flat]:
+        raise ConfigError(
+            key, value, f"a {CONFIG_FILE} as rlspeed runs write (it has no {missing[0]})"
+        )
+    for name, module in _named_modules(saved.task):
+        if module not in sys.modules:
+            raise ConfigError(
+                key,
+                value,
+                f"a run whose task.{name}={saved.task[name]} names a module imported already "
+                f"({module} is not): rlspeed imports no module a run folder names (from "
+                f"Python: import {module} first)",
+            )
+    return saved
+
+
+def _interpolation(node: Any, prefix: str = "") -> str | None:
+    """The first key of ``node`` (a DictConfig or ListConfig) whose value is an
+    interpolation, or None."""
+    keys = node.keys() if OmegaConf.is_dict(node) else range(len(node))
+    for key in keys:
+        if OmegaConf.is_interpolation(node, key):
+            return f"{prefix}{key}"
+        child = node._get_node(key)
+        if (OmegaConf.is_dict(child) or OmegaConf.is_list(child)) and (
+            found := _interpolation(child, f"{prefix}{key}.")
+        ):
+            return found
+    return None
+
+
+def _named_modules(task: Any) -> list[tuple[str, str]]:
+    """(key, module) of each module making the task's env would import: ``task.import``,
+    and the ``module:`` of a Gymnasium id written ``module:Env-v0`` (``gym.make`` imports
+    it)."""
+    named = [("import", task.get("import"))]
+    env_id = task.get("id")
+    if isinstance(env_id, str) and ":" in env_id:
+        named.append(("id", env_id.split(":")[0]))
+    return [(key, str(module)) for key, module in named if module]
 
 
 def training_keys(flat: dict[str, Any]) -> dict[str, Any]:
@@ -248,9 +311,17 @@ def training_keys(flat: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def check_whole(path: Path, what: str) -> None:
+    """DigestError unless ``path`` is the file rlspeed wrote there, and one that fits in
+    memory (it is read whole)."""
+    digests.check(path, physical_memory(), what)
+
+
 def why(error: Exception) -> str:
     """An exception in one short line: its type and the start of its message (torch's
-    run to paragraphs)."""
+    run to paragraphs); a file that is not the one rlspeed wrote, in rlspeed's own words."""
+    if isinstance(error, digests.DigestError):
+        return str(error)
     message = " ".join(str(error).split())
     if len(message) > WHY_LENGTH:
         message = message[:WHY_LENGTH].rsplit(" ", 1)[0] + " ..."
@@ -280,6 +351,7 @@ def read_states(value: str, paths: dict[int, Path]) -> dict[int, dict[str, Any]]
         states = {}
         for index, path in paths.items():
             try:
+                check_whole(path, "resume file")
                 state = statefile.load(path)
             except Exception as error:  # truncated, corrupt, a pickle, an object array
                 reason = f"a readable {path.name} ({why(error)})"
@@ -326,6 +398,7 @@ def load_pytree(template: Any, path: Path, agents: int = 1) -> Any:
 
     if agents > 1:
         template = jax.tree.map(lambda x: jnp.stack([x] * agents), template)
+    check_whole(path, "agent file")
     restored = flax.serialization.from_bytes(template, Path(path).read_bytes())
     # from_bytes takes each array's shape from the file, whatever the template's.
     for (where, want), got in zip(

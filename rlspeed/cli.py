@@ -82,9 +82,10 @@ def _stack(_root_: DictConfig) -> str:
     and checked by then: rlspeed.validation.check_modes)."""
     cfg, prefix = _root_, ""
     if cfg.mode == "eval":
-        from rlspeed.checkpoint import agent_files, saved_config
+        from rlspeed.checkpoint import agent_files, read_config
 
-        cfg, prefix = saved_config(agent_files(cfg.checkpoint)[0].parent), "eval_"
+        folder = agent_files(cfg.checkpoint)[0].parent
+        cfg, prefix = read_config("checkpoint", cfg.checkpoint, folder), "eval_"
     return prefix + "_".join(str(cfg[group].name) for group in ("backend", "env", "algo", "task"))
 
 

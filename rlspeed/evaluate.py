@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib.util
 import logging
 import re
-import sys
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from omegaconf import DictConfig
 
-from rlspeed.checkpoint import agent_files, files_key, saved_config, why
+from rlspeed.checkpoint import agent_files, files_key, read_config, why
 from rlspeed.config import is_fused
 from rlspeed.errors import ConfigError
 from rlspeed.registry import ALGOS, BACKENDS, TASKS
@@ -59,16 +58,7 @@ def load_agents(value: str) -> tuple[Any, Agents]:
     key = files_key(paths)
     if key in _last_loaded:
         return _last_loaded[key]
-    saved = saved_config(paths[0].parent)
-    module = saved.task.get("import")  # task=gym: the module that registers its env
-    if module and module not in sys.modules:
-        # Nothing a run folder names may run: only a module this process imported itself.
-        raise ConfigError(
-            "checkpoint",
-            value,
-            f"a run whose task.import={module} is imported already: rlspeed imports no "
-            f"module a run folder names (from Python: import {module} before rlspeed.load)",
-        )
+    saved = read_config("checkpoint", value, paths[0].parent)
     try:
         with warnings.catch_warnings():
             # A file that is not what it should be can make a loader warn before it fails.

@@ -17,13 +17,12 @@ from rlspeed.checkpoint import (
     RESUME_FILE,
     agent_files,
     forget_read_states,
+    read_config,
     read_states,
     resume_files,
     run_folder,
-    saved_config,
     seed_file,
     training_keys,
-    why,
 )
 from rlspeed.config import check_creatable, flatten, is_fused
 from rlspeed.errors import ConfigError
@@ -34,8 +33,6 @@ if TYPE_CHECKING:
     from omegaconf import DictConfig
 
 MODES = ("train", "eval")
-# Keys every rlspeed config.yaml has: one without them (an empty file) is not a run's.
-IDENTITY_KEYS = ("algo.name", "backend.name", "env.name", "task.name")
 # What a host-driven (False) and a fused (True) run's resume files hold beside the format,
 # the config's training keys, the monitor's state and the tracked run's id.
 STATE_KEYS = {False: ("step", "updates", "obs", "parts"), True: ("state", "iterations")}
@@ -63,7 +60,7 @@ def check_modes(cfg: DictConfig) -> None:
             "a run folder or a checkpoint file in one (checkpoint.pt, checkpoint.msgpack, "
             f"checkpoint_seed<i>.*) with its {CONFIG_FILE}",
         )
-    saved = readable_config("checkpoint", cfg.checkpoint, paths[0].parent)
+    saved = read_config("checkpoint", cfg.checkpoint, paths[0].parent)
     if cfg.video is not None:
         check_video(cfg.video, saved)
     load_agents(cfg.checkpoint)  # every agent read back now: a damaged file is one line
@@ -128,7 +125,7 @@ def check_resume(cfg: DictConfig) -> dict[int, dict[str, Any]]:
             "as rlspeed runs write",
         )
     current = training_keys(flatten(cfg))
-    saved = training_keys(flatten(readable_config("resume", value, folder)))
+    saved = training_keys(flatten(read_config("resume", value, folder)))
     _same_config(value, saved, current, "it ran with")
     _added_keys_at_default(value, cfg, saved, current)
     fused = is_fused(cfg)
@@ -151,21 +148,6 @@ def check_resume(cfg: DictConfig) -> dict[int, dict[str, Any]]:
                 "resume", value, f"a {path.name} of a {kind} run (it has no {missing[0]})"
             )
     return states
-
-
-def readable_config(key: str, value: str, folder: Path) -> Any:
-    """The ``config.yaml`` in ``folder`` (of ``key=value``: resume, checkpoint), as rlspeed
-    runs write it; one ConfigError line for one that is not."""
-    try:
-        saved = saved_config(folder)
-        flat = flatten(saved)
-    except Exception as error:  # not YAML, not a mapping, interpolations that do not resolve
-        raise ConfigError(key, value, f"a readable {CONFIG_FILE} ({why(error)})") from None
-    if missing := [name for name in IDENTITY_KEYS if name not in flat]:
-        raise ConfigError(
-            key, value, f"a {CONFIG_FILE} as rlspeed runs write (it has no {missing[0]})"
-        )
-    return saved
 
 
 def _same_config(value: str, saved: dict[str, Any], current: dict[str, Any], ran: str) -> None:

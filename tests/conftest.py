@@ -88,6 +88,18 @@ def saved_agent(folder: Path, seed: int | None = None) -> bytes | Any:
     return plain(torch.load(path if seed is None else seed_file(path, seed), weights_only=True))
 
 
+def vouch(folder: Path) -> None:
+    """Vouch for a run folder's files as they are now, as rlspeed's refusal of an unlisted
+    or edited file tells a user to: ``sha256sum`` them into its SHA256SUMS."""
+    names = sorted(
+        p.name for p in folder.iterdir() if p.is_file() and p.name not in ("SHA256SUMS",)
+    )
+    listing = subprocess.run(
+        ["sha256sum", *names], cwd=folder, check=True, capture_output=True, text=True
+    ).stdout
+    (folder / "SHA256SUMS").write_text(listing)
+
+
 def cli_env(env: dict[str, str] | None = None) -> dict[str, str]:
     """The environment the CLI runs in: this checkout first on the path, no caller's store."""
     # The tests choose their own MLflow store; the caller's must not leak in.

@@ -112,7 +112,7 @@ def test_a_users_module_registers_an_env_that_q_learning_solves(tmp_path, user_m
     # The run folder names a module to import; nothing a run folder names runs: mode=eval
     # refuses it in one line, and from Python the agent loads once its user imported it.
     refused = run_cli(["mode=eval", f"checkpoint={run_dir}"], cwd=tmp_path, env=user_module)
-    assert_one_line_error(refused, "invalid checkpoint=", "task.import=usertask_envs is imported")
+    assert_one_line_error(refused, "checkpoint=", "task.import=usertask_envs names a module")
     script = (
         "import usertask_envs, rlspeed, numpy as np\n"
         f"agent = rlspeed.load({str(run_dir)!r})\n"

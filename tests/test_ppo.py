@@ -22,7 +22,7 @@ from rlspeed.algos.ppo.torch import TorchLearner
 from rlspeed.errors import ConfigError
 from rlspeed.run import run
 from rlspeed.validation import validate
-from tests.conftest import learner_cfg, run_cli, saved_agent, slow_but
+from tests.conftest import learner_cfg, run_cli, saved_agent, slow_but, vouch
 from tests.test_resume import _cut_after_first_log
 from tests.test_vpg import (
     _copy_flax_to_torch,
@@ -321,6 +321,7 @@ def test_resumed_run_ends_like_the_whole_one_and_eval_scores_it(backend, engine,
     # As a run folder written before backend.device existed: its config lacks the key.
     config = tmp_path / "resumed" / "config.yaml"
     config.write_text(config.read_text().replace("  device: auto\n", ""))
+    vouch(tmp_path / "resumed")
     evaluated = run_cli(["mode=eval", "checkpoint=resumed", "hydra.run.dir=eval"], tmp_path)
     assert evaluated.returncode == 0, evaluated.stderr[-2000:]
     assert f"rlspeed: score {a['score']:.4f}" in evaluated.stdout

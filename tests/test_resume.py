@@ -15,6 +15,7 @@ import pickle
 import shutil
 import signal
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import mlflow
@@ -32,6 +33,7 @@ from tests.conftest import (
     saved_agent,
     slow_but,
     start_cli,
+    vouch,
 )
 
 # Tiny DQN runs on GridWorld (one-hot of 25 cells): a few seconds each.
@@ -257,16 +259,58 @@ def _old_format(folder: Path, marker: Path) -> None:
     _write_pickle(folder / "resume.pkl", marker)
 
 
+def _vouched(damage: Callable[[Path, dict, Path], None]) -> Callable[[Path, dict, Path], None]:
+    """``damage`` done by someone who also rewrites the folder's SHA256SUMS to match: the
+    checks behind the digests must hold on their own."""
+
+    def damage_and_vouch(folder: Path, runs: dict, marker: Path) -> None:
+        damage(folder, runs, marker)
+        vouch(folder)
+
+    return damage_and_vouch
+
+
+def _flip_bytes(path: Path) -> None:
+    """16 bytes near the end inverted, as a failing disk or copy might."""
+    data = bytearray(path.read_bytes())
+    for i in range(len(data) - 400, len(data) - 384):
+        data[i] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+NOT_AS_WRITTEN = "is not the file rlspeed wrote (damaged, or replaced): its SHA-256 differs"
+
 # Damage to a copy of the torch run's folder -> a fragment of the one line, for resume= and
 # mode=eval alike.
 DAMAGED_CONFIG = {
+    "config.yaml edited": (
+        lambda folder, runs, marker: _other_grid_size(folder),
+        f"expected a readable config.yaml (config.yaml {NOT_AS_WRITTEN}",
+    ),
     "config.yaml unparseable": (
-        lambda folder, runs, marker: (folder / "config.yaml").write_text("algo: [dqn\n"),
+        _vouched(lambda folder, runs, marker: (folder / "config.yaml").write_text("algo: [dq")),
         "expected a readable config.yaml (",
     ),
     "config.yaml empty": (
-        lambda folder, runs, marker: (folder / "config.yaml").write_text(""),
+        _vouched(lambda folder, runs, marker: (folder / "config.yaml").write_text("")),
         "expected a config.yaml as rlspeed runs write (it has no algo.name)",
+    ),
+    "config.yaml reading the environment": (
+        _vouched(
+            lambda folder, runs, marker: (folder / "config.yaml").write_text(
+                (folder / "config.yaml").read_text() + "stolen: ${oc.env:HOME}\n"
+            )
+        ),
+        "(ValueError: stolen is an interpolation; rlspeed writes values)",
+    ),
+    "config.yaml of 2 MB": (
+        lambda folder, runs, marker: (folder / "config.yaml").write_text("#" * (2 << 20)),
+        "(config.yaml is 2,097,152 bytes, more than any run's config.yaml (1,048,576))",
+    ),
+    "no SHA256SUMS": (
+        lambda folder, runs, marker: (folder / "SHA256SUMS").unlink(),
+        "(config.yaml has no SHA256SUMS beside it: an rlspeed before digests wrote it, or not "
+        "rlspeed; to vouch for the folder's files: cd run && sha256sum checkpoint.pt ",
     ),
 }
 # What is done to a copy of the torch run's folder -> a fragment of resume='s one line.
@@ -274,27 +318,35 @@ DAMAGED = {
     **DAMAGED_CONFIG,
     "resume file truncated": (
         lambda folder, runs, marker: _truncate(folder / RESUME_FILE),
+        f"expected a readable {RESUME_FILE} ({RESUME_FILE} {NOT_AS_WRITTEN}",
+    ),
+    "resume file truncated, SHA256SUMS too": (
+        _vouched(lambda folder, runs, marker: _truncate(folder / RESUME_FILE)),
         f"expected a readable {RESUME_FILE} (BadZipFile",
     ),
-    "resume file corrupt": (
-        lambda folder, runs, marker: _flip_a_byte(folder / RESUME_FILE),
+    "resume file corrupt, SHA256SUMS too": (
+        _vouched(lambda folder, runs, marker: _flip_a_byte(folder / RESUME_FILE)),
         f"expected a readable {RESUME_FILE} (BadZipFile: Bad CRC-32",
     ),
     "resume file a pickle": (
-        lambda folder, runs, marker: _write_pickle(folder / RESUME_FILE, marker),
+        _vouched(lambda folder, runs, marker: _write_pickle(folder / RESUME_FILE, marker)),
         f"expected a readable {RESUME_FILE} (ValueError: not an .npz archive)",
     ),
     "resume file with an object array": (
-        lambda folder, runs, marker: _hostile_archive(folder / RESUME_FILE, marker),
+        _vouched(lambda folder, runs, marker: _hostile_archive(folder / RESUME_FILE, marker)),
         f"expected a readable {RESUME_FILE} (ValueError: Object arrays cannot be loaded",
     ),
     "a flax run's resume file": (
         lambda folder, runs, marker: shutil.copy(runs["flax"] / RESUME_FILE, folder),
+        f"expected a readable {RESUME_FILE} ({RESUME_FILE} {NOT_AS_WRITTEN}",
+    ),
+    "a flax run's resume file, SHA256SUMS too": (
+        _vouched(lambda folder, runs, marker: shutil.copy(runs["flax"] / RESUME_FILE, folder)),
         f"expected a run of this config (its {RESUME_FILE} has backend.name=flax, this run "
         "has backend.name=torch)",
     ),
     "resume file of an earlier format": (
-        lambda folder, runs, marker: _earlier_format(folder / RESUME_FILE),
+        _vouched(lambda folder, runs, marker: _earlier_format(folder / RESUME_FILE)),
         f"expected a {RESUME_FILE} of format 3 (it has format 2: an earlier rlspeed's",
     ),
     "resume.pkl of an older rlspeed": (
@@ -305,6 +357,11 @@ DAMAGED = {
 }
 
 
+def _other_grid_size(folder: Path) -> None:
+    config = folder / "config.yaml"
+    config.write_text(config.read_text().replace("  size: 5\n", "  size: 7\n"))
+
+
 def _cut(path: Path) -> None:
     path.write_bytes(path.read_bytes()[:300])
 
@@ -312,21 +369,28 @@ def _cut(path: Path) -> None:
 # What is done to a copy of the torch run's folder -> a fragment of mode=eval's one line.
 DAMAGED_AGENTS = {
     **DAMAGED_CONFIG,
-    "checkpoint cut short": (
-        lambda folder, runs, marker: _cut(folder / "checkpoint.pt"),
+    "checkpoint with 16 bytes flipped": (
+        lambda folder, runs, marker: _flip_bytes(folder / "checkpoint.pt"),
+        "expected agent files that a run of its algo=qlearn backend=torch task=gridworld wrote,"
+        f" whole (checkpoint.pt {NOT_AS_WRITTEN}",
+    ),
+    "checkpoint cut short, SHA256SUMS too": (
+        _vouched(lambda folder, runs, marker: _cut(folder / "checkpoint.pt")),
         "expected agent files that a run of its algo=qlearn backend=torch task=gridworld wrote",
     ),
     "checkpoint a pickle that runs code": (
-        lambda folder, runs, marker: _write_pickle(folder / "checkpoint.pt", marker),
+        _vouched(lambda folder, runs, marker: _write_pickle(folder / "checkpoint.pt", marker)),
         "whole (UnpicklingError: Weights only load failed.",
     ),
     "a flax run's config": (
-        lambda folder, runs, marker: shutil.copy(runs["flax"] / "config.yaml", folder),
+        _vouched(lambda folder, runs, marker: shutil.copy(runs["flax"] / "config.yaml", folder)),
         "a run of its algo=qlearn backend=flax task=gridworld wrote, whole",
     ),
     "an unknown algorithm": (
-        lambda folder, runs, marker: (folder / "config.yaml").write_text(
-            (folder / "config.yaml").read_text().replace("name: qlearn", "name: nosuch")
+        _vouched(
+            lambda folder, runs, marker: (folder / "config.yaml").write_text(
+                (folder / "config.yaml").read_text().replace("name: qlearn", "name: nosuch")
+            )
         ),
         "a run of its algo=nosuch backend=torch",
     ),
@@ -399,17 +463,13 @@ def test_an_evaluation_folder_is_named_after_the_run_it_evaluates(saved_runs, tm
     assert folder.name.endswith("_eval_torch_gym-sync_qlearn_gridworld"), folder.name
 
 
-def _other_grid_size(folder: Path) -> None:
-    config = folder / "config.yaml"
-    config.write_text(config.read_text().replace("  size: 5\n", "  size: 7\n"))
-
-
 @pytest.mark.parametrize("kind", ["torch", "flax"])
 def test_a_q_table_of_another_grid_size_is_one_line(kind, saved_runs, tmp_path):
     """A run folder whose agent file a run on another grid size wrote (here: its config
     says size 7, its Q-table has GridWorld 5x5's 25 states) is refused, not scored."""
     shutil.copytree(saved_runs[kind], tmp_path / "run")
     _other_grid_size(tmp_path / "run")
+    vouch(tmp_path / "run")
     result = run_cli(["mode=eval", "checkpoint=run", "tracking=none"], tmp_path)
     assert_one_line_error(
         result,
@@ -432,6 +492,7 @@ def test_a_flax_network_of_other_hidden_sizes_is_one_line(tmp_path, make_cfg):
         run(make_cfg(args))
     config = tmp_path / "run" / "config.yaml"
     config.write_text(config.read_text().replace("  - 16\n", "  - 32\n"))
+    vouch(tmp_path / "run")
     result = run_cli(["mode=eval", "checkpoint=run", "tracking=none"], tmp_path)
     assert_one_line_error(result, "invalid checkpoint=run: ", "the shapes differ: ", "(32,)")
     assert not (tmp_path / "outputs").exists()
@@ -450,10 +511,15 @@ def test_a_run_an_earlier_rlspeed_saved_resumes_to_its_end_and_its_agent_scores(
     folder = tmp_path / "earlier"
     shutil.copytree(EARLIER_RUN, folder)
     saved = json.loads((folder / "metrics.json").read_text())
+
     args = [
         "backend=torch", "env=gym-sync", "algo=ppo", "task=cartpole", "total_steps=40960",
         "log_every=2048", "eval_every=10240", "tracking=none", "progress=plain",
     ]  # fmt: skip
+    # It has no SHA256SUMS (digests came later): refused until its user vouches for it.
+    refused = run_cli([*args, f"resume={folder}"], tmp_path)
+    assert_one_line_error(refused, "config.yaml has no SHA256SUMS beside it", "sha256sum ")
+    vouch(folder)
     # A setting added since (PPO's observation normalisation) ran at its default then:
     # continuing with it on would change the run midway.
     changed = run_cli([*args, "algo.normalize_obs=true", f"resume={folder}"], tmp_path)

@@ -17,6 +17,7 @@ from torch.distributions import Categorical, Distribution, Independent, Normal
 
 from rlspeed.algos.encoding import input_size, one_hot_classes
 from rlspeed.algos.networks import HIDDEN_GAIN, POLICY_GAIN, VALUE_GAIN, ActorCriticSettings
+from rlspeed.checkpoint import check_whole
 from rlspeed.seeding import Stream, int_seed
 
 
@@ -48,6 +49,7 @@ def from_numpy(x: np.ndarray, device: torch.device) -> torch.Tensor:
 def load_checkpoint(path: Path) -> dict[str, Any]:
     """A saved ``checkpoint.pt`` (tensors only: nothing in it runs code), on the CPU,
     wherever it was saved from; a learner moves what it loads to its device."""
+    check_whole(path, "agent file")
     return torch.load(path, weights_only=True, map_location="cpu")
 
 

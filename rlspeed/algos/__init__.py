@@ -109,35 +109,44 @@ def check_replay(algo: Any, cfg: DictConfig, min_updates: int = 1) -> None:
             f">= {least}, a budget with {what} (updates start after "
             f"algo.learning_starts={start}, one every algo.train_frequency={every} env steps)",
         )
-    check_memory(cfg, ("algo.buffer_size", algo.buffer_size))
+    # Imported here: the replay module imports this package.
+    from rlspeed.algos.replay import final_capacity, truncation_gap
+
+    finals = final_capacity(algo.buffer_size, cfg.num_envs, truncation_gap(cfg))
+    check_memory(cfg, ("algo.buffer_size", algo.buffer_size), observations=finals)
 
 
-def check_memory(cfg: DictConfig, *stores: tuple[str, int]) -> None:
+def check_memory(cfg: DictConfig, *stores: tuple[str, int], observations: int = 0) -> None:
     """Refuse sizes whose arrays cannot fit in this machine's physical memory, before they
     hang a run (num_envs=10**12 or buffer_size=10**12 do on flax + jax-vmap).
 
     A deliberately simple lower bound: an agent holds a transition per env (the env batch)
     and the algorithm's ``stores`` ((key, transitions): a replay buffer, a rollout), each
     transition at least one observation of ``TaskSpec.observation_bytes`` (a replay buffer
-    stores each once) plus TRANSITION_EXTRA_BYTES; the fused jax-vmap path holds all
-    ``num_seeds`` agents at once.
+    stores each once) plus TRANSITION_EXTRA_BYTES, and ``observations`` more observations
+    (a replay buffer's final observations of truncated episodes); the fused jax-vmap path
+    holds all ``num_seeds`` agents at once.
     Weights, compiled programs and Gymnasium's per-env objects come on top. The error names
     the largest of the sizes involved.
     """
     parts = [("num_envs", cfg.num_envs), *stores]
-    transition = TASKS.get(cfg.task.name).observation_bytes(cfg.task) + TRANSITION_EXTRA_BYTES
+    observation = TASKS.get(cfg.task.name).observation_bytes(cfg.task)
+    transition = observation + TRANSITION_EXTRA_BYTES
     agents = agents_at_once(cfg)
-    transitions = agents * sum(count for _, count in parts)
-    needed, available = transitions * transition, physical_memory()
+    transitions, finals = agents * sum(count for _, count in parts), agents * observations
+    needed, available = transitions * transition + finals * observation, physical_memory()
     if needed > available:
         keys = [key for key, _ in parts] + (["num_seeds"] if agents > 1 else [])
         sizes = {key: OmegaConf.select(cfg, key) for key in keys}
         key = max(sizes, key=sizes.__getitem__)
+        held = f"{transitions:,} transitions of {transition:,} bytes"
+        if finals:
+            held += f" and {finals:,} final observations of {observation:,} bytes"
         raise ConfigError(
             key,
             sizes[key],
-            f"a size that fits in memory: {transitions:,} transitions of {transition:,} bytes "
-            f"need {needed / 2**30:,.1f} GiB, this machine has {available / 2**30:,.1f} GiB",
+            f"a size that fits in memory: {held} need {needed / 2**30:,.1f} GiB, this machine "
+            f"has {available / 2**30:,.1f} GiB",
         )
 
 

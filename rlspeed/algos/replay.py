@@ -13,7 +13,9 @@ spare row of ``num_envs`` slots past ``capacity`` keeps it from overwriting a tr
 still in use); the next step's write keeps it, or replaces it with a reset observation
 where the episode ended. An episode that ended leaves no next observation in the next
 slot: where it terminated, none is needed (the target does not bootstrap); where it was
-truncated, its final observation goes to a small ring of its own (``final_capacity``).
+truncated, its final observation goes to a ring of its own, sized by how many truncated
+transitions the buffer can hold (``final_capacity``): a few where episodes end only at the
+task's time limit, one per transition where the env may truncate them itself (``task=gym``).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import numpy as np
 
 from rlspeed.algos.loops.host import Iteration
 from rlspeed.algos.schedule import multiples_between
+from rlspeed.registry import TASKS
 from rlspeed.seeding import Stream, numpy_rng
 
 if TYPE_CHECKING:
@@ -46,13 +49,24 @@ class Batch(NamedTuple, Generic[ArrayT]):
     dones: ArrayT  # 1.0 where the episode terminated (not merely truncated)
 
 
-def final_capacity(capacity: int, num_envs: int, max_steps: int) -> int:
+def final_capacity(capacity: int, num_envs: int, truncation_gap: int) -> int:
     """Room for the final observations of the truncated episodes among ``capacity``
-    transitions: those are at most ``ceil(capacity / num_envs)`` steps of each env, and an
-    env is truncated at most once every ``max_steps`` steps (its time limit); one more per
-    env for an episode the window cuts."""
+    transitions, where an env is truncated at most once every ``truncation_gap`` steps:
+    those transitions are at most ``ceil(capacity / num_envs)`` steps of each env, each
+    env truncated at most once per gap, plus once for an episode the window cuts.
+
+    The ring overwrites its oldest final observation first, so none still in use is lost
+    while the ring holds every truncation the newest ``capacity`` transitions can have:
+    with ``truncation_gap=1`` that is at least ``capacity``, whatever the pattern."""
     steps = -(-capacity // num_envs)
-    return num_envs * (-(-steps // max_steps) + 1)
+    return num_envs * (-(-steps // truncation_gap) + 1)
+
+
+def truncation_gap(cfg: RunConfigLike) -> int:
+    """The fewest steps between two truncations of one env of the run's task: its time
+    limit where nothing else truncates an episode (the built-in tasks), else 1 (an env of
+    ``task=gym`` may truncate at any step)."""
+    return cfg.task.max_steps if TASKS.get(cfg.task.name).truncates_only_at_time_limit else 1
 
 
 class WritePlan(NamedTuple):
@@ -114,7 +128,7 @@ def draw_slots(
 
 class ReplayBuffer:
     """The host-driven learners' buffer of the last ``capacity`` transitions of
-    ``num_envs`` envs whose episodes last at most ``max_steps`` steps."""
+    ``num_envs`` envs, each truncated at most once every ``truncation_gap`` steps."""
 
     def __init__(
         self,
@@ -123,12 +137,12 @@ class ReplayBuffer:
         action_space: Any,
         rng: np.random.Generator,
         num_envs: int,
-        max_steps: int,
+        truncation_gap: int,
     ) -> None:
         self.capacity, self.num_envs = capacity, num_envs
         slots = capacity + num_envs
         self.obs = np.zeros((slots, *obs_space.shape), dtype=obs_space.dtype)
-        finals = final_capacity(capacity, num_envs, max_steps)
+        finals = final_capacity(capacity, num_envs, truncation_gap)
         self.final_obs = np.zeros((finals, *obs_space.shape), dtype=obs_space.dtype)
         self.final_index = np.full(slots, -1, dtype=np.int64)
         self.actions = np.zeros((slots, *action_space.shape), dtype=action_space.dtype)
@@ -197,7 +211,7 @@ def replay_buffer(obs_space: Any, action_space: Any, cfg: RunConfigLike, seed: i
         action_space,
         numpy_rng(seed, Stream.REPLAY),
         cfg.num_envs,
-        cfg.task.max_steps,
+        truncation_gap(cfg),
     )
 
 

@@ -36,8 +36,10 @@ class JaxReplay(NamedTuple):
 
 
 def jax_replay_init(
-    capacity: int, obs_space: Any, action_space: Any, num_envs: int, max_steps: int
+    capacity: int, obs_space: Any, action_space: Any, num_envs: int, truncation_gap: int
 ) -> JaxReplay:
+    """An empty buffer of ``capacity`` transitions of ``num_envs`` envs, each truncated at
+    most once every ``truncation_gap`` steps (``final_capacity``)."""
     import jax
     import jax.numpy as jnp
 
@@ -46,7 +48,7 @@ def jax_replay_init(
         jax.dtypes.canonicalize_dtype(space.dtype) for space in (obs_space, action_space)
     )
     slots = capacity + num_envs
-    finals = final_capacity(capacity, num_envs, max_steps)
+    finals = final_capacity(capacity, num_envs, truncation_gap)
     return JaxReplay(
         obs=jnp.zeros((slots, *obs_space.shape), obs_dtype),
         final_obs=jnp.zeros((finals, *obs_space.shape), obs_dtype),
@@ -139,6 +141,7 @@ def init_replay_state(agent: Any, keys: JaxKeys, env: VmapEnv, buffer_size: int)
     """A fresh agent with an empty replay buffer, at env step 0."""
     import jax.numpy as jnp
 
+    # A VmapEnv truncates an episode at its time limit and nowhere else.
     replay = jax_replay_init(
         buffer_size,
         env.single_observation_space,

@@ -94,3 +94,7 @@ class TaskSpec:
     # True where the rolling step reward is the task's training metric and its score a step
     # reward ratio (Doors); elsewhere the score is a mean return, plotted beside the returns.
     step_reward: bool = False
+    # True where only the time limit (task.max_steps) truncates an episode: a replay buffer
+    # then keeps few final observations (``rlspeed.algos.replay.final_capacity``). False,
+    # the safe answer for an env that may truncate itself, keeps one per transition.
+    truncates_only_at_time_limit: bool = False

@@ -72,4 +72,5 @@ SPEC = TaskSpec(
     # (x, x_dot, theta, theta_dot) as float32.
     observation_bytes=lambda cfg: 4 * 4,
     network_inputs=lambda cfg: 4,
+    truncates_only_at_time_limit=True,
 )

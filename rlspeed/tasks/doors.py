@@ -134,4 +134,5 @@ SPEC = TaskSpec(
     tabular=TabularSpec(num_states=num_states, state_index=state_index),
     validate=validate,
     step_reward=True,
+    truncates_only_at_time_limit=True,
 )

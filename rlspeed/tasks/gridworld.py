@@ -110,4 +110,5 @@ SPEC = TaskSpec(
     tabular=TabularSpec(num_states=num_states, state_index=state_index),
     # Size 1 would start the agent on the goal.
     validate=lambda cfg: check_settings(cfg, size=2),
+    truncates_only_at_time_limit=True,
 )

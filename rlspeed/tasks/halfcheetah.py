@@ -89,4 +89,5 @@ SPEC = TaskSpec(
     # 17 joint positions and velocities as float64.
     observation_bytes=lambda cfg: 17 * 8,
     network_inputs=lambda cfg: 17,
+    truncates_only_at_time_limit=True,
 )

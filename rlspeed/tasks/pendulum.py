@@ -69,4 +69,5 @@ SPEC = TaskSpec(
     # (cos theta, sin theta, theta_dot) as float32.
     observation_bytes=lambda cfg: 3 * 4,
     network_inputs=lambda cfg: 3,
+    truncates_only_at_time_limit=True,
 )

@@ -30,6 +30,7 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 from hydra_plugins.rlspeed_optuna_sweeper.config import SWEEPER_TARGET
 from rlspeed.config import check_creatable
 from rlspeed.errors import ConfigError, RLSpeedError
+from rlspeed.sweep import MAX_NAME_CHARS, overlong_name
 from rlspeed.validation import validate
 
 EXIT_BAD_INPUT = 2
@@ -42,6 +43,8 @@ MAX_SWEEP_JOBS = 10_000
 SEARCH_SPACE = "hydra.sweeper.params"
 # A range of up to this many values has each checked (~10 ms each), a longer one its ends.
 CHECKED_RANGE_VALUES = 100
+# Settings Hydra makes a file or folder of in each job's folder: .hydra/ and <job name>.log.
+NAMED_BY_HYDRA = ("hydra.output_subdir", "hydra.job.name")
 # Dicts whose keys are the user's (task=gym's keyword arguments for gym.make): Hydra adds a
 # key to one with +, as to any dict of a config.
 OPEN_DICTS = ("task.kwargs",)
@@ -66,6 +69,11 @@ def _parse(overrides: list[str]) -> list[Override]:
             ) from None
         if not override.key_or_group:
             raise RLSpeedError(f"rlspeed: invalid override '{line}': expected KEY=VALUE")
+        if len(override.key_or_group) > MAX_NAME_CHARS:
+            # Hydra looks a key up as a config group, a folder named after it.
+            raise ConfigError(
+                "override key", override.key_or_group, f"at most {MAX_NAME_CHARS} characters"
+            )
         parsed.append(override)
     return parsed
 
@@ -251,7 +259,24 @@ def _check_output_dir(full: DictConfig, multirun: bool) -> None:
     allowed = "a folder rlspeed can create and write to"
     if not folder:  # Hydra would write the run's files into the working directory
         raise ConfigError(key, folder, allowed)
+    subdir = ["hydra.sweep.subdir"] if multirun else []
+    for named in [key, *subdir, *NAMED_BY_HYDRA]:
+        value = _setting(full, named)
+        if value is not None and (name := overlong_name(value)) is not None:
+            allowed_names = f"file and folder names of at most {MAX_NAME_CHARS} characters"
+            raise ConfigError(named, value, f"{allowed_names} (one has {len(name):,})")
     check_creatable(key, folder, Path(folder), allowed)
+
+
+def _setting(full: DictConfig, key: str) -> str | None:
+    """A setting's value; its text where it cannot be resolved before its job (such as
+    hydra.sweep.subdir's ${hydra.job.num})."""
+    value = OmegaConf.select(full, key, throw_on_resolution_failure=False)
+    if value is None:
+        parent, _, leaf = key.rpartition(".")
+        raw = OmegaConf.to_container(OmegaConf.select(full, parent), resolve=False)
+        value = raw.get(leaf) if isinstance(raw, dict) else None
+    return None if value is None else str(value)
 
 
 def _explain(error: Exception) -> str:

@@ -53,6 +53,10 @@ STORAGE_ALLOWED = (
 )
 # How far from a journal's end a cut-short record is looked for.
 _JOURNAL_TAIL_BYTES = 1 << 20
+# The longest file or folder name rlspeed lets a setting make (study names, storage files,
+# output folders): file systems allow 255 bytes, and rlspeed adds suffixes (.journal,
+# .<time>.broken) to some.
+MAX_NAME_CHARS = 200
 # Significant digits of the values a study records: equal scores that float noise made
 # differ (0.30000000000000004 and 0.3) tie, for the sampler, the pruner and best trials.
 SIGNIFICANT_DIGITS = 6
@@ -174,8 +178,15 @@ def _storage_problem(spec: str) -> str | None:
     return _file_problem(database)
 
 
+def overlong_name(path: str | Path) -> str | None:
+    """The first file or folder name in ``path`` longer than MAX_NAME_CHARS, if any."""
+    return next((part for part in Path(path).parts if len(part) > MAX_NAME_CHARS), None)
+
+
 def _file_problem(path: Path) -> str | None:
     """Why the file ``path`` cannot be written (or created, with its folders), or None."""
+    if (name := overlong_name(path)) is not None:
+        return f"a name in it has {len(name):,} characters, more than {MAX_NAME_CHARS}"
     if path.exists():
         if path.is_dir():
             return f"{path} is a folder"

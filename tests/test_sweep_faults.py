@@ -1,8 +1,9 @@
 """Faults around a sweep's Optuna storage, through the real CLI and real storages.
 
 Concurrent sweeps of one study (another sweep's live trials survive, n_trials is not
-overshot), a journal whose last record a full disk cut short, the ``journal:PATH`` form and
-storage that cannot be written. Trials are tabular Q-learning on a 5x5 gridworld for 500
+overshot), a journal whose last record a full disk cut short, the ``journal:PATH`` form,
+storage that cannot be written, and a resumed study's trials (new ones, the same on every
+run of the command). Trials are tabular Q-learning on a 5x5 gridworld for 500
 steps: the objective hardly matters here, the storage does.
 """
 
@@ -204,6 +205,27 @@ def test_a_full_disk_under_the_journal_stops_the_sweep_in_one_line_keeping_the_t
     assert "ended with a record cut short" in again.stdout + again.stderr
     # Trial 0's sweep is gone: FAIL in the study (its results stay in its folder).
     assert _states(str(journal)) == ["FAIL", "COMPLETE"]
+
+
+@pytest.mark.slow
+def test_the_same_command_samples_the_same_trials_and_a_resumed_study_new_ones(tmp_path):
+    """The sampler's seed is 0 unless set, and each trial is seeded from it and its number:
+    the same command in another folder samples the same trials, and run again it resumes its
+    study with trials it has not sampled yet (a sampler seeded once per sweep would start its
+    draws again: trials 2 and 3 would repeat 0 and 1), the very ones one longer sweep samples."""
+    once, resumed = tmp_path / "once", tmp_path / "resumed"
+    for folder, budgets in ((once, [4]), (resumed, [2, 4])):
+        folder.mkdir()
+        for n_trials in budgets:
+            result = run_cli([*SWEEP, f"hydra.sweeper.n_trials={n_trials}"], cwd=folder)
+            assert result.returncode == 0, result.stderr[-3000:]
+
+    def alphas(folder: Path) -> list[float]:
+        journal = folder / "outputs" / "optuna" / f"{STUDY}.journal"
+        return [trial.params["algo.alpha"] for trial in _trials(str(journal))]
+
+    assert alphas(resumed) == alphas(once)
+    assert len(set(alphas(once))) == 4
 
 
 def test_trials_beyond_n_trials_in_the_order_asked_are_surplus():

@@ -16,14 +16,17 @@ from pathlib import Path
 import optuna
 import pytest
 import yaml
+from hydra import compose, initialize_config_dir
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 from optuna.trial import TrialState
 
+from hydra_plugins.rlspeed_optuna_sweeper._seeding import TrialSeededSampler
+from hydra_plugins.rlspeed_optuna_sweeper._space import build
 from rlspeed.cli import CONF_DIR
 from rlspeed.sweep import open_storage
 from rlspeed.validation import validate
-from tests.conftest import run_cli, script_sources, start_cli, wait_for_log
+from tests.conftest import run_cli, script_sources, slow_but, start_cli, wait_for_log
 
 # Tiny trials: torch on 4 synchronous envs, 3000 env steps, a report every 1000 steps.
 TINY = [
@@ -216,6 +219,50 @@ def test_parallel_trials_with_joblib_are_neither_lost_nor_duplicated(tmp_path):
     assert jobs == [f"{n}_torch_gym-sync_dqn_doors" for n in range(4)]
 
 
+# (sweep, its study) one trial at a time and as lanes of one program (hydra.sweeper.batch_size)
+RESULTS_SWEEPS = {
+    "one at a time": (SEARCH, "dqn_search"),
+    "batched": (
+        ["-m", "hparams=qlearn_search", "backend=flax", "env=jax-vmap", "progress=none",
+         "total_steps=16000", "hydra.sweeper.report_every=8000", "hydra.sweeper.batch_size=2"],
+        "qlearn_search",
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("sweep", slow_but("one at a time", list(RESULTS_SWEEPS)))
+def test_results_the_sweep_folder_cannot_take_are_one_line_and_lose_nothing(tmp_path, sweep):
+    """The sweep folder takes no more files when the sweep writes its results (a full disk;
+    here plots/ is a file, so no plot can be written): one line names the file and the error,
+    the sweep ends as it would have, and the study, each trial's run and the MLflow parent run
+    (FINISHED, with the results written before) keep everything."""
+    args, name = RESULTS_SWEEPS[sweep]
+    sweep_dir = tmp_path / "sweep"
+    sweep_dir.mkdir()
+    (sweep_dir / "plots").write_text("a file where the plots' folder goes")
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    args = [*args, "hydra.sweeper.n_trials=2", f"hydra.sweep.dir={sweep_dir}"]
+    result = run_cli([*args, f"tracking.uri={uri}"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    console = result.stdout + result.stderr
+    journal = tmp_path / "outputs" / "optuna" / f"{name}.journal"
+    assert "Traceback" not in console
+    (line,) = [line for line in console.splitlines() if "could not write" in line]
+    assert line.endswith(
+        f"rlspeed: could not write {sweep_dir / 'plots'} (File exists); the study in {journal} "
+        "keeps every trial, and each trial's folder its run"
+    )
+    study = _study(journal, name)
+    assert _states(study) in (["COMPLETE", "COMPLETE"], ["COMPLETE", "PRUNED"])
+    for trial in study.trials:
+        assert (Path(trial.user_attrs["output_dir"]) / "metrics.json").is_file()
+    client, parents, children = _runs(uri)
+    (parent,) = parents
+    assert parent.info.status == "FINISHED" and sorted(children) == [0, 1]
+    artifacts = {artifact.path for artifact in client.list_artifacts(parent.info.run_id)}
+    assert {"optimization_results.yaml", "trials.csv"} <= artifacts
+
+
 @pytest.mark.slow
 def test_config_written_for_hydra_optuna_sweeper_runs_unchanged(tmp_path):
     """The documented example's keys and params syntax, as an hparams option of one's own."""
@@ -368,3 +415,28 @@ def test_trials_compose_alike_when_they_differ_only_in_numbers_inside_their_rang
     assert composition_signature(as_float, params) != first
     fewer = {key: space[key] for key in ("algo.gamma", "algo/optimizer")}
     assert composition_signature(fewer, {"algo.gamma": 0.9, "algo/optimizer": "adam"}) != first
+
+
+def test_a_seeded_sampler_samples_each_trial_from_its_own_seed(make_cfg):
+    """Each trial's draw depends on the seed and its number only: a study resumed by a
+    second sweep samples what one sweep would have, and no trial repeats another's."""
+    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+        cfg = compose("config", overrides=["hparams=dqn_search"], return_hydra_config=True)
+    setup = build(cfg.hydra.sweeper, cfg, [])  # seed 0 unless set
+    assert setup.sampler_for is not None
+
+    def sweep(storage: optuna.storages.BaseStorage, n_trials: int) -> None:
+        sampler = TrialSeededSampler(setup.sampler, setup.sampler_for)
+        study = optuna.create_study(
+            storage=storage, sampler=sampler, study_name="s", load_if_exists=True
+        )
+        for _ in range(n_trials):
+            study.tell(study.ask(setup.space.distributions), 0.5)
+
+    once, resumed = optuna.storages.InMemoryStorage(), optuna.storages.InMemoryStorage()
+    sweep(once, 4)
+    sweep(resumed, 2)
+    sweep(resumed, 2)
+    params = [[t.params for t in storage.get_all_trials(0)] for storage in (once, resumed)]
+    assert params[0] == params[1]
+    assert len({tuple(sorted(p.items())) for p in params[0]}) == 4

@@ -14,6 +14,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from hydra_plugins.rlspeed_optuna_sweeper._results import best_trials, trial_counts
+from hydra_plugins.rlspeed_optuna_sweeper._seeding import configured
 from rlspeed import secrets
 
 log = logging.getLogger(__name__)
@@ -76,7 +77,7 @@ class StudyRun:
                     return cls(client, run.info.run_id, links(run.info.run_id))
             except Exception:  # noqa: BLE001 - deleted or gone: start a new parent run
                 pass
-        sampler = type(study.sampler).__name__
+        sampler = type(configured(study.sampler)).__name__
         pruner = type(study.pruner).__name__
         run = client.create_run(
             study_experiment,

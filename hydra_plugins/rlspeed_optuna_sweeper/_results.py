@@ -6,9 +6,10 @@ too: the best trials, the trial counts, a trial's objective values as the log wr
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -61,8 +62,42 @@ def trial_counts(study: Any) -> dict[str, int]:
 
 def write_results(study: Any, storage_spec: str, sweep_dir: Path) -> list[Path]:
     """``optimization_results.yaml``, the trials table and Optuna's plots in the sweep
-    folder; returns the files written."""
-    files = []
+    folder; returns the files written. A file that cannot be written (a full disk) ends the
+    writing with one warning: the study and the trials' folders already hold everything."""
+    files: list[Path] = []
+    try:
+        _write_results(study, storage_spec, sweep_dir, files)
+    except OSError as error:
+        warn_unwritten(error, storage_spec)
+    return files
+
+
+def warn_unwritten(error: OSError, storage_spec: str) -> None:
+    """The one line for a file of the sweep folder that could not be written (``writing``
+    names it in the error)."""
+    log.warning(
+        "rlspeed: could not write %s (%s); the study in %s keeps every trial, and each "
+        "trial's folder its run",
+        error.filename,
+        error.strerror or error,
+        secrets.mask(storage_spec),
+    )
+
+
+@contextlib.contextmanager
+def writing(path: Path) -> Iterator[Path]:
+    """Name ``path`` in an OSError raised while it is written: a full disk fails a write, whose
+    error names no file."""
+    try:
+        yield path
+    except OSError as error:
+        if error.filename is None:
+            error.filename = str(path)
+        raise
+
+
+def _write_results(study: Any, storage_spec: str, sweep_dir: Path, files: list[Path]) -> None:
+    """write_results, adding each file to ``files`` once it is written."""
     results: dict[str, Any] = {
         "name": "optuna",
         "study_name": study.study_name,
@@ -86,18 +121,19 @@ def write_results(study: Any, storage_spec: str, sweep_dir: Path) -> list[Path]:
             }
             for t in best
         ]
-    path = sweep_dir / "optimization_results.yaml"
-    OmegaConf.save(OmegaConf.create(results), path)
+    with writing(sweep_dir / "optimization_results.yaml") as path:
+        OmegaConf.save(OmegaConf.create(results), path)
     files.append(path)
     try:
-        table = sweep_dir / "trials.csv"
-        study.trials_dataframe().to_csv(table, index=False)
-        files.append(table)
+        table = study.trials_dataframe()
     except Exception as error:  # noqa: BLE001 - results must not sink the sweep
         log.warning("No trials table: %s", error)
+    else:
+        with writing(sweep_dir / "trials.csv") as path:
+            table.to_csv(path, index=False)
+        files.append(path)
     if best:
         files += write_plots(study, sweep_dir / "plots")
-    return files
 
 
 # Parameters of the contour plot: its grid has one panel per pair, unreadable beyond 4.
@@ -152,15 +188,18 @@ def write_plots(study: Any, out_dir: Path) -> list[Path]:
                 figure = np.atleast_1d(axes).flat[0].figure
                 if name == "contour" and big_contour:
                     figure.set_size_inches(2.5 * big_contour + 1.5, 2.5 * big_contour)
-                png = out_dir / f"{name}.png"
-                figure.savefig(png, dpi=100, bbox_inches="tight")
+                with writing(out_dir / f"{name}.png") as png:
+                    figure.savefig(png, dpi=100, bbox_inches="tight")
                 plt.close(figure)
                 files.append(png)
+            except OSError:
+                raise  # the folder takes no more files: write_results says so, once
             except Exception as error:  # noqa: BLE001 - e.g. too few trials for importances
                 log.warning("No %s plot: %s", name, " ".join(str(error).split()))
     optuna.logging.set_verbosity(verbosity)
     if figures:
-        files.append(_write_page(out_dir / PLOTS_PAGE, study.study_name, figures))
+        with writing(out_dir / PLOTS_PAGE) as page:
+            files.append(_write_page(page, study.study_name, figures))
     return files
 
 

@@ -18,7 +18,10 @@ trial) and by the sweeper itself.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any, TypeGuard, cast
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -39,11 +42,17 @@ from optuna.distributions import (
     IntDistribution,
 )
 
+from hydra_plugins.rlspeed_optuna_sweeper._seeding import trial_seed
 from rlspeed.config import MAX_STEPS, quote
-from rlspeed.errors import RLSpeedError
+from rlspeed.errors import ConfigError, RLSpeedError
 
 MAX_TRIALS = 1_000_000
 MAX_BATCH = 1024
+# Values of one categorical parameter (a shuffled range() is one): Optuna lists them.
+MAX_CHOICES = 100_000
+# Seconds between a sweep's heartbeats, and without one before its trials are judged stale.
+MAX_HEARTBEAT_S = 3600
+MAX_GRACE_S = 7 * 24 * 3600
 SYNTAX = "interval(a, b), tag(log, interval(a, b)), range(a, b, step=s), choice(x, y) or x,y"
 # The numbers of a run's metrics.json (rlspeed.run._write_metrics) a study can optimize.
 METRICS = (
@@ -61,6 +70,76 @@ _ABSENT = object()
 
 class SweepConfigError(RLSpeedError):
     """A sweeper setting that cannot work; one line, before any trial."""
+
+
+@dataclass(frozen=True)
+class Bound:
+    """The values a numeric setting takes: ``low`` to ``high``, ``low`` itself excluded
+    where ``open_low``; ``auto`` too where ``auto`` (Optuna then works it out)."""
+
+    low: float
+    high: float
+    integer: bool = True
+    open_low: bool = False
+    auto: bool = False
+    # What else is allowed or why, appended to the line.
+    note: str = ""
+
+    def allows(self, value: Any) -> bool:
+        if self.auto and value == "auto":
+            return True
+        if isinstance(value, bool) or not isinstance(value, int if self.integer else (int, float)):
+            return False
+        above = value > self.low if self.open_low else value >= self.low
+        return above and value <= self.high  # NaN is neither
+
+    def __str__(self) -> str:
+        kind = "an integer" if self.integer else "a number"
+        low, high = (f"{int(x):,}" if x == int(x) else f"{x:g}" for x in (self.low, self.high))
+        text = f"{kind} in {'(' if self.open_low else '['}{low}, {high}]{self.note}"
+        return f"auto or {text}" if self.auto else text
+
+
+def check_bounds(prefix: str, values: Mapping[str, Any], bounds: dict[str, Bound]) -> None:
+    """Raise ConfigError for the first of ``values`` (null: the default, allowed) outside its
+    bound; ``prefix`` + key is its key on the command line."""
+    for key, bound in bounds.items():
+        value = values.get(key)
+        if value is not None and not bound.allows(value):
+            raise ConfigError(f"{prefix}{key}", value, str(bound))
+
+
+# The samplers' and pruners' numeric arguments, by name (every sampler and pruner option has
+# its own: tests/test_bad_input.py checks each is here). Optuna checks few of them, some
+# only in a trial (a negative n_startup_trials ran as 0), and none has an upper bound.
+SAMPLER_BOUNDS = {
+    "seed": Bound(0, 2**32 - 1),  # NumPy's random state
+    "n_startup_trials": Bound(0, MAX_TRIALS),
+    # Candidates drawn for each parameter of each trial, each scored against every trial.
+    "n_ei_candidates": Bound(1, 10_000),
+    "prior_weight": Bound(0, 1_000_000, integer=False, open_low=True),
+    "sigma0": Bound(0, 1_000_000, integer=False, open_low=True),
+    "popsize": Bound(2, 10_000),  # CMA-ES recombines the better half: at least 1
+    "inc_popsize": Bound(-1, 100, note=" (-1: not set; Optuna >= 4.4 ignores it)"),
+    "population_size": Bound(2, 10_000),
+    "mutation_prob": Bound(0, 1, integer=False),
+    "crossover_prob": Bound(0, 1, integer=False),
+    "swapping_prob": Bound(0, 1, integer=False),
+}
+PRUNER_BOUNDS = {
+    "n_startup_trials": Bound(0, MAX_TRIALS),
+    "n_warmup_steps": Bound(0, MAX_STEPS),
+    "interval_steps": Bound(1, MAX_STEPS),
+    "n_min_trials": Bound(1, MAX_TRIALS),
+    # Resources are env steps; rungs grow by reduction_factor from min_resource.
+    "min_resource": Bound(1, MAX_STEPS, auto=True),
+    "max_resource": Bound(1, MAX_STEPS, auto=True),
+    "reduction_factor": Bound(2, 1000),
+    "bootstrap_count": Bound(0, MAX_TRIALS),
+    # The first rung is at min_resource * reduction_factor ** rate env steps: past 30 even
+    # 1 * 2 ** rate is beyond any budget (MAX_STEPS), and no trial would be pruned.
+    "min_early_stopping_rate": Bound(0, 30),
+}
 
 
 @dataclass
@@ -128,6 +207,8 @@ class SweepSetup:
     custom_search_space: Any
     # Why the configured pruner is off (for the sweep's log), or None.
     pruner_off: str | None = None
+    # With a seed: the sampler seeded for trial ``number`` (_seeding); else None.
+    sampler_for: Callable[[int], Any] | None = None
 
 
 def value_text(value: Any) -> str:
@@ -178,14 +259,16 @@ def distribution(override: Override, current: Any) -> BaseDistribution | None:
     if unknown:
         raise ValueError(f"unknown tag '{unknown[0]}': the tags Optuna's space reads are log, int")
     log = "log" in tags
+    if isinstance(sweep, RangeSweep):
+        count, low, high = _range_size(sweep)
+        if count == 0:
+            raise ValueError("the range is empty")
+        if sweep.shuffle and count > MAX_CHOICES:
+            raise ValueError(f"a shuffled range is a choice of at most {MAX_CHOICES:,} values")
     if isinstance(sweep, ChoiceSweep) or (isinstance(sweep, RangeSweep) and sweep.shuffle):
         values = list(override.sweep_iterator()) if isinstance(sweep, RangeSweep) else sweep.list
         return CategoricalDistribution([_choice_value(v)[0] for v in values])
     if isinstance(sweep, RangeSweep):
-        numbers = list(sweep.range())
-        if not numbers:
-            raise ValueError("the range is empty")
-        low, high = min(numbers), max(numbers)
         step = abs(sweep.step)
         if _is_int(sweep.start) and _is_int(sweep.stop) and _is_int(sweep.step):
             if log and step != 1:
@@ -202,6 +285,20 @@ def distribution(override: Override, current: Any) -> BaseDistribution | None:
             return IntDistribution(int(low), int(high), log=log)
         return FloatDistribution(float(low), float(high), log=log)
     raise ValueError("not a sweep Optuna can sample")
+
+
+def _range_size(sweep: RangeSweep) -> tuple[int, Any, Any]:
+    """How many values a range() has, its least and its greatest: computed, not listed
+    (range(0, 10**10) would take all memory)."""
+    values = sweep.range()
+    ends: tuple[Any, Any]
+    if isinstance(values, range):
+        count, ends = len(values), (values[0], values[-1]) if values else (0, 0)
+    else:  # Hydra's FloatRange: start, start + step, ... before stop, in decimals
+        start, stop, step = (Decimal(x) for x in (values.start, values.stop, values.step))
+        count = max(0, math.ceil((stop - start) / step)) if step else 0
+        ends = (float(start), float(start + (count - 1) * step))
+    return count, min(ends), max(ends)
 
 
 def _legacy_distribution(key: str, spec: Any) -> BaseDistribution:
@@ -305,40 +402,8 @@ def build(sweeper: DictConfig, cfg: DictConfig, arguments: list[str]) -> SweepSe
                 f"rlspeed: invalid hydra.sweeper.direction={value}: expected maximize or "
                 "minimize, or a list of them for a multi-objective study"
             )
-    for key, low, high, allowed in (
-        # Every trial is a record in the study's storage; a batch of n_jobs trials is asked
-        # (and held as RUNNING) at once.
-        ("n_trials", 0, MAX_TRIALS, f"in [0, {MAX_TRIALS:,}]"),
-        ("n_jobs", 1, MAX_BATCH, f"in [1, {MAX_BATCH:,}]"),
-        ("batch_size", 1, MAX_BATCH, f"in [1, {MAX_BATCH:,}]"),
-        ("heartbeat_s", 1, None, ">= 1"),
-        # A grace within one heartbeat would judge live trials stale.
-        (
-            "grace_s",
-            2 * sweeper.heartbeat_s,
-            None,
-            f">= 2 * heartbeat_s = {2 * sweeper.heartbeat_s}",
-        ),
-    ):
-        if sweeper[key] is None and key == "n_jobs":
-            continue  # the launcher's own count
-        if sweeper[key] < low or (high is not None and sweeper[key] > high):
-            raise SweepConfigError(
-                f"rlspeed: invalid hydra.sweeper.{key}={sweeper[key]}: "
-                f"expected an integer {allowed}"
-                + (" or null (the launcher's n_jobs)" if key == "n_jobs" else "")
-            )
-    if not 0.0 <= sweeper.max_failure_rate <= 1.0:
-        raise SweepConfigError(
-            f"rlspeed: invalid hydra.sweeper.max_failure_rate={sweeper.max_failure_rate}: "
-            "expected a number in [0, 1]"
-        )
+    check_bounds("hydra.sweeper.", sweeper, _sweeper_bounds(sweeper.heartbeat_s))
     report_every = sweeper.get("report_every")
-    if report_every is not None and not 1 <= report_every <= MAX_STEPS:
-        raise SweepConfigError(
-            f"rlspeed: invalid hydra.sweeper.report_every={report_every}: expected an integer "
-            f"in [1, {MAX_STEPS:,}]"
-        )
     custom = None
     if sweeper.custom_search_space:
         try:
@@ -349,15 +414,22 @@ def build(sweeper: DictConfig, cfg: DictConfig, arguments: list[str]) -> SweepSe
                 f"{sweeper.custom_search_space}: expected the dotted path of a function "
                 f"(cfg, trial) -> None ({_first_line(error)})"
             ) from None
+    check_bounds("hydra.sweeper.sampler.", sweeper.sampler, SAMPLER_BOUNDS)
     sampler = _instantiate("sampler", sweeper.sampler, space)
+    sampler_for = None
+    if (seed := sweeper.sampler.get("seed")) is not None:  # see _seeding
+
+        def sampler_for(number: int) -> Any:
+            return _instantiate("sampler", sweeper.sampler, space, seed=trial_seed(seed, number))
+
     # Keyword arguments of the pruner: string keys.
     pruner_cfg = cast(dict[str, Any], OmegaConf.to_container(sweeper.pruner, resolve=True))
     assert isinstance(pruner_cfg, dict)
     hyperband = str(pruner_cfg.get("_target_")).endswith("HyperbandPruner")
     if hyperband and pruner_cfg.get("min_resource") is None:  # resources are env steps
         pruner_cfg["min_resource"] = report_every or 1
-    if hyperband or str(pruner_cfg.get("_target_")).endswith("SuccessiveHalvingPruner"):
-        _check_halving(pruner_cfg)
+    check_bounds("hydra.sweeper.pruner.", pruner_cfg, PRUNER_BOUNDS)
+    _check_resources(pruner_cfg)
     pruner = _instantiate("pruner", OmegaConf.create(pruner_cfg), space)
     objectives = _objectives(sweeper, directions, is_rlspeed_run="trial" in cfg)
     pruner_off = None
@@ -371,28 +443,34 @@ def build(sweeper: DictConfig, cfg: DictConfig, arguments: list[str]) -> SweepSe
         pruner_cfg = {"_target_": "optuna.pruners.NopPruner"}
         pruner = instantiate(pruner_cfg)
     return SweepSetup(
-        space, directions, objectives, sampler, pruner, pruner_cfg, custom, pruner_off
+        space, directions, objectives, sampler, pruner, pruner_cfg, custom, pruner_off, sampler_for
     )
 
 
-def _check_halving(pruner: dict[str, Any]) -> None:
-    """Settings Optuna's Hyperband and successive-halving pruners take at start and fail on
-    in a trial: rungs grow by ``reduction_factor`` (>= 2) from ``min_resource`` env steps
-    (>= 1)."""
-    low = pruner.get("min_resource")
-    for key, value, least in (("reduction_factor", pruner.get("reduction_factor"), 2),
-                              ("min_resource", low, 1)):  # fmt: skip
-        if isinstance(value, int) and value < least:
-            raise SweepConfigError(
-                f"rlspeed: invalid hydra.sweeper.pruner.{key}={value}: expected an integer "
-                f">= {least}"
-            )
-    high = pruner.get("max_resource")
+def _check_resources(pruner: dict[str, Any]) -> None:
+    """Hyperband's and successive halving's rungs run from min_resource to max_resource env
+    steps (Optuna fails on the reverse in a trial)."""
+    low, high = pruner.get("min_resource"), pruner.get("max_resource")
     if isinstance(high, int) and isinstance(low, int) and high < low:
         raise SweepConfigError(
             f"rlspeed: invalid hydra.sweeper.pruner.max_resource={high}: expected auto or an "
             f"integer >= min_resource ({low})"
         )
+
+
+def _sweeper_bounds(heartbeat_s: int) -> dict[str, Bound]:
+    return {
+        # Every trial is a record in the study's storage; a batch of n_jobs trials is asked
+        # (and held as RUNNING) at once.
+        "n_trials": Bound(0, MAX_TRIALS),
+        "n_jobs": Bound(1, MAX_BATCH, note=" or null (the launcher's n_jobs)"),
+        "batch_size": Bound(1, MAX_BATCH),
+        "max_failure_rate": Bound(0, 1, integer=False),
+        "report_every": Bound(1, MAX_STEPS),
+        "heartbeat_s": Bound(1, MAX_HEARTBEAT_S),
+        # A grace within one heartbeat would judge live trials stale.
+        "grace_s": Bound(2 * heartbeat_s, MAX_GRACE_S, note=" (at least 2 * heartbeat_s)"),
+    }
 
 
 def _objectives(
@@ -419,8 +497,8 @@ def _objectives(
     return names
 
 
-def _instantiate(what: str, node: DictConfig, space: SearchSpace) -> Any:
-    kwargs: dict[str, Any] = {}
+def _instantiate(what: str, node: DictConfig, space: SearchSpace, **kwargs: Any) -> Any:
+    """The sampler or pruner ``node`` describes, with ``kwargs`` for its arguments."""
     target = node.get("_target_", "")
     if target.endswith("GridSampler") and node.get("search_space") is None:
         kwargs["search_space"] = _grid(space)
@@ -434,21 +512,39 @@ def _instantiate(what: str, node: DictConfig, space: SearchSpace) -> Any:
 
 
 def _grid(space: SearchSpace) -> dict[str, list[Any]]:
+    """The grid sampler's values of each key: its params' choices and ranges. Each point
+    is a trial: a grid of more than MAX_TRIALS points (range(0, 10**10)) is refused before
+    it is listed."""
+    sizes = {key: _grid_size(key, dist) for key, dist in space.distributions.items()}
+    if (points := math.prod(sizes.values())) > MAX_TRIALS:
+        raise SweepConfigError(
+            f"rlspeed: invalid hydra/sweeper/sampler=grid: expected a grid of at most "
+            f"{MAX_TRIALS:,} points (a trial each); the params make {points:,}"
+        )
     grid: dict[str, list[Any]] = {}
     for key, dist in space.distributions.items():
         if isinstance(dist, CategoricalDistribution):
             grid[key] = list(dist.choices)
-        elif isinstance(dist, IntDistribution) and not dist.log:
+        elif isinstance(dist, IntDistribution):
             grid[key] = list(range(dist.low, dist.high + 1, dist.step))
-        elif isinstance(dist, FloatDistribution) and dist.step is not None:
-            count = round((dist.high - dist.low) / dist.step) + 1
-            grid[key] = [dist.low + i * dist.step for i in range(count)]
         else:
-            raise SweepConfigError(
-                f"rlspeed: invalid hydra.sweeper.params.{key}: the grid sampler needs choice() "
-                "or range() values, not an interval"
-            )
+            assert isinstance(dist, FloatDistribution) and dist.step is not None
+            grid[key] = [dist.low + i * dist.step for i in range(sizes[key])]
     return grid
+
+
+def _grid_size(key: str, dist: BaseDistribution) -> int:
+    """How many values of ``key`` a grid has."""
+    if isinstance(dist, CategoricalDistribution):
+        return len(dist.choices)
+    if isinstance(dist, IntDistribution) and not dist.log:
+        return (dist.high - dist.low) // dist.step + 1
+    if isinstance(dist, FloatDistribution) and dist.step is not None:
+        return round((dist.high - dist.low) / dist.step) + 1
+    raise SweepConfigError(
+        f"rlspeed: invalid hydra.sweeper.params.{key}: the grid sampler needs choice() "
+        "or range() values, not an interval"
+    )
 
 
 def _unknown_key(key: str, where: str) -> None:

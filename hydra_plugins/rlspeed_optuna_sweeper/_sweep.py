@@ -19,6 +19,7 @@ import json
 import logging
 import math
 import os
+import re
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -38,8 +39,11 @@ from hydra_plugins.rlspeed_optuna_sweeper._results import (
     fmt_param,
     fmt_values,
     show_best,
+    warn_unwritten,
     write_results,
+    writing,
 )
+from hydra_plugins.rlspeed_optuna_sweeper._seeding import TrialSeededSampler
 from hydra_plugins.rlspeed_optuna_sweeper._space import (
     SweepConfigError,
     SweepSetup,
@@ -50,8 +54,9 @@ from hydra_plugins.rlspeed_optuna_sweeper._submitit import is_submitit, launch_e
 from hydra_plugins.rlspeed_optuna_sweeper._trials import TrialKeeper, counted, is_surplus
 from rlspeed import secrets
 from rlspeed.config import quote
-from rlspeed.errors import RLSpeedError
+from rlspeed.errors import ConfigError, RLSpeedError
 from rlspeed.sweep import (
+    MAX_NAME_CHARS,
     PRUNER_ATTR,
     SWEEP_PID_VARIABLE,
     check_storage,
@@ -77,17 +82,37 @@ def default_study_name(config: DictConfig) -> str:
     return str(OmegaConf.select(config, "hydra.job.name", default="study"))
 
 
-def default_storage(study_name: str) -> str:
+# A study's name is its journal's file name by default (default_storage): one file name, in
+# outputs/optuna/ (no folder, no "..", not hidden), that any file system and shell take.
+STUDY_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+STUDY_NAME_ALLOWED = (
+    f"a name of 1 to {MAX_NAME_CHARS} letters, digits, '_', '-' and '.', not starting with "
+    "'.' (the default storage is outputs/optuna/<study_name>.journal), or null (the hparams "
+    "option's name)"
+)
+
+
+def study_name(config: DictConfig) -> str:
+    """``hydra.sweeper.study_name``, or the default; raises ConfigError unless it is a
+    file name that stays in outputs/optuna/."""
+    name = config.hydra.sweeper.study_name
+    if name is None:
+        return default_study_name(config)
+    if len(name) > MAX_NAME_CHARS or not STUDY_NAME.fullmatch(name):
+        raise ConfigError("hydra.sweeper.study_name", name, STUDY_NAME_ALLOWED)
+    return str(name)
+
+
+def default_storage(name: str) -> str:
     """A journal file at a stable place under the working directory (sweep folders are
     timestamped), so the same command finds the same study."""
-    return str(Path.cwd() / "outputs" / "optuna" / f"{study_name}.journal")
+    return str(Path.cwd() / "outputs" / "optuna" / f"{name}.journal")
 
 
 def sweep_storage(config: DictConfig) -> str:
     """The study's storage (``hydra.sweeper.storage`` or the default), as every process
     opens it (normalize_storage); raises ConfigError if trials cannot be recorded there."""
-    node = config.hydra.sweeper
-    spec = node.storage or default_storage(node.study_name or default_study_name(config))
+    spec = config.hydra.sweeper.storage or default_storage(study_name(config))
     check_storage(spec)
     return normalize_storage(spec)
 
@@ -123,13 +148,16 @@ class OptunaSweeperImpl:
         # each job's overrides, internal keys and all, stay in the trials' .hydra/ files.
         for launcher_log in LAUNCHER_LOGGERS:
             logging.getLogger(launcher_log).setLevel(logging.WARNING)
-        study_name = node.study_name or default_study_name(config)
+        name = study_name(config)
         storage_spec = sweep_storage(config)
         storage = open_storage(storage_spec, heartbeat=(node.heartbeat_s, node.grace_s))
+        sampler = setup.sampler
+        if setup.sampler_for is not None:  # seeded: each trial from its own seed
+            sampler = TrialSeededSampler(setup.sampler, setup.sampler_for)
         study = optuna.create_study(
-            study_name=study_name,
+            study_name=name,
             storage=storage,
-            sampler=setup.sampler,
+            sampler=sampler,
             pruner=setup.pruner,
             directions=[StudyDirection[direction.upper()] for direction in setup.directions],
             load_if_exists=True,
@@ -138,13 +166,13 @@ class OptunaSweeperImpl:
         if directions != setup.directions:
             raise SweepConfigError(
                 f"rlspeed: invalid hydra.sweeper.direction={setup.directions}: study "
-                f"'{study_name}' in {storage_spec} was created with {directions}; "
+                f"'{name}' in {storage_spec} was created with {directions}; "
                 "use another hydra.sweeper.study_name or storage"
             )
         _name_objectives(study, setup.objectives, storage_spec)
         if setup.pruner_off:
             log.info("No pruning: %s", setup.pruner_off)
-        study_id = storage.get_study_id_from_name(study_name)
+        study_id = storage.get_study_id_from_name(name)
         storage.set_study_system_attr(study_id, PRUNER_ATTR, setup.pruner_cfg)
         keeper = TrialKeeper(study, storage, node.heartbeat_s, node.grace_s)
         stale = keeper.fail_stale()
@@ -152,14 +180,18 @@ class OptunaSweeperImpl:
         # Jobs in worker processes (hydra/launcher=joblib) stop when this process is gone.
         os.environ[SWEEP_PID_VARIABLE] = str(os.getpid())
         sweep_dir = Path(config.hydra.sweep.dir)
-        sweep_dir.mkdir(parents=True, exist_ok=True)
-        (sweep_dir / "multirun.yaml").write_text(secrets.mask(OmegaConf.to_yaml(config)))
+        try:
+            sweep_dir.mkdir(parents=True, exist_ok=True)
+            with writing(sweep_dir / "multirun.yaml") as path:
+                path.write_text(secrets.mask(OmegaConf.to_yaml(config)))
+        except OSError as error:  # a trial that cannot write its folder fails on its own
+            warn_unwritten(error, storage_spec)
         trials = counted(study.get_trials(deepcopy=False))
         running = sum(t.state == TrialState.RUNNING for t in trials)
         log.info(
             "Optuna study '%s' in %s: %d finished trial(s), %d running in other sweeps, "
             "running %d more (n_trials=%d)",
-            study_name,
+            name,
             storage_spec,
             len(trials) - running,
             running,

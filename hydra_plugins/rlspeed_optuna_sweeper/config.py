@@ -23,7 +23,9 @@ SWEEPER_TARGET = "hydra_plugins.rlspeed_optuna_sweeper.optuna_sweeper.OptunaSwee
 
 # Samplers -------------------------------------------------------------------------------
 # Arguments Optuna has deprecated default to None, so they are passed only when a config
-# sets them (Optuna then warns, as it should).
+# sets them (Optuna then warns, as it should). ``seed`` is 0, so the same command samples the
+# same trials (each trial seeded from it and its number, so that a resumed study samples new
+# ones: _seeding); null: other trials on every run.
 
 
 @dataclass
@@ -31,7 +33,7 @@ class TPESamplerConfig:
     """Tree-structured Parzen Estimator (Bayesian optimisation)."""
 
     _target_: str = "optuna.samplers.TPESampler"
-    seed: int | None = None
+    seed: int | None = 0
     consider_prior: bool | None = None
     prior_weight: float | None = None
     consider_magic_clip: bool | None = None
@@ -47,7 +49,7 @@ class TPESamplerConfig:
 @dataclass
 class RandomSamplerConfig:
     _target_: str = "optuna.samplers.RandomSampler"
-    seed: int | None = None
+    seed: int | None = 0
 
 
 @dataclass
@@ -57,7 +59,7 @@ class CmaEsSamplerConfig:
     sigma0: float | None = None
     n_startup_trials: int = 1
     warn_independent_sampling: bool = True
-    seed: int | None = None
+    seed: int | None = 0
     consider_pruned_trials: bool = False
     restart_strategy: str | None = None
     popsize: int | None = None
@@ -76,7 +78,7 @@ class NSGAIISamplerConfig:
     mutation_prob: float | None = None
     crossover_prob: float = 0.9
     swapping_prob: float = 0.5
-    seed: int | None = None
+    seed: int | None = 0
 
 
 @dataclass
@@ -86,7 +88,7 @@ class GridSamplerConfig:
 
     _target_: str = "optuna.samplers.GridSampler"
     search_space: dict[str, Any] | None = None
-    seed: int | None = None
+    seed: int | None = 0
 
 
 # Pruners --------------------------------------------------------------------------------

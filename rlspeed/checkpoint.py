@@ -204,6 +204,7 @@ def restore(obj: Any, state: dict[str, Any]) -> None:
         elif isinstance(value, np.random.Generator):
             value.bit_generator.state = saved
         elif isinstance(value, np.ndarray):
+            check_shape(name, np.shape(saved), value.shape)  # NumPy would broadcast some
             value[...] = saved
         elif isinstance(saved, list) and _jax_leaves(value) is not None:
             setattr(obj, name, tree_from_host(value, saved))

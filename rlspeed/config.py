@@ -133,6 +133,13 @@ def is_fused(cfg: RunConfigLike) -> bool:
 # Env steps are counted in int32 on the fused path (at most 2,147,483,647); this leaves
 # room for the round-up to whole iterations.
 MAX_STEPS = 2_000_000_000
+# The longest evaluation episode (task=gym: an id's registered max_episode_steps, or its
+# task.max_steps where it registers none): a score waits for all its episodes to end, one
+# batched policy call per step. Standard limits are far shorter (MuJoCo's 1,000).
+MAX_EPISODE_STEPS = 100_000
+# Seeds of one run: each has its own MLflow metrics (seed<i>/<name>), rows in metrics.json
+# and, on the host paths, agent files and a training of its own after the last's.
+MAX_SEEDS = 1_000
 
 
 def quote(text: str) -> str:

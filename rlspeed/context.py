@@ -86,7 +86,7 @@ class RunContext:
         self,
         name: str,
         save: Callable[[Path], Path],
-        resume_state: Callable[[], dict[str, Any]],
+        resume_state: Callable[[], dict[str, Any] | None],
     ) -> None:
         """Register ``save(path)`` as this agent's checkpoint, file ``name`` in the run folder
         (``<stem>_seed<i><suffix>`` when agents of several seeds are saved one by one), and
@@ -96,8 +96,11 @@ class RunContext:
             path, resume_path = (seed_file(p, self.seed_index) for p in (path, resume_path))
 
         def save_state(path: Path) -> Path:
+            taken = resume_state()
+            if taken is None:  # stopped inside an iteration: the last file written stays
+                return path
             state = {
-                **resume_state(),
+                **taken,
                 "monitor": self.run_monitor.state_dict(),
                 "tracked_run_id": self.tracker.run_id if self.tracker else None,
                 "config": self.training_config,
@@ -119,7 +122,7 @@ class RunContext:
         cfg = self.cfg
         return CheckpointSchedule(cfg.checkpoint_every, cfg.total_steps, self.write_checkpoint)
 
-    def write_checkpoint(self, step: int) -> None:
+    def write_checkpoint(self, step: int) -> bool:
         """Write this agent's files (``set_checkpoint``) now, at env step ``step`` of its
         training: a run killed outright (SIGKILL, out of memory) resumes from them. One that
         cannot be written costs a warning (once per reason): training goes on, and the files
@@ -133,9 +136,10 @@ class RunContext:
             if why not in self.unwritten:
                 self.unwritten.add(why)
                 log.warning("rlspeed: could not write a checkpoint in %s: %s", self.out_dir, why)
-            return
+            return False
         seconds = time.monotonic() - started
         to_log_file(f"rlspeed: checkpoint at env step {step:,} written in {seconds:.3f} s")
+        return True
 
     def each_seed(self, train_one: Callable[[RunContext], TrainResult]) -> TrainResult:
         """Train the ``num_seeds`` agents one after another (the host-driven paths)."""
@@ -163,14 +167,16 @@ class CheckpointSchedule:
     an integer N at the first whole iteration that reaches each multiple of N env steps, 0
     never, ``auto`` once ``AUTO_PERIOD_S`` of training have passed since the last write and
     ``AUTO_WRITE_RATIO`` times as long as that write took; never at ``total_steps``, where
-    the run's end writes them. ``write(step)`` saves; the loop calls ``reached(step)`` where
-    its state is a whole iteration's (what resume= continues from)."""
+    the run's end writes them. ``write(step)`` saves (True once written); the loop calls
+    ``reached(step)`` where its state is a whole iteration's (what resume= continues from)."""
 
-    def __init__(self, every: int | str, total_steps: int, write: Callable[[int], None]) -> None:
+    def __init__(self, every: int | str, total_steps: int, write: Callable[[int], bool]) -> None:
         self.every, self.total_steps, self.write = every, total_steps, write
         self._block = 0  # the multiple of ``every`` the last write (or the start) was in
         self._since = time.monotonic()
         self._wait_s = AUTO_PERIOD_S
+        # The env step of the last write while training (None before the first).
+        self.written: int | None = None
 
     def start(self, step: int) -> None:
         """Training starts (or resumes) at env step ``step``."""
@@ -188,7 +194,8 @@ class CheckpointSchedule:
         if not due:
             return
         started = time.monotonic()
-        self.write(step)
+        if self.write(step):
+            self.written = step
         self._since = time.monotonic()
         self._wait_s = max(AUTO_PERIOD_S, AUTO_WRITE_RATIO * (self._since - started))
         if isinstance(self.every, int):

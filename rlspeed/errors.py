@@ -6,6 +6,8 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
+import traceback
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,45 @@ class RLSpeedError(CompactHydraException):
 
     def __init__(self, message: str) -> None:
         super().__init__(mask(message))
+
+
+class EnvFailed(Exception):
+    """An env's own code failed as rlspeed called it (``call``: reset, step, close): it
+    raised, exited, or its worker process ended. ``said``: that in one line; ``trace``: the
+    traceback as text, for the run's log file. The training loop, which knows the env step,
+    turns it into the run's one line."""
+
+    def __init__(self, env: str, call: str, said: str, trace: str) -> None:
+        super().__init__(f"env {env} failed in its {call}: {said}")
+        self.env, self.call, self.said, self.trace = env, call, said, trace
+
+
+@contextlib.contextmanager
+def env_code(env: str, call: str) -> Iterator[None]:
+    """Around a call into an env's own code (a user's, maybe): what it raises, a
+    ``sys.exit`` in it, or a gym-async worker process that ends becomes one EnvFailed naming
+    the env and what it said. A worker's traceback reaches this process as warnings, which
+    are kept for the log file."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            yield
+        except (Exception, SystemExit) as error:  # the env's code: anything, exit included
+            told = "\n".join(str(warning.message) for warning in caught)
+            trace = "".join(traceback.format_exception(error)) + told
+            raise EnvFailed(env, call, _said(error), trace) from None
+    for warning in caught:  # a call that went well: its warnings as they would have been
+        warnings.warn_explicit(warning.message, warning.category, warning.filename, 0)
+
+
+def _said(error: BaseException) -> str:
+    """What the env's code said, in one line: the exception, or where a gym-async worker
+    ended without one (``sys.exit``, ``os._exit``, killed), that it ended."""
+    if isinstance(error, (EOFError, BrokenPipeError, ConnectionResetError)):
+        return "its worker process ended (the env exited or was killed)"
+    if isinstance(error, SystemExit):
+        return f"it called sys.exit({error.code!r})"
+    return f"{type(error).__name__}: {' '.join(str(error).split())}"[:300]
 
 
 class ConfigError(RLSpeedError):

@@ -59,7 +59,7 @@ def run(cfg: DictConfig) -> float:
 
         return evaluate_checkpoint(cfg)
     started = _start(cfg, out_dir, continued is not None)
-    status = "FAILED"
+    status, failure = "FAILED", None
     # A scheduler's SIGTERM (preemption, `timeout`), or SLURM's SIGUSR2, ends the run like
     # Ctrl-C: KILLED, checkpointed (and after SIGUSR2 the SLURM job is requeued).
     with slurm.StopSignals(interrupt):
@@ -73,8 +73,11 @@ def run(cfg: DictConfig) -> float:
         except started.pruned_error as pruned:
             status = _pruned(started, pruned)
             raise
+        except Exception as error:
+            failure = str(error).removeprefix("rlspeed: ")  # recorded with the run
+            raise
         finally:
-            unrecorded = _end(started, status)
+            unrecorded = _end(started, status, failure)
             if unrecorded and status != "FINISHED":  # beside the error or interrupt on its way
                 print(unrecorded.line, file=sys.stderr)
     return _finished(started, result, unrecorded)
@@ -108,10 +111,11 @@ def run_trials(cfgs: list[DictConfig], out_dirs: list[Path]) -> list[float | Exc
             results = [error] * len(started)
     endings = {}
     for (index, run), result in zip(started.items(), results, strict=True):
-        status = "FINISHED"
+        status, failure = "FINISHED", None
         if isinstance(result, Exception):
             status = _pruned(run, result) if isinstance(result, run.pruned_error) else "FAILED"
-        endings[index] = _ending(run, status)
+            failure = str(result).removeprefix("rlspeed: ") if status == "FAILED" else None
+        endings[index] = _ending(run, status, failure)
         next(endings[index])  # every trial's files first (_finishing)
     for (index, run), result in zip(started.items(), results, strict=True):
         unrecorded = next(endings[index])
@@ -222,19 +226,22 @@ def _pruned(started: Started, pruned: BaseException) -> str:
     return "KILLED"
 
 
-def _end(started: Started, status: str) -> Unrecorded | None:
-    """Save the outputs and end the tracked run; what could not be recorded, or None."""
-    ending = _ending(started, status)
+def _end(started: Started, status: str, failure: str | None = None) -> Unrecorded | None:
+    """Save the outputs and end the tracked run (``failure``: why it failed); what could not
+    be recorded, or None."""
+    ending = _ending(started, status, failure)
     next(ending)
     return next(ending)
 
 
-def _ending(started: Started, status: str) -> Iterator[Unrecorded | None]:
+def _ending(
+    started: Started, status: str, failure: str | None = None
+) -> Iterator[Unrecorded | None]:
     """``_finishing``'s two steps in the monitor's saving phase; the monitor is closed
     before the second step yields (the summary comes after it)."""
     monitor = started.ctx.run_monitor
     monitor.saving()
-    finishing = _finishing(started.tracker, started.ctx, status)
+    finishing = _finishing(started.tracker, started.ctx, status, failure)
     try:
         yield next(finishing)
         unrecorded = next(finishing)
@@ -264,7 +271,9 @@ class Unrecorded(NamedTuple):
     remote_only: bool
 
 
-def _finishing(tracker: Tracker, ctx: RunContext, status: str) -> Iterator[Unrecorded | None]:
+def _finishing(
+    tracker: Tracker, ctx: RunContext, status: str, failure: str | None
+) -> Iterator[Unrecorded | None]:
     """Save the run's outputs and close the tracked run, however training ended, in two
     steps: the first writes every file and queues its upload (yields None); the second
     waits for the tracking store, writes metrics.json, ends the tracked run and yields what
@@ -274,7 +283,8 @@ def _finishing(tracker: Tracker, ctx: RunContext, status: str) -> Iterator[Unrec
     trials' tracking writers upload while the next trial's files are drawn.
 
     Each file is written on its own (atomically), so one that cannot be written, on a full
-    disk say, costs only itself."""
+    disk say, costs only itself. ``failure``, why training failed, comes first in
+    metrics.json's ``errors``."""
     out_dir, monitor = ctx.out_dir, ctx.run_monitor
     failed: dict[str, list[str]] = {}  # why -> the files that could not be written
 
@@ -331,8 +341,9 @@ def _finishing(tracker: Tracker, ctx: RunContext, status: str) -> Iterator[Unrec
         # Written last: its status and errors cover the files above and every metric row
         # (the tracker has written all it was given, or says why not).
         tracker.flush()
+        errors = [failure, *problems()] if failure else problems()
         metrics = partial(
-            _write_metrics, monitor, status=final_status(), errors=problems(), run_id=tracker.run_id
+            _write_metrics, monitor, status=final_status(), errors=errors, run_id=tracker.run_id
         )
         write(OutputFile(out_dir / "metrics.json", metrics))
         final = final_status()

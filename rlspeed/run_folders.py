@@ -69,9 +69,11 @@ def check_modes(cfg: DictConfig) -> None:
 def check_video(value: str, saved: Any) -> None:
     suffixes = [".gif"] + ([".mp4"] if importlib.util.find_spec("imageio_ffmpeg") else [])
     path = Path(value).expanduser()
-    if path.suffix.lower() not in suffixes:
+    # Path drops a trailing slash: x.gif/ names a folder, as does an existing folder x.gif.
+    if path.suffix.lower() not in suffixes or path.is_dir() or value.endswith("/"):
         extra = "" if ".mp4" in suffixes else " (.mp4 needs the imageio-ffmpeg package)"
-        raise ConfigError("video", value, f"a file name ending in {', '.join(suffixes)}{extra}")
+        allowed = f"a file name ending in {', '.join(suffixes)}, not a folder{extra}"
+        raise ConfigError("video", value, allowed)
     allowed = "a file in an existing folder rlspeed can write to"
     if not path.parent.is_dir():
         raise ConfigError("video", value, allowed)

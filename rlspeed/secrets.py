@@ -1,8 +1,9 @@
 """Passwords in URLs (``scheme://user:password@host``) are never shown, logged or written.
 
 rlspeed takes URLs that may hold a password (``tracking.uri``, ``MLFLOW_TRACKING_URI``,
-``hydra.sweeper.storage``, the ``trial.storage`` the Optuna sweeper hands its jobs). The
-process that connects needs the password; everything shown or stored gets it as
+``hydra.sweeper.storage``, the ``trial.storage`` the Optuna sweeper hands its jobs, a URL in
+task=gym's ``task.kwargs`` for the user's env). The process that connects (or makes the
+env) needs the password; everything shown or stored gets it as
 ``user:***@host`` instead: ``mask`` for a string (a URL, or a line or file holding one),
 ``install`` for everything the process logs and prints. ``hide_in_arguments`` takes the
 passwords off the command line before Hydra reads it, so that no config Hydra writes or
@@ -20,6 +21,7 @@ import os
 import re
 import sys
 import urllib.parse
+from collections.abc import Callable
 from typing import Any, TextIO
 
 MASK = "***"
@@ -84,15 +86,34 @@ def _stored_passwords() -> dict[str, str]:
     return passwords if isinstance(passwords, dict) else {}
 
 
+def masked_accounts(text: str) -> list[str]:
+    """The ``user@host`` of every URL in ``text`` whose password is masked (``user:***@host``):
+    where ``reveal`` found nothing to put back, the password is not there."""
+    if "://" not in text:
+        return []
+    return [_account(match) for match in _USERINFO.finditer(text) if match["password"] == MASK]
+
+
+def _each_string(value: Any, change: Callable[[str], str]) -> Any:
+    """``value`` with ``change`` applied to every string in it (dicts and lists walked)."""
+    if isinstance(value, str):
+        return change(value)
+    if isinstance(value, dict):
+        return {key: _each_string(item, change) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_each_string(item, change) for item in value)
+    return value
+
+
 def mask_value(value: Any) -> Any:
     """``value`` with ``mask`` applied to every string in it (dicts and lists walked)."""
-    if isinstance(value, str):
-        return mask(value)
-    if isinstance(value, dict):
-        return {key: mask_value(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return type(value)(mask_value(item) for item in value)
-    return value
+    return _each_string(value, mask)
+
+
+def reveal_value(value: Any) -> Any:
+    """``value`` with ``reveal`` applied to every string in it (dicts and lists walked): what
+    a user's code that connects is handed (task=gym's ``task.kwargs``)."""
+    return _each_string(value, reveal)
 
 
 def split_credentials(url: str) -> tuple[str, str | None, str | None]:

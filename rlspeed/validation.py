@@ -14,17 +14,18 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from rlspeed.algos import network_weights
-from rlspeed.config import MAX_STEPS, check_creatable, is_fused
+from rlspeed.algos import batch_rows, network_weights
+from rlspeed.config import MAX_SEEDS, MAX_STEPS, check_creatable, is_fused
 from rlspeed.errors import ConfigError, StoreUnreachable
 from rlspeed.registry import ALGOS, BACKENDS, ENGINES, TASKS, TRACKERS
 
 
 def validate(cfg: DictConfig) -> None:
     """Reject bad or incompatible values with one clear line before any work starts."""
-    for key in ("num_envs", "num_seeds"):
-        if cfg[key] < 1:
-            raise ConfigError(key, cfg[key], "an integer >= 1")
+    if cfg.num_envs < 1:
+        raise ConfigError("num_envs", cfg.num_envs, "an integer >= 1")
+    if not 1 <= cfg.num_seeds <= MAX_SEEDS:
+        raise ConfigError("num_seeds", cfg.num_seeds, f"an integer in [1, {MAX_SEEDS:,}]")
     for key in ("total_steps", "log_every", "eval_every"):
         if not 1 <= cfg[key] <= MAX_STEPS:
             raise ConfigError(key, cfg[key], f"an integer in [1, {MAX_STEPS:,}]")
@@ -105,8 +106,10 @@ def validate(cfg: DictConfig) -> None:
     resolve_threads(cfg)
     # Reads run folders (whole resume files): loaded only once every setting above is checked
     # (a bad setting is refused before NumPy, let alone a backend, is imported).
+    from rlspeed.engines.env_state import check_resumable
     from rlspeed.run_folders import check_modes
 
+    check_resumable(cfg)  # builds the env: what it keeps decides checkpoint_every and resume=
     check_modes(cfg)
 
 
@@ -132,14 +135,9 @@ def auto_threads(cfg: DictConfig) -> int:
     the default (30 Q-learning agents: 5.7-5.8 M agent-steps/s with 2 threads, 5.5-5.7 M
     with 1).
     """
-    algo = cfg.algo
-    if not algo.get("hidden_sizes"):
+    if not cfg.algo.get("hidden_sizes"):
         return 0
-    if "batch_size" in algo:
-        rows = algo.batch_size
-    else:  # on-policy: the rollout (num_steps of every env) in num_minibatches parts
-        rows = algo.num_steps * cfg.num_envs // algo.get("num_minibatches", 1)
-    rows = max(rows, cfg.num_envs) * (cfg.num_seeds if is_fused(cfg) else 1)
+    rows = batch_rows(cfg) * (cfg.num_seeds if is_fused(cfg) else 1)
     macs = rows * network_weights(cfg)
     return 1 if macs < ONE_THREAD_BELOW_MACS else 0
 

@@ -106,9 +106,9 @@ LAYERS = [
     ("run context", ["rlspeed.context"]),
     ("parts", [f"rlspeed.{name}" for name in ("tasks", "engines", "envs", "backends")]),
     ("parts", ["rlspeed.tracking", "rlspeed.monitor", "rlspeed.sweep", "rlspeed.slurm"]),
-    ("files", ["rlspeed.checkpoint", "rlspeed.statefile"]),
+    ("files", ["rlspeed.checkpoint", "rlspeed.statefile", "rlspeed.digests"]),
     ("base", [f"rlspeed.{name}" for name in ("config", "registry", "errors", "secrets")]),
-    ("base", ["rlspeed.seeding", "rlspeed.machine"]),
+    ("base", ["rlspeed.seeding", "rlspeed.machine", "rlspeed.user_modules"]),
 ]
 LAYER_NAMES = list(dict.fromkeys(name for name, _ in LAYERS))
 

@@ -8,18 +8,22 @@ before Hydra starts a job); three cases also run through the real command."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.util
 import os
 import shutil
 import subprocess
 import sys
+import typing
 from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
 from optuna.distributions import CategoricalDistribution
 
-from hydra_plugins.rlspeed_optuna_sweeper._space import build
+from hydra_plugins.rlspeed_optuna_sweeper import config as sweeper_config
+from hydra_plugins.rlspeed_optuna_sweeper._space import PRUNER_BOUNDS, SAMPLER_BOUNDS, build
+from hydra_plugins.rlspeed_optuna_sweeper._sweep import study_name
 from rlspeed.cli import CONF_DIR, check_command_line
 from rlspeed.errors import ConfigError
 from rlspeed.tracking.mlflow import check as check_tracking
@@ -77,7 +81,7 @@ BAD = [
         ["invalid task.eval_episodes=0: expected an integer in [1, 10,000]"],
     ),
     (["seed=-1"], ["invalid seed=-1: expected an integer >= 0"]),
-    (["num_seeds=0"], ["invalid num_seeds=0: expected an integer >= 1"]),
+    (["num_seeds=0"], ["invalid num_seeds=0: expected an integer in [1, 1,000]"]),
     # networks, rates and noise on every algorithm
     (["algo.hidden_sizes=[]"], ["invalid algo.hidden_sizes=[]: expected a non-empty list"]),
     (["algo=vpg", "task=cartpole", "algo.hidden_sizes=[0]"], ["invalid algo.hidden_sizes=[0]"]),
@@ -285,17 +289,17 @@ BAD = [
     ([*SWEEP, "algo.learning_rate=tag(bogus, interval(0.001, 0.1))"], ["unknown tag 'bogus'"]),
     (
         [*SWEEP, "hydra/sweeper/pruner=hyperband", "hydra.sweeper.pruner.reduction_factor=1"],
-        ["invalid hydra.sweeper.pruner.reduction_factor=1: expected an integer >= 2"],
+        ["invalid hydra.sweeper.pruner.reduction_factor=1: expected an integer in [2, 1,000]"],
     ),
     (
         [*SWEEP, "hydra/sweeper/pruner=hyperband", "hydra.sweeper.pruner.min_resource=0"],
-        ["invalid hydra.sweeper.pruner.min_resource=0: expected an integer >= 1"],
+        ["invalid hydra.sweeper.pruner.min_resource=0: expected auto or an integer in [1, "],
     ),
     (
         ["-m", "seed=1,2", "hydra/launcher=joblib", "hydra.launcher.n_jobs=0"],
         ["invalid hydra.launcher.n_jobs=0: expected an integer in [1, "],
     ),
-    (["algo.hidden_sizes=[100000000]"], ["algo.hidden_sizes=[100000000]: expected networks that"]),
+    (["algo.hidden_sizes=[16777216]"], ["algo.hidden_sizes=[16777216]: expected networks that"]),
     (["task=cartpole", "task.eval_episodes=1000000000"], ["expected an integer in [1, 10,000]"]),
     (["task.max_steps=100000000000"], ["expected an integer in [1, 2,000,000,000]"]),
     ([*SWEEP, "hydra.sweeper.n_jobs=100000"], ["n_jobs=100000: expected an integer in [1, 1,024]"]),
@@ -514,3 +518,272 @@ def test_search_space_extremes_reach_both_ends_and_every_choice():
         ends = dist.choices if isinstance(dist, CategoricalDistribution) else (dist.low, dist.high)
         for value in ends:
             assert any(line.startswith(f"{key}=") and line.endswith(str(value)) for line in lines)
+
+
+# --- hostile sizes and envs (issue 38): task=gym on tests/data/hostile_envs.py ------------
+
+HOSTILE = ["task=gym", "task.import=tests.data.hostile_envs", "backend=torch", "env=gym-sync"]
+SIZED = [*HOSTILE, "task.id=hostile/Sized-v0"]
+TOO_DEEP = str([8] * 65)
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["num_seeds=1001"], "invalid num_seeds=1001: expected an integer in [1, 1,000]"),
+        (
+            [f"algo.hidden_sizes={TOO_DEEP.replace(' ', '')}"],
+            f"invalid algo.hidden_sizes={TOO_DEEP[:30]}... ({len(TOO_DEEP)} characters): "
+            "expected a non-empty list of integers >= 1: at most 64 of them, each at most "
+            "16,777,216",
+        ),
+        (
+            ["algo.hidden_sizes=[16777217]"],
+            "invalid algo.hidden_sizes=[16777217]: expected a non-empty list of integers >= 1: "
+            "at most 64 of them, each at most 16,777,216",
+        ),
+        (
+            ["+task.kwargs.box_shape=[0]"],
+            "invalid task.id=hostile/Sized-v0: expected an env with Box, Discrete or "
+            "MultiDiscrete (from 0) observations of 1 entry or more, not Box([], [], (0,), "
+            "float32)",
+        ),
+        (
+            ["+task.kwargs.max_episode_steps=5"],
+            "invalid task.kwargs.max_episode_steps=5: expected no such key: rlspeed makes the "
+            "env with task.max_steps as its time limit (use task.max_steps=N)",
+        ),
+        (
+            ["+task.kwargs.render_mode=human"],
+            "invalid task.kwargs.render_mode=human: expected null, rgb_array or ansi (rlspeed "
+            "opens no window; mode=eval video=FILE films the env in a mode of its own)",
+        ),
+        (
+            ["task.id=hostile/Endless-v0"],
+            "invalid task.id=hostile/Endless-v0: expected an env whose registered "
+            "max_episode_steps is in [1, 100,000] (it registers 1,000,000,000, the length of "
+            "its evaluation episodes)",
+        ),
+        (
+            ["task.id=hostile/NoLimit-v0", "task.max_steps=100001"],
+            "invalid task.max_steps=100001: expected an integer in [1, 100,000] "
+            "(hostile/NoLimit-v0 registers no episode limit: evaluation episodes last "
+            "task.max_steps)",
+        ),
+        (
+            ["task.id=hostile/FailingClose-v0"],
+            "invalid task.id=hostile/FailingClose-v0: expected an env that closes "
+            "(RuntimeError: the simulator's socket is already gone in its close())",
+        ),
+    ],
+    ids=[
+        "num_seeds", "hidden layers", "hidden width", "empty Box", "max_episode_steps",
+        "render_mode", "registered limit", "unlimited max_steps", "close() raises",
+    ],
+)  # fmt: skip
+def test_hostile_sizes_and_envs_are_one_line(refusal, args, line):
+    """The id given last wins: SIZED's is replaced where a case names its own."""
+    assert refusal([*SIZED, "algo=dqn", *args, "tracking=none"]) == f"rlspeed: {line}"
+
+
+def test_networks_and_q_tables_count_what_they_hold(refusal):
+    """Sized from this machine's memory: weights alone (the old estimate) fit, the one-hot
+    input batch (DQN's 128 rows) or the Q-table's actions and copies do not."""
+    from rlspeed.machine import physical_memory
+
+    memory = physical_memory()
+    # [64] on one-hot inputs: weights 64 x 16 bytes an input, the batch 128 x 12 bytes.
+    entries = memory // 2_000 // 10_000 + 1
+    wide = ["+task.kwargs.classes=10000", f"+task.kwargs.entries={entries}"]
+    line = refusal([*SIZED, *wide, "algo=dqn", "algo.hidden_sizes=[64]", "tracking=none"])
+    assert line.startswith(
+        f"rlspeed: invalid algo.hidden_sizes=[64]: expected networks that fit in memory: "
+        f"{entries * 10_000:,} inputs make"
+    ), line
+    # 2**20 states: 4 MiB a column, as many columns as fill memory.
+    actions = memory // 2**22 + 1
+    table = ["+task.kwargs.classes=1048576", f"+task.kwargs.actions={actions}", "algo=qlearn"]
+    line = refusal([*SIZED, *table, "tracking=none"])
+    assert line.startswith(
+        "rlspeed: invalid task=gym: expected a task whose Q-table fits: at most "
+        f"2,147,483,647 states and the memory for them (it has 1,048,576 states x "
+        f"{actions:,} actions, 3 copies,"
+    ), line
+
+
+def test_a_video_path_that_names_a_folder_is_one_line(refusal):
+    if importlib.util.find_spec("imageio_ffmpeg") is None:
+        allowed = ".gif, not a folder (.mp4 needs the imageio-ffmpeg package)"
+    else:
+        allowed = ".gif, .mp4, not a folder"
+    Path("clip.gif").mkdir()  # in the working folder the refusal checks
+    for video in ("clip.gif", "new.gif/"):
+        line = refusal(["mode=eval", "checkpoint=run", f"video={video}", "tracking=none"])
+        assert line == f"rlspeed: invalid video={video}: expected a file name ending in {allowed}"
+
+
+def test_a_million_seeds_on_gym_async_is_one_line_before_any_folder(tmp_path):
+    args = [*SIZED, "env=gym-async", "num_seeds=1000000", "tracking=none"]
+    result = run_cli(args, cwd=tmp_path)
+    assert_one_line_error(result, "invalid num_seeds=1000000: expected an integer in [1, 1,000]")
+    assert list(tmp_path.iterdir()) == [], "bad input must create nothing"
+
+
+def test_an_env_that_fails_as_it_closes_after_a_run_is_one_line(tmp_path):
+    """Its probe closes well (it never stepped); the run's envs do not: exit 1, one line."""
+    args = [
+        *HOSTILE, "task.id=hostile/FailingCloseLate-v0", "algo=qlearn", "total_steps=100",
+        "log_every=50", "eval_every=50", "tracking=none", "progress=none",
+    ]  # fmt: skip
+    result = run_cli(args, cwd=tmp_path)
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines() == [
+        "rlspeed: env hostile/FailingCloseLate-v0 failed in its close after evaluation "
+        "episodes (in the iteration from env step 56): RuntimeError: the simulator's socket is "
+        "already gone; no resume point was written before it (checkpoint_every sets how often)"
+    ]
+
+
+# --- sweeps: study names, names Hydra makes files of, sampler and pruner numbers --------------
+# Through the real command: one line, exit code 2, nothing created (in the working folder nor,
+# for a study name with "..", beside it).
+
+LONG = "x" * 100_000
+STUDY_NAME = "expected a name of 1 to 200 letters, digits, '_', '-' and '.', not starting"
+FILE_NAMES = "expected file and folder names of at most 200 characters (one has 300)"
+PRUNER = "hydra.sweeper.pruner"
+SWEEP_REFUSALS = [
+    ("escaping", ["hydra.sweeper.study_name=../../../up"], [f"name=../../../up: {STUDY_NAME}"]),
+    ("empty", ["hydra.sweeper.study_name="], [f"invalid hydra.sweeper.study_name=: {STUDY_NAME}"]),
+    ("long", [f"hydra.sweeper.study_name={LONG}"], ["(100000 characters): expected a name of"]),
+    ("hidden", ["hydra.sweeper.study_name=.journal"], [f"study_name=.journal: {STUDY_NAME}"]),
+    (
+        "storage",
+        [f"hydra.sweeper.storage={'x' * 300}.journal"],
+        ["(308 characters): expected a journal file", "a name in it has 308 characters, more"],
+    ),
+    (
+        "startup trials",
+        ["hydra.sweeper.sampler.n_startup_trials=-1"],
+        ["sampler.n_startup_trials=-1: expected an integer in [0, 1,000,000]"],
+    ),
+    (
+        "seed",
+        [f"hydra.sweeper.sampler.seed={2**32}"],
+        ["invalid hydra.sweeper.sampler.seed=4294967296: expected an integer in [0, 4,294,"],
+    ),
+    (
+        "candidates",
+        ["hydra.sweeper.sampler.n_ei_candidates=100000000"],
+        ["n_ei_candidates=100000000: expected an integer in [1, 10,000]"],
+    ),
+    (
+        "population",
+        ["hydra/sweeper/sampler=nsgaii", "hydra.sweeper.sampler.mutation_prob=2"],
+        ["invalid hydra.sweeper.sampler.mutation_prob=2.0: expected a number in [0, 1]"],
+    ),
+    (
+        "warmup",
+        ["hydra/sweeper/pruner=median", "hydra.sweeper.pruner.n_warmup_steps=-1"],
+        ["invalid hydra.sweeper.pruner.n_warmup_steps=-1: expected an integer in [0, 2,000,"],
+    ),
+    (
+        "stopping rate",
+        ["hydra/sweeper/pruner=successive_halving", f"{PRUNER}.min_early_stopping_rate=31"],
+        ["min_early_stopping_rate=31: expected an integer in [0, 30]"],
+    ),
+    (
+        "failure rate",
+        ["hydra.sweeper.max_failure_rate=nan"],
+        ["invalid hydra.sweeper.max_failure_rate=nan: expected a number in [0, 1]"],
+    ),
+    (
+        "heartbeat",
+        ["hydra.sweeper.heartbeat_s=100000"],
+        ["invalid hydra.sweeper.heartbeat_s=100000: expected an integer in [1, 3,600]"],
+    ),
+    (
+        "grace",
+        ["hydra.sweeper.grace_s=100000000"],
+        ["grace_s=100000000: expected an integer in [60, 604,800] (at least 2 * heartbeat_s)"],
+    ),
+    # A grid lists its points, a shuffled range its values: 10**10 of them took all memory.
+    (
+        "grid",
+        ["hydra/sweeper/sampler=grid", "algo.alpha=0.1,0.2", "seed=range(0,10000000000)"],
+        ["invalid hydra/sweeper/sampler=grid: expected a grid of at most 1,000,000 points"],
+    ),
+    (
+        "shuffled range",
+        ["seed=shuffle(range(0,10000000000))"],
+        ["a shuffled range is a choice of at most 100,000 values"],
+    ),
+    ("job name", [f"hydra.job.name={'x' * 300}"], ["invalid hydra.job.name=x", FILE_NAMES]),
+    ("job folder", [f"hydra.sweep.subdir={'x' * 300}"], ["hydra.sweep.subdir=x", FILE_NAMES]),
+    ("its .hydra", [f"hydra.output_subdir={'x' * 300}"], ["hydra.output_subdir=x", FILE_NAMES]),
+    # Hydra looks an override's key up as a config group, a folder: "File name too long".
+    ("key", [f"+{LONG}=1"], ["invalid override key=xxx", "(100000 characters): expected at most"]),
+]
+
+
+@pytest.mark.parametrize(
+    ("args", "fragments"),
+    [(args, fragments) for _, args, fragments in SWEEP_REFUSALS],
+    ids=[case_id for case_id, _, _ in SWEEP_REFUSALS],
+)
+def test_a_sweep_setting_out_of_bounds_is_one_line_before_anything_is_created(
+    tmp_path, args, fragments
+):
+    work = tmp_path / "work"
+    work.mkdir()
+    assert_one_line_error(run_cli([*QLEARN_SWEEP, "tracking=none", *args], cwd=work), *fragments)
+    assert list(tmp_path.rglob("*")) == [work], "bad input must create nothing"
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        ([f"+{LONG}=1"], "invalid override key=xxx"),
+        ([f"hydra.run.dir=runs/{'x' * 300}"], "invalid hydra.run.dir=runs/x"),
+    ],
+    ids=["key", "folder"],
+)
+def test_a_name_too_long_for_a_file_is_one_line_in_a_lone_run(tmp_path, args, fragment):
+    result = run_cli([*args, "tracking=none"], cwd=tmp_path)
+    assert_one_line_error(result, fragment, "characters")
+    assert list(tmp_path.iterdir()) == [], "bad input must create nothing"
+
+
+SCHEMAS = [
+    schema
+    for name, schema in vars(sweeper_config).items()
+    if name.endswith(("SamplerConfig", "PrunerConfig"))
+]
+
+
+@pytest.mark.parametrize("schema", SCHEMAS, ids=[schema.__name__ for schema in SCHEMAS])
+def test_every_number_a_sampler_or_pruner_takes_has_bounds(schema):
+    bounds = SAMPLER_BOUNDS if schema.__name__.endswith("SamplerConfig") else PRUNER_BOUNDS
+    for argument in dataclasses.fields(schema):
+        if {int, float} & {*typing.get_args(argument.type), argument.type}:
+            assert argument.name in bounds, f"{schema.__name__}.{argument.name} has no bounds"
+
+
+@pytest.mark.usefixtures("make_cfg")  # registers rlspeed's config schemas
+def test_a_sweep_setting_on_its_bounds_is_accepted():
+    top = [
+        "hydra.sweeper.sampler.n_startup_trials=0",
+        f"hydra.sweeper.sampler.seed={2**32 - 1}",
+        "hydra.sweeper.sampler.n_ei_candidates=10000",
+        "hydra.sweeper.heartbeat_s=3600",
+        "hydra.sweeper.grace_s=604800",
+        "hydra.sweeper.max_failure_rate=1",
+        f"hydra.sweeper.study_name={'x' * 200}",
+        "hydra/sweeper/pruner=successive_halving",
+        "hydra.sweeper.pruner.min_early_stopping_rate=30",
+    ]
+    overrides = ["hparams=dqn_search", *top]
+    assert _sweeper(overrides).sampler_for is not None  # seeded by default: see _seeding
+    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+        cfg = compose(config_name="config", overrides=overrides, return_hydra_config=True)
+    assert study_name(cfg) == "x" * 200

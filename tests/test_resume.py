@@ -187,9 +187,10 @@ def test_resume_may_change_the_thread_count_but_not_what_it_trains(tmp_path, mak
     from rlspeed.run_folders import check_resume
 
     saved = make_cfg(["backend.threads=0"])
-    OmegaConf.save(saved, tmp_path / "config.yaml")
+    OmegaConf.save(saved, tmp_path / "config.yaml", resolve=True)  # as a run writes it
     state = {"state": [], "iterations": 0, "monitor": {}}  # the default: a fused run
     save_resume({**state, "config": training_keys(flatten(saved))}, tmp_path / RESUME_FILE)
+    vouch(tmp_path)  # the config.yaml written here rather than by a run
     check_resume(make_cfg(["backend.threads=1", f"resume={tmp_path}"]))
     with pytest.raises(ConfigError, match=r"it ran with total_steps=\d+, this run has"):
         check_resume(make_cfg(["total_steps=123", f"resume={tmp_path}"]))

@@ -105,3 +105,31 @@ def test_a_gymnasium_id_in_a_run_folder_imports_nothing(gym_run, tmp_path, monke
     )
     assert loaded.returncode == 0, loaded.stderr[-2000:]
     assert "Agent(algo=vpg, task=gym" in loaded.stdout and (folder / "imported").exists()
+
+
+def test_a_resume_file_whose_arrays_this_run_cannot_take_is_one_line(tmp_path, make_cfg):
+    """A replay buffer saved with other shapes (an earlier rlspeed's final-observation ring,
+    sized by the time limit) is refused in one line, not broadcast or a traceback."""
+    import contextlib
+
+    from rlspeed import statefile
+    from rlspeed.checkpoint import RESUME_FILE
+    from rlspeed.run import run
+
+    args = ["task=gym", "task.id=CartPole-v1", "algo=dqn", "backend=torch", "env=gym-sync"]
+    args += [*TINY, "total_steps=400", "algo.learning_starts=100", "algo.buffer_size=300"]
+    (tmp_path / "run").mkdir()
+    with contextlib.chdir(tmp_path / "run"):
+        run(make_cfg(args))
+    state = statefile.load(tmp_path / "run" / RESUME_FILE)
+    state["parts"]["buffer"]["final_obs"] = state["parts"]["buffer"]["final_obs"][:12]
+    with open(tmp_path / "run" / RESUME_FILE, "wb") as file:
+        statefile.dump(state, file)
+    vouch(tmp_path / "run")
+    resumed = run_cli([*args, "resume=run", "hydra.run.dir=again"], tmp_path)
+    assert resumed.returncode == 1
+    assert resumed.stderr.strip().splitlines() == [
+        "rlspeed: invalid resume=run: expected a resume file whose state this run can take "
+        "(ValueError: the shapes differ: final_obs has shape (12, 4) in the file, its "
+        "config.yaml makes (302, 4))"
+    ]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import http.server
+import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +21,7 @@ from mlflow.tracking import MlflowClient
 
 from rlspeed.config import flatten, to_yaml
 from rlspeed.errors import ConfigError, RLSpeedError
+from rlspeed.registry import TASKS
 from rlspeed.secrets import (
     PASSWORDS_VARIABLE,
     hide_in_arguments,
@@ -31,6 +33,7 @@ from rlspeed.secrets import (
 from rlspeed.sweep import open_storage
 from rlspeed.tracking._writer import WriterZygote
 from rlspeed.tracking.mlflow import make_tracker, server_credentials
+from rlspeed.validation import validate
 from tests.conftest import SMALL, assert_one_line_error, free_port, run_cli
 from tests.test_tracking import mlflow_server
 
@@ -273,3 +276,57 @@ def test_submitit_job_files_hold_no_password(tmp_path):
     assert b"user:***@127.0.0.1:1" in pickles[0].read_bytes() + pickles[1].read_bytes()
     assert _files_holding(tmp_path / "outputs", PASSWORD) == []
     assert PASSWORD not in result.stdout + result.stderr
+
+
+# task=gym's hostile/Url-v0 is made only with the URL's password (tests/data/hostile_envs.py).
+URL_ENV = [
+    "task=gym", "task.import=tests.data.hostile_envs", "task.id=hostile/Url-v0",
+    f"+task.kwargs.url=https://user:{PASSWORD}@host/x", "algo=qlearn", "backend=torch",
+    "env=gym-async", "num_envs=2", "log_every=200", "eval_every=200", "progress=plain",
+]  # fmt: skip
+
+
+def test_a_password_in_task_kwargs_reaches_the_env_and_no_output(tmp_path):
+    """In the main process and every gym-async worker; the console, rlspeed.log,
+    config.yaml and metrics.json show it masked."""
+    run_dir = tmp_path / "run"
+    args = [*URL_ENV, "total_steps=400", "tracking=none", f"hydra.run.dir={run_dir}"]
+    result = run_cli(args, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert PASSWORD not in result.stdout + result.stderr
+    assert "url: https://user:***@host/x" in (run_dir / "config.yaml").read_text()
+    assert {"rlspeed.log", "metrics.json"} <= {p.name for p in run_dir.iterdir()}
+    assert _files_holding(tmp_path, PASSWORD) == []
+
+
+def test_a_masked_password_in_task_kwargs_is_refused_unless_given(make_cfg, monkeypatch):
+    """A saved config.yaml holds ***: the env gets the password only from this process."""
+    monkeypatch.delenv(PASSWORDS_VARIABLE, raising=False)
+    given = [arg for arg in URL_ENV if not arg.startswith("+task.kwargs.url")]
+    masked = make_cfg([*given, "+task.kwargs.url=https://user:***@host/x"])
+    with pytest.raises(ConfigError) as refused:
+        validate(masked)
+    assert str(refused.value) == (
+        "rlspeed: invalid task.kwargs.url=https://user:***@host/x: expected a URL with "
+        "user@host's password, which rlspeed keeps only as *** (in config.yaml too): give it "
+        "again on the command line or in RLSPEED_URL_PASSWORDS (README, Passwords)"
+    )
+    monkeypatch.setenv(PASSWORDS_VARIABLE, json.dumps({"user@host": PASSWORD}))
+    validate(masked)
+    env = TASKS.get("gym").make_env(masked.task)
+    assert env.unwrapped.url == f"https://user:{PASSWORD}@host/x"
+    env.close()
+
+
+@pytest.mark.slow
+def test_a_run_with_a_password_in_task_kwargs_records_none_to_mlflow(tmp_path):
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    result = run_cli([*URL_ENV, f"tracking.uri={uri}", "total_steps=400"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    client = MlflowClient(tracking_uri=uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("rlspeed").experiment_id])
+    assert run.data.params["task.kwargs.url"] == "https://user:***@host/x"
+    _assert_no_password_in_mlflow(client, run)
+    assert PASSWORD not in result.stdout + result.stderr
+    # MLflow's schema has a column named "secret" (its webhooks'): the store is read above.
+    assert [p for p in _files_holding(tmp_path, PASSWORD) if p.name != "mlflow.db"] == []

@@ -134,8 +134,8 @@ def _png_width(path: Path) -> int:
 
 # What a finished run leaves in its folder besides its checkpoint.
 RUN_FILES = [
-    ".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrides.yaml", "config.yaml",
-    "learning_curve.png", "metrics.json", "resume.npz", "rlspeed.log",
+    ".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrides.yaml", "SHA256SUMS",
+    "config.yaml", "learning_curve.png", "metrics.json", "resume.npz", "rlspeed.log",
 ]  # fmt: skip
 
 

@@ -43,6 +43,13 @@ TRANSITION_EXTRA_BYTES = 64
 # Copies of each network weight a learner holds: the weight, its gradient and Adam's two
 # moments (target networks and twin critics come on top).
 WEIGHT_COPIES = 4
+# Bytes of one entry of a network input batch: torch builds a one-hot input as int64
+# classes, then float32.
+INPUT_BYTES = 12
+# An MLP's hidden layers: more or wider than these is a runaway list or a typo, not a
+# network these algorithms train (a layer that wide is 2**48 weights from the one before).
+MAX_HIDDEN_LAYERS = 64
+MAX_HIDDEN_WIDTH = 2**24
 
 
 def check_ranges(algo: Any, **keys_by_range: tuple[str, ...]) -> None:
@@ -56,11 +63,19 @@ def check_ranges(algo: Any, **keys_by_range: tuple[str, ...]) -> None:
 
 
 def check_hidden_sizes(algo: Any) -> None:
-    sizes = list(algo.hidden_sizes)
+    """1 to MAX_HIDDEN_LAYERS widths in [1, MAX_HIDDEN_WIDTH]; the length first, so a runaway
+    list costs no more than its count."""
+    sizes = algo.hidden_sizes
     # The schema's list[int] lets a nested list ([[1]]) through.
-    if not sizes or not all(type(size) is int and size >= 1 for size in sizes):
-        shown = OmegaConf.to_container(algo.hidden_sizes)
-        raise ConfigError("algo.hidden_sizes", shown, "a non-empty list of integers >= 1")
+    if not 1 <= len(sizes) <= MAX_HIDDEN_LAYERS or not all(
+        type(size) is int and 1 <= size <= MAX_HIDDEN_WIDTH for size in sizes
+    ):
+        shown = OmegaConf.to_container(sizes)
+        allowed = (
+            f"a non-empty list of integers >= 1: at most {MAX_HIDDEN_LAYERS} of them, each at "
+            f"most {MAX_HIDDEN_WIDTH:,}"
+        )
+        raise ConfigError("algo.hidden_sizes", shown, allowed)
 
 
 def network_weights(cfg: DictConfig) -> int:
@@ -71,19 +86,34 @@ def network_weights(cfg: DictConfig) -> int:
     return sum(a * b for a, b in zip(widths, widths[1:], strict=False))
 
 
-def check_network_memory(cfg: DictConfig) -> None:
-    """Networks whose weights fit in memory: every agent trained at once holds each weight
-    WEIGHT_COPIES times (the weight, its gradient, Adam's two moments). Last in a check: the
-    input width may load the task's env module."""
+def batch_rows(cfg: DictConfig) -> int:
+    """Rows of the largest batch one agent's network sees: an update's batch, or one row per
+    env when acting on more envs than that."""
     algo = cfg.algo
-    weights = network_weights(cfg) * agents_at_once(cfg)
-    needed, available = 4 * WEIGHT_COPIES * weights, physical_memory()
+    if "batch_size" in algo:
+        rows = algo.batch_size
+    else:  # on-policy: the rollout (num_steps of every env) in num_minibatches parts
+        rows = algo.num_steps * cfg.num_envs // algo.get("num_minibatches", 1)
+    return max(rows, cfg.num_envs)
+
+
+def check_network_memory(cfg: DictConfig) -> None:
+    """Networks and their inputs that fit in memory: every agent trained at once holds each
+    weight WEIGHT_COPIES times (the weight, its gradient, Adam's two moments) and its
+    largest input batch (``batch_rows``) at INPUT_BYTES an entry; a wide one-hot input
+    costs in both. Last in a check: the input width may load the task's env module."""
+    algo, agents = cfg.algo, agents_at_once(cfg)
+    weights = network_weights(cfg) * agents
+    inputs = TASKS.get(cfg.task.name).network_inputs(cfg.task)
+    entries = batch_rows(cfg) * inputs * agents
+    needed, available = 4 * WEIGHT_COPIES * weights + INPUT_BYTES * entries, physical_memory()
     if needed > available:
         raise ConfigError(
             "algo.hidden_sizes",
             list(algo.hidden_sizes),
-            f"networks that fit in memory: {weights:,} float32 weights, {WEIGHT_COPIES} copies "
-            f"each, need {needed / 2**30:,.1f} GiB, this machine has {available / 2**30:,.1f} GiB",
+            f"networks that fit in memory: {inputs:,} inputs make {weights:,} float32 weights, "
+            f"{WEIGHT_COPIES} copies each, and batches of {entries:,} input entries; they need "
+            f"{needed / 2**30:,.1f} GiB, this machine has {available / 2**30:,.1f} GiB",
         )
 
 
@@ -125,7 +155,8 @@ def check_memory(cfg: DictConfig, *stores: tuple[str, int], observations: int = 
     transition at least one observation of ``TaskSpec.observation_bytes`` (a replay buffer
     stores each once) plus TRANSITION_EXTRA_BYTES, and ``observations`` more observations
     (a replay buffer's final observations of truncated episodes); the fused jax-vmap path
-    holds all ``num_seeds`` agents at once.
+    holds all ``num_seeds`` agents at once, and every path the monitor's records of every
+    seed (``seed_record_bytes``).
     Weights, compiled programs and Gymnasium's per-env objects come on top. The error names
     the largest of the sizes involved.
     """
@@ -134,20 +165,31 @@ def check_memory(cfg: DictConfig, *stores: tuple[str, int], observations: int = 
     transition = observation + TRANSITION_EXTRA_BYTES
     agents = agents_at_once(cfg)
     transitions, finals = agents * sum(count for _, count in parts), agents * observations
-    needed, available = transitions * transition + finals * observation, physical_memory()
+    records = cfg.num_seeds * seed_record_bytes()
+    needed = transitions * transition + finals * observation + records
+    available = physical_memory()
     if needed > available:
-        keys = [key for key, _ in parts] + (["num_seeds"] if agents > 1 else [])
+        keys = [key for key, _ in parts] + (["num_seeds"] if cfg.num_seeds > 1 else [])
         sizes = {key: OmegaConf.select(cfg, key) for key in keys}
         key = max(sizes, key=sizes.__getitem__)
         held = f"{transitions:,} transitions of {transition:,} bytes"
         if finals:
             held += f" and {finals:,} final observations of {observation:,} bytes"
+        held += f" and {cfg.num_seeds:,} seeds' episode records of {seed_record_bytes():,} bytes"
         raise ConfigError(
             key,
             sizes[key],
             f"a size that fits in memory: {held} need {needed / 2**30:,.1f} GiB, this machine "
             f"has {available / 2**30:,.1f} GiB",
         )
+
+
+def seed_record_bytes() -> int:
+    """What the run's monitor keeps of each seed, on every path: the returns and lengths
+    (float64) of its last ROLLING_EPISODES episodes."""
+    from rlspeed.monitor import ROLLING_EPISODES  # NumPy and rich: once the settings passed
+
+    return 2 * ROLLING_EPISODES * 8
 
 
 def agents_at_once(cfg: DictConfig) -> int:

@@ -41,6 +41,7 @@ from omegaconf import OmegaConf
 
 from rlspeed.errors import ConfigError
 from rlspeed.registry import ENGINES, TASKS
+from rlspeed.secrets import mask
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -193,6 +194,9 @@ def _state_attributes(layer: gym.Env, layers: list[gym.Env]) -> Iterator[tuple[s
             or (isinstance(layer, PassiveEnvChecker) and name == "_previous_data")
             or (renderer is not None and isinstance(value, renderer.MujocoRenderer))
             or (mujoco is not None and isinstance(value, mujoco.MjModel))
+            # A URL with a password: from task.kwargs, which the resumed run is given again;
+            # a resume file never holds a password (rlspeed.secrets).
+            or (isinstance(value, str) and mask(value) != value)
         )
         if not built_with:
             yield name, value

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import warnings
+from collections.abc import Iterator
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -13,6 +16,7 @@ from gymnasium.vector import AutoresetMode
 
 from rlspeed.engines import StepResult
 from rlspeed.engines.env_state import GET_STATE, SAVED_STATE, SET_STATE, with_state_access
+from rlspeed.errors import EnvFailed, env_code
 from rlspeed.seeding import env_seeds
 
 if TYPE_CHECKING:
@@ -26,10 +30,16 @@ class GymVectorEngine:
     """Wraps a Gymnasium vector env that resets finished envs in the same step."""
 
     def __init__(
-        self, vector_env: gym.vector.SyncVectorEnv | gym.vector.AsyncVectorEnv, seed: int
+        self,
+        vector_env: gym.vector.SyncVectorEnv | gym.vector.AsyncVectorEnv,
+        seed: int,
+        name: str = "env",
     ) -> None:
         self.envs = vector_env
         self.seed = seed
+        # How the failures of the env's own code name it (its Gymnasium id, or its task).
+        self.name = name
+        self._failed = False  # a call into the envs failed: they are not to be called again
         self.num_envs = vector_env.num_envs
         self.single_observation_space = vector_env.single_observation_space
         self.single_action_space = vector_env.single_action_space
@@ -39,14 +49,16 @@ class GymVectorEngine:
     def reset(self) -> np.ndarray:
         # Env i's own stream of the run's seed (not seed + i, which seed + 1's env i - 1 shares).
         seeds: list[int | None] = [*env_seeds(self.seed, self.num_envs)]  # reset's list type
-        obs, _ = self.envs.reset(seed=seeds)
+        with self._env_code("reset"):
+            obs, _ = self.envs.reset(seed=seeds)
         self._returns[:] = 0.0
         self._lengths[:] = 0
         return obs
 
     def step(self, actions: Any) -> StepResult:
         # np.asarray shares memory with CPU torch tensors and JAX arrays (no copy).
-        obs, reward, terminated, truncated, info = self.envs.step(np.asarray(actions))
+        with self._env_code("step"):
+            obs, reward, terminated, truncated, info = self.envs.step(np.asarray(actions))
         done = terminated | truncated
         final_obs = obs
         if done.any():
@@ -81,7 +93,29 @@ class GymVectorEngine:
         self._lengths[:] = state["lengths"]
 
     def close(self) -> None:
-        self.envs.close()
+        if not self._failed:
+            with self._env_code("close"):
+                self.envs.close()
+            return
+        # After a failed call, a gym-async env may wait for an answer from a worker that is
+        # gone: its workers are ended, and it is marked closed (its __del__ would try again).
+        with contextlib.suppress(Exception), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            self.envs.close(terminate=True)
+        for process in getattr(self.envs, "processes", []):
+            process.terminate()
+        self.envs.closed = True
+
+    @contextlib.contextmanager
+    def _env_code(self, call: str) -> Iterator[None]:
+        """Around a call into the envs' own code (``rlspeed.errors.env_code``); a failed
+        call leaves the envs not to be called again."""
+        try:
+            with env_code(self.name, call):
+                yield
+        except EnvFailed:
+            self._failed = True
+            raise
 
 
 def _make_env(task: TaskSpec, task_cfg: TaskConfigLike, main_pid: int) -> gym.Env:
@@ -110,4 +144,4 @@ def make_vector_engine(
         )
     else:
         envs = gym.vector.SyncVectorEnv(env_fns, autoreset_mode=AutoresetMode.SAME_STEP)
-    return GymVectorEngine(envs, seed)
+    return GymVectorEngine(envs, seed, str(getattr(task_cfg, "id", None) or task.name))

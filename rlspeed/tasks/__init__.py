@@ -26,6 +26,9 @@ class TabularSpec:
     # (task cfg, observations [B, ...], xp) -> int32 state indices [B] in [0, num_states);
     # xp is numpy or jax.numpy, so one function serves the NumPy and the jitted JAX paths.
     state_index: Callable[[Any, Any, Any], Any]
+    # (task cfg) -> number of actions (a Q-table's columns) where the settings decide it
+    # (task=gym); None where it is a few moves, which the table's memory check leaves out.
+    num_actions: Callable[[Any], int] | None = None
 
 
 # Episode lengths are int32 on jax-vmap; a greedy evaluation builds all its episodes' envs

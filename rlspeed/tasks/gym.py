@@ -10,7 +10,6 @@ state) comes from them. There is no JAX twin: it runs on the Gymnasium engines.
 from __future__ import annotations
 
 import functools
-import importlib
 import json
 import math
 from dataclasses import dataclass, field
@@ -18,10 +17,12 @@ from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from rlspeed.config import MAX_STEPS, TaskConfig
+from rlspeed.config import MAX_EPISODE_STEPS, TaskConfig
 from rlspeed.errors import ConfigError
 from rlspeed.registry import ALGOS
+from rlspeed.secrets import masked_accounts, reveal_value
 from rlspeed.tasks import Policy, TabularSpec, TaskSpec, check_settings
+from rlspeed.user_modules import import_user_module
 
 # Gymnasium (and NumPy) load when an env is built or checked, not when the task is chosen.
 if TYPE_CHECKING:
@@ -31,6 +32,10 @@ if TYPE_CHECKING:
 OBSERVATION_KINDS = {"Box": "continuous", "Discrete": "categorical", "MultiDiscrete": "categorical"}
 OBSERVATION_NAMES = {"continuous": "Box", "categorical": "Discrete or MultiDiscrete"}
 ACTION_NAMES = {"discrete": "Discrete", "continuous": "bounded 1-D Box"}
+# The render modes task.kwargs may make an env with: frames drawn only when asked for
+# (mode=eval's video= picks its own), never a window (human: a display and pygame, and a
+# frame drawn at every step).
+RENDER_MODES = (None, "rgb_array", "ansi")
 
 
 class GymTaskConfig(TaskConfig):
@@ -77,35 +82,65 @@ def _describe(space: Any) -> str:
 
 
 def _kwargs(cfg: Any) -> dict[str, Any]:
-    """``task.kwargs`` as plain Python values, as ``gym.make`` takes them."""
+    """``task.kwargs`` as ``gym.make`` takes them: plain Python values, with the password of
+    each URL in them put back (the config holds it masked, as everything stored does:
+    ``rlspeed.secrets``), so that the user's env can connect."""
     kwargs = cfg.kwargs
     plain = OmegaConf.to_container(kwargs) if isinstance(kwargs, DictConfig) else kwargs
-    return dict(cast(dict[str, Any], plain))  # the schema's dict[str, Any]
+    revealed = reveal_value(dict(cast(dict[str, Any], plain)))  # the schema's dict[str, Any]
+    for key, value in revealed.items():
+        if accounts := masked_accounts(str(value)):  # a saved config's, or typed as ***
+            raise ConfigError(
+                f"task.kwargs.{key}",
+                value,
+                f"a URL with {accounts[0]}'s password, which rlspeed keeps only as *** (in "
+                "config.yaml too): give it again on the command line or in "
+                "RLSPEED_URL_PASSWORDS (README, Passwords)",
+            )
+    return revealed
 
 
-def _import_user_module(module: str | None) -> None:
-    if not module:
-        return
-    try:
-        importlib.import_module(module)
-    except Exception as error:  # missing, or failing as it runs: either way the user's to fix
-        allowed = f"a module Python can import ({_one_line(error)})"
-        raise ConfigError("task.import", module, allowed) from None
+def _check_keywords(kwargs: dict[str, Any]) -> None:
+    """Keywords for ``gym.make`` that rlspeed sets itself or cannot run with."""
+    if "max_episode_steps" in kwargs:  # gym.make would get it twice (a TypeError)
+        raise ConfigError(
+            "task.kwargs.max_episode_steps",
+            kwargs["max_episode_steps"],
+            "no such key: rlspeed makes the env with task.max_steps as its time limit (use "
+            "task.max_steps=N)",
+        )
+    if kwargs.get("render_mode") not in RENDER_MODES:
+        raise ConfigError(
+            "task.kwargs.render_mode",
+            kwargs["render_mode"],
+            "null, rgb_array or ansi (rlspeed opens no window; mode=eval video=FILE films "
+            "the env in a mode of its own)",
+        )
+
+
+def _import_user_modules(module: str | None, env_id: str) -> None:
+    """``task.import``, then the module of an id written ``module:Env-v0`` (which Gymnasium
+    would import itself, with nothing to stop one that ends the process)."""
+    if module:
+        import_user_module("task.import", module)
+    if ":" in env_id:
+        import_user_module("task.id", env_id.split(":")[0])
 
 
 def env_facts(cfg: Any) -> EnvFacts:
     """The env's spaces and registered episode limit, read once per settings."""
     if isinstance(cfg, DictConfig) and OmegaConf.is_missing(cfg, "id"):
         raise ConfigError("task.id", "???", "a registered Gymnasium id, e.g. task.id=Acrobot-v1")
-    kwargs = json.dumps(_kwargs(cfg), sort_keys=True)
-    return _read_env(getattr(cfg, "import"), str(cfg.id), kwargs)
+    kwargs = _kwargs(cfg)
+    _check_keywords(kwargs)
+    return _read_env(getattr(cfg, "import"), str(cfg.id), json.dumps(kwargs, sort_keys=True))
 
 
 @functools.cache
 def _read_env(module: str | None, env_id: str, kwargs_json: str) -> EnvFacts:
     import gymnasium as gym
 
-    _import_user_module(module)
+    _import_user_modules(module, env_id)
     try:
         spec = gym.spec(env_id)
     except gym.error.Error as error:
@@ -121,11 +156,16 @@ def _read_env(module: str | None, env_id: str, kwargs_json: str) -> EnvFacts:
         allowed = f"an env Gymnasium can make ({_one_line(error)})"
         raise ConfigError("task.id", env_id, allowed) from None
     facts = EnvFacts(env.observation_space, env.action_space, spec.max_episode_steps)
-    env.close()
+    try:
+        env.close()
+    except Exception as error:  # it would fail so at the end of every run
+        allowed = f"an env that closes ({_one_line(error)} in its close())"
+        raise ConfigError("task.id", env_id, allowed) from None
     observations = facts.observation_space
-    if _observation_kind(observations) is None:
+    if _observation_kind(observations) is None or _entries(observations) == 0:
         kinds = "Box, Discrete or MultiDiscrete (from 0)"
-        allowed = f"an env with {kinds} observations, not {_describe(observations)}"
+        shown = _describe(observations)
+        allowed = f"an env with {kinds} observations of 1 entry or more, not {shown}"
         raise ConfigError("task.id", env_id, allowed)
     return facts
 
@@ -147,7 +187,7 @@ def _action_kind(space: Any) -> str | None:
     name = type(space).__name__
     if name == "Discrete" and _from_zero(space):
         return "discrete"
-    if name == "Box" and len(space.shape) == 1 and space.is_bounded():
+    if name == "Box" and len(space.shape) == 1 and space.shape[0] >= 1 and space.is_bounded():
         return "continuous"
     return None
 
@@ -180,15 +220,26 @@ def check_algo(cfg: Any, algo: Any) -> None:
 
 
 def validate(cfg: DictConfig) -> None:
-    """An env that can be made; ``max_steps: null`` set to its registered limit, which is
-    then bounded as every task's (a run records the number it trained with)."""
-    facts = env_facts(cfg)
+    """An env that can be made; ``max_steps: null`` set to its registered limit (a run
+    records the number it trained with). The length evaluation episodes play to (the
+    registered limit, else ``max_steps``) is at most MAX_EPISODE_STEPS: a score waits for
+    every one of its episodes to end."""
+    registered = env_facts(cfg).max_episode_steps
+    if registered is not None and not 1 <= registered <= MAX_EPISODE_STEPS:
+        allowed = (
+            f"an env whose registered max_episode_steps is in [1, {MAX_EPISODE_STEPS:,}] (it "
+            f"registers {registered:,}, the length of its evaluation episodes)"
+        )
+        raise ConfigError("task.id", cfg.id, allowed)
+    standard = f"an integer in [1, {MAX_EPISODE_STEPS:,}] ({cfg.id} registers no episode limit"
     if cfg.max_steps is None:
-        if facts.max_episode_steps is None:
-            allowed = f"an integer in [1, {MAX_STEPS:,}] ({cfg.id} registers no episode limit)"
-            raise ConfigError("task.max_steps", None, allowed)
-        cfg.max_steps = facts.max_episode_steps
+        if registered is None:
+            raise ConfigError("task.max_steps", None, standard + ")")
+        cfg.max_steps = registered
     check_settings(cfg)
+    if registered is None and cfg.max_steps > MAX_EPISODE_STEPS:
+        allowed = standard + ": evaluation episodes last task.max_steps)"
+        raise ConfigError("task.max_steps", cfg.max_steps, allowed)
 
 
 def make_env(cfg: GymTaskConfig | DictConfig, max_steps: int | None = None) -> gym.Env:
@@ -196,7 +247,7 @@ def make_env(cfg: GymTaskConfig | DictConfig, max_steps: int | None = None) -> g
     import gymnasium as gym
 
     # In every gym-async worker too: a spawned process has only the envs its imports register.
-    _import_user_module(getattr(cfg, "import"))
+    _import_user_modules(getattr(cfg, "import"), str(cfg.id))
     steps = cfg.max_steps if max_steps is None else max_steps
     return gym.make(cfg.id, max_episode_steps=steps, **_kwargs(cfg))
 
@@ -242,6 +293,10 @@ def num_states(cfg: GymTaskConfig | DictConfig) -> int:
     return math.prod(_class_counts(env_facts(cfg).observation_space))
 
 
+def num_actions(cfg: GymTaskConfig | DictConfig) -> int:
+    return int(env_facts(cfg).action_space.n)
+
+
 def state_index(cfg: GymTaskConfig | DictConfig, obs: Any, xp: Any) -> Any:
     """A categorical observation's entries read as one mixed-radix number (row-major)."""
     counts = _class_counts(env_facts(cfg).observation_space)
@@ -260,7 +315,7 @@ SPEC = TaskSpec(
     evaluate=evaluate,
     observation_bytes=observation_bytes,
     network_inputs=network_inputs,
-    tabular=TabularSpec(num_states=num_states, state_index=state_index),
+    tabular=TabularSpec(num_states=num_states, state_index=state_index, num_actions=num_actions),
     validate=validate,
     check_algo=check_algo,
 )

@@ -13,11 +13,11 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 
 from rlspeed.algos.loops.records import IntervalMetrics, log_seed
-from rlspeed.checkpoint import capture, restore
+from rlspeed.checkpoint import capture, restore, why
 from rlspeed.context import CheckpointSchedule, RunContext, TrainResult
 from rlspeed.engines import Engine
-from rlspeed.errors import deferred_interrupts
-from rlspeed.monitor import SeedMonitor
+from rlspeed.errors import ConfigError, EnvFailed, RLSpeedError, deferred_interrupts
+from rlspeed.monitor import SeedMonitor, to_log_file
 
 
 class Iteration(NamedTuple):
@@ -73,10 +73,13 @@ def train_host(
     ctx.set_checkpoint(checkpoint_name, learner.save, point.state)
     observe = getattr(learner, "observe", None)
     reset = engine.reset if observe is None else lambda: observe(engine.reset())
+    step = updates = 0
+    trained = False
     try:
         with deferred_interrupts() as check_interrupt:
-            obs, step, updates = point.start(ctx.resume_state(), reset)
+            obs, step, updates = _start(point, ctx, reset)
             while step < cfg.total_steps:
+                point.whole = False  # until the iteration has been taken to its end
                 done = learner.iteration(engine, obs, step, ctx.monitor)
                 obs, step, updates = done.obs, step + done.steps, updates + done.updates
                 for metrics in done.metrics:
@@ -85,11 +88,47 @@ def train_host(
                 point.reached(step, updates, obs)
                 ctx.monitor.moved(step)
                 check_interrupt()
+        trained = True
+    except EnvFailed as failed:
+        raise _env_failure(ctx, failed, step, point) from None
     finally:
         # The parts' state is taken before the engine closes, which drops the envs' state.
         point.freeze()
-        engine.close()
+        try:
+            engine.close()
+        except EnvFailed as failed:
+            if trained:  # else what stopped the run is said already
+                raise _env_failure(ctx, failed, step, point) from None
     return TrainResult(steps=step, updates=updates)
+
+
+def _start(point: ResumePoint, ctx: RunContext, reset: Callable[[], Any]) -> tuple[Any, int, int]:
+    """``point.start``; a resume file whose state this run's parts cannot take (its arrays
+    of other shapes: an earlier rlspeed's replay buffer, say) is one line."""
+    try:
+        return point.start(ctx.resume_state(), reset)
+    except (KeyError, TypeError, ValueError) as error:
+        allowed = f"a resume file whose state this run can take ({why(error)})"
+        raise ConfigError("resume", ctx.cfg.resume, allowed) from None
+
+
+def _env_failure(ctx: RunContext, failed: EnvFailed, step: int, point: ResumePoint) -> RLSpeedError:
+    """The run's one line for an env whose code failed in the iteration from ``step``: it,
+    what it said, and where the run can resume from; its traceback goes to the log file."""
+    to_log_file(failed.trace)
+    written = point.schedule.written if point.schedule is not None else None
+    where = f"in the iteration from env step {step:,}"
+    if failed.call == "close" and point.whole:  # as the loop ended: its state was taken
+        where, resume = f"at env step {step:,}", "the run's files are written as of that step"
+    elif written is not None:
+        resume = f"resume={ctx.out_dir} continues from env step {written:,}, its last resume point"
+    elif ctx.cfg.resume:
+        resume = f"resume={ctx.cfg.resume} continues from where this run started"
+    else:
+        resume = "no resume point was written before it (checkpoint_every sets how often)"
+    return RLSpeedError(
+        f"rlspeed: env {failed.env} failed in its {failed.call} ({where}): {failed.said}; {resume}"
+    )
 
 
 class ResumePoint:
@@ -103,6 +142,9 @@ class ResumePoint:
         self.parts = parts
         self.step = self.updates = 0
         self.obs: Any = None
+        # False while the loop is inside an iteration: a run that stops there (an env that
+        # failed) has no state to resume from but the last one written.
+        self.whole = True
         self._frozen: dict[str, Any] | Exception | None = None
 
     def start(self, saved: dict[str, Any] | None, reset: Callable[[], Any]) -> tuple[Any, int, int]:
@@ -118,20 +160,28 @@ class ResumePoint:
         return self.obs, self.step, self.updates
 
     def reached(self, step: int, updates: int, obs: Any) -> None:
-        self.step, self.updates, self.obs = step, updates, obs
+        """The loop is at the end of a whole iteration: what resume= can continue from."""
+        self.step, self.updates, self.obs, self.whole = step, updates, obs, True
         if self.schedule is not None:
             self.schedule.reached(step)
 
     def freeze(self) -> None:
-        """Take the parts' state now (before the engine closes, which drops its state). Where
-        it cannot be taken (a gym-async worker that died), ``state()`` raises why: the run's
-        other files are still written."""
+        """Take the parts' state now (before the engine closes, which drops its state), if
+        the loop stopped at the end of a whole iteration. Where it cannot be taken (a
+        gym-async worker that died), ``state()`` raises why: the run's other files are still
+        written."""
+        if not self.whole:
+            return
         try:
             self._frozen = {name: capture(part) for name, part in self.parts.items()}
         except Exception as error:  # reported as the resume file's, by whoever saves it
             self._frozen = error
 
-    def state(self) -> dict[str, Any]:
+    def state(self) -> dict[str, Any] | None:
+        """What resume= continues from; None where the loop stopped inside an iteration
+        (the resume file written last, if any, stays)."""
+        if not self.whole:
+            return None
         if isinstance(self._frozen, Exception):
             raise self._frozen
         parts = self._frozen or {name: capture(part) for name, part in self.parts.items()}

@@ -141,20 +141,26 @@ def validate(algo: QLearnConfig, cfg: DictConfig) -> None:
 
 # States are int32 indices on every path.
 MAX_STATES = 2**31 - 1
+# Tables a Q-learning agent holds at once: its own, an update's count of the batch's hits
+# per cell (a table of zeros first), and on flax the updated table before the old is freed.
+TABLE_COPIES = 3
 
 
 def check_table(cfg: DictConfig) -> None:
     """A Q-table that fits: int32 state indices, and memory for every agent's table (a
-    float32 per state and action, at least one action; task=gym's spaces can be huge)."""
-    states = TASKS.get(cfg.task.name).tabular.num_states(cfg.task)
-    needed, available = 4 * states * agents_at_once(cfg), physical_memory()
+    float32 per state and action, TABLE_COPIES times; task=gym's spaces can be huge)."""
+    tabular = TASKS.get(cfg.task.name).tabular
+    states = tabular.num_states(cfg.task)
+    actions = tabular.num_actions(cfg.task) if tabular.num_actions is not None else 1
+    entries = states * actions * agents_at_once(cfg)
+    needed, available = 4 * TABLE_COPIES * entries, physical_memory()
     if states > MAX_STATES or needed > available:
         raise ConfigError(
             "task",
             cfg.task.name,
             f"a task whose Q-table fits: at most {MAX_STATES:,} states and the memory for "
-            f"them (it has {states:,} states, {needed / 2**30:,.1f} GiB or more; this "
-            f"machine has {available / 2**30:,.1f} GiB)",
+            f"them (it has {states:,} states x {actions:,} actions, {TABLE_COPIES} copies, "
+            f"{needed / 2**30:,.1f} GiB or more; this machine has {available / 2**30:,.1f} GiB)",
         )
 
 

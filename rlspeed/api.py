@@ -11,7 +11,6 @@ into a run folder of its own; ``load`` reads a run folder's agent back to act wi
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from functools import cached_property
 from pathlib import Path
@@ -86,12 +85,9 @@ class Result:
     @cached_property
     def metrics(self) -> dict[str, Any]:
         """The run's metrics.json: status, rates, every logged row."""
-        from rlspeed.checkpoint import check_whole
+        from rlspeed.checkpoint import read_metrics
 
-        path = self.out_dir / "metrics.json"
-        check_whole(path, "metrics file")
-        metrics: dict[str, Any] = json.loads(path.read_text())
-        return metrics
+        return read_metrics(self.out_dir)
 
     @cached_property
     def agent(self) -> Agent:

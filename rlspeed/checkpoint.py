@@ -30,6 +30,7 @@ torch run never loads JAX (and the reverse).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sys
 from collections.abc import Callable, Iterable
@@ -48,6 +49,7 @@ RESUME_FILE = "resume.npz"
 # What versions before the resume.npz format wrote: pickles, refused unread.
 PICKLED_RESUME_FILES = "resume*.pkl"
 CONFIG_FILE = "config.yaml"
+METRICS_FILE = "metrics.json"
 # A run's config.yaml is a few kilobytes: a larger one is not a run's (and would stall).
 CONFIG_BYTES = 1 << 20
 # Keys every rlspeed config.yaml has: one without them (an empty file) is not a run's.
@@ -310,6 +312,16 @@ def training_keys(flat: dict[str, Any]) -> dict[str, Any]:
         for key, value in flat.items()
         if not any(key == free or key.startswith(free) for free in FREE_KEYS)
     }
+
+
+def read_metrics(folder: Path) -> dict[str, Any]:
+    """A run's metrics.json, checked whole (its digest) before it is parsed."""
+    path = Path(folder) / METRICS_FILE
+    check_whole(path, "metrics file")
+    metrics = json.loads(path.read_text())
+    if not isinstance(metrics, dict):
+        raise ValueError(f"{METRICS_FILE} holds no mapping")
+    return metrics
 
 
 def check_whole(path: Path, what: str) -> None:

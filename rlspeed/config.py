@@ -169,6 +169,10 @@ def flatten(cfg: DictConfig) -> dict[str, Any]:
     return flat
 
 
+# Bytes of one file or folder name on Linux's file systems.
+NAME_MAX = 255
+
+
 def uncreatable(folder: Path) -> tuple[Path, str] | None:
     """(where, why) when nothing can be created in ``folder`` or, where it does not exist
     yet, in its nearest existing ancestor; None when something can.
@@ -178,6 +182,9 @@ def uncreatable(folder: Path) -> tuple[Path, str] | None:
     anything in /proc or on a read-only mount).
     """
     existing = folder.expanduser().absolute()
+    for part in existing.parts:
+        if len(os.fsencode(part)) > NAME_MAX:
+            return existing, f"a name of {len(os.fsencode(part)):,} bytes, more than {NAME_MAX}"
     while not os.path.lexists(existing) and existing != existing.parent:
         existing = existing.parent
     try:

@@ -318,6 +318,15 @@ BAD = [
     (["~algo"], ["invalid override '~algo': rlspeed's keys and config groups cannot be removed"]),
     (["--config-name", "nope"], ["invalid --config-name=nope: expected a config in the config"]),
     (["--config-dir", "/nonexistent"], ["invalid --config-dir=/nonexistent: expected an"]),
+    # sizes: an override Hydra's parser would take minutes for, a name no file system takes
+    (
+        ["algo.hidden_sizes=[" + ",".join(["8"] * 3000) + "]"],
+        ["(6001 characters): expected an override of at most 4,096 characters"],
+    ),
+    (
+        ["tracking=tensorboard", "tracking.log_dir=/tmp/" + "x" * 300],
+        ["invalid tracking.log_dir=", "a name of 300 bytes, more than 255)"],
+    ),
 ]
 
 

@@ -15,7 +15,6 @@ by ``_parent_run``.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
 import os
@@ -53,6 +52,7 @@ from hydra_plugins.rlspeed_optuna_sweeper._space import (
 from hydra_plugins.rlspeed_optuna_sweeper._submitit import is_submitit, launch_each
 from hydra_plugins.rlspeed_optuna_sweeper._trials import TrialKeeper, counted, is_surplus
 from rlspeed import secrets
+from rlspeed.checkpoint import read_metrics
 from rlspeed.config import quote
 from rlspeed.errors import ConfigError, RLSpeedError
 from rlspeed.sweep import (
@@ -456,7 +456,7 @@ def _result_of(trial: Any, ret: JobReturn) -> str:
 def _tracking_errors(output_dir: Path) -> list[str]:
     """Why a finished run did not record everything (its metrics.json ``errors``)."""
     try:
-        return list(json.loads((output_dir / "metrics.json").read_text()).get("errors") or [])
+        return list(read_metrics(output_dir).get("errors") or [])
     except (OSError, ValueError, AttributeError):  # no metrics.json: the trial says why
         return []
 
@@ -502,10 +502,10 @@ def _objective_values(
     Returns why there are none instead when they cannot be had."""
     if objectives is not None:
         try:
-            metrics = json.loads((Path(output_dir or ".") / "metrics.json").read_text())
+            metrics = read_metrics(Path(output_dir or "."))
         except (OSError, ValueError) as error:
             return f"no metrics.json in its folder {output_dir} ({error})"
-        values = [metrics.get(name) for name in objectives]
+        values: list[Any] = [metrics.get(name) for name in objectives]
         what = f"metrics.json's {_list_text(objectives)} are {values}"
     else:
         values = list(value) if isinstance(value, (list, tuple)) else [value]

@@ -417,7 +417,10 @@ def build(sweeper: DictConfig, cfg: DictConfig, arguments: list[str]) -> SweepSe
     check_bounds("hydra.sweeper.sampler.", sweeper.sampler, SAMPLER_BOUNDS)
     sampler = _instantiate("sampler", sweeper.sampler, space)
     sampler_for = None
-    if (seed := sweeper.sampler.get("seed")) is not None:  # see _seeding
+    # A grid sampler shuffles its points by its seed: its trials must share one order (a
+    # trial's grid id names a point of it), and it picks unvisited points itself.
+    grid = str(sweeper.sampler.get("_target_", "")).endswith("GridSampler")
+    if (seed := sweeper.sampler.get("seed")) is not None and not grid:  # see _seeding
 
         def sampler_for(number: int) -> Any:
             return _instantiate("sampler", sweeper.sampler, space, seed=trial_seed(seed, number))

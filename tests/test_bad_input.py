@@ -81,7 +81,7 @@ BAD = [
         ["invalid task.eval_episodes=0: expected an integer in [1, 10,000]"],
     ),
     (["seed=-1"], ["invalid seed=-1: expected an integer >= 0"]),
-    (["num_seeds=0"], ["invalid num_seeds=0: expected an integer in [1, 1,000]"]),
+    (["num_seeds=0"], ["invalid num_seeds=0: expected an integer in [1, 65,536]"]),
     # networks, rates and noise on every algorithm
     (["algo.hidden_sizes=[]"], ["invalid algo.hidden_sizes=[]: expected a non-empty list"]),
     (["algo=vpg", "task=cartpole", "algo.hidden_sizes=[0]"], ["invalid algo.hidden_sizes=[0]"]),
@@ -539,7 +539,7 @@ TOO_DEEP = str([8] * 65)
 @pytest.mark.parametrize(
     ("args", "line"),
     [
-        (["num_seeds=1001"], "invalid num_seeds=1001: expected an integer in [1, 1,000]"),
+        (["num_seeds=65537"], "invalid num_seeds=65537: expected an integer in [1, 65,536]"),
         (
             [f"algo.hidden_sizes={TOO_DEEP.replace(' ', '')}"],
             f"invalid algo.hidden_sizes={TOO_DEEP[:30]}... ({len(TOO_DEEP)} characters): "
@@ -634,7 +634,7 @@ def test_a_video_path_that_names_a_folder_is_one_line(refusal):
 def test_a_million_seeds_on_gym_async_is_one_line_before_any_folder(tmp_path):
     args = [*SIZED, "env=gym-async", "num_seeds=1000000", "tracking=none"]
     result = run_cli(args, cwd=tmp_path)
-    assert_one_line_error(result, "invalid num_seeds=1000000: expected an integer in [1, 1,000]")
+    assert_one_line_error(result, "invalid num_seeds=1000000: expected an integer in [1, 65,536]")
     assert list(tmp_path.iterdir()) == [], "bad input must create nothing"
 
 

@@ -321,7 +321,7 @@ BAD = [
     # sizes: an override Hydra's parser would take minutes for, a name no file system takes
     (
         ["algo.hidden_sizes=[" + ",".join(["8"] * 3000) + "]"],
-        ["(6001 characters): expected an override of at most 4,096 characters"],
+        ["(6001 characters): expected a list or dict of at most 4,096 characters"],
     ),
     (
         ["tracking=tensorboard", "tracking.log_dir=/tmp/" + "x" * 300],

@@ -426,6 +426,19 @@ def test_a_damaged_run_folder_is_one_line_before_anything_is_created(
     assert sorted(tmp_path.rglob("*")) == before and not marker.exists()
 
 
+def test_a_flax_agent_file_with_flipped_bytes_is_one_line(saved_runs, tmp_path):
+    """16 inverted bytes in checkpoint.msgpack (flax reads any bytes that still parse as
+    msgpack, with other weights): refused by its digest, through the real command."""
+    shutil.copytree(saved_runs["flax"], tmp_path / "run")
+    _flip_bytes(tmp_path / "run" / "checkpoint.msgpack")
+    result = run_cli(["mode=eval", "checkpoint=run", "tracking=none"], tmp_path)
+    assert_one_line_error(
+        result, "rlspeed: invalid checkpoint=run: expected agent files that a run of its ",
+        f"whole (checkpoint.msgpack {NOT_AS_WRITTEN}",
+    )  # fmt: skip
+    assert not (tmp_path / "outputs").exists()
+
+
 def test_the_command_never_runs_code_from_a_run_folder(saved_runs, tmp_path):
     """Through the real command: a pickle where the resume file should be, and the
     resume.pkl of an older version, are refused unread; no folder is created."""

@@ -69,6 +69,9 @@ class RunContext:
     # Why periodic checkpoints could not be written (each warned about once); shared by the
     # seeds' contexts.
     unwritten: set[str] = field(default_factory=set)
+    # False for an env whose state rlspeed cannot save (``engines.env_state``): no resume
+    # file is written, as none could continue the run exactly.
+    resumable: bool = True
 
     @property
     def seed(self) -> int:
@@ -108,10 +111,10 @@ class RunContext:
             return save_resume(state, path)
 
         # The resume state stays in the run folder: it holds the replay buffer (large).
-        self.checkpointers[self.seed_index] = [
-            OutputFile(path, save),
-            OutputFile(resume_path, save_state, artifact=False, resume_state=True),
-        ]
+        self.checkpointers[self.seed_index] = [OutputFile(path, save)]
+        if self.resumable:
+            resume = OutputFile(resume_path, save_state, artifact=False, resume_state=True)
+            self.checkpointers[self.seed_index].append(resume)
 
     def resume_state(self) -> dict[str, Any] | None:
         """This agent's saved state when the run resumes one (None otherwise)."""

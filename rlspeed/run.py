@@ -206,9 +206,16 @@ def _start(cfg: DictConfig, out_dir: Path, continued: bool) -> Started:
         tracker=tracker,
         training_config=training_keys(flatten(cfg)),
         report_score=reporter.report if reporter is not None else None,
+        resumable=engine.needs_functional_env or _env_state_saved(cfg),
     )
     pruned_error = reporter.pruned_error if reporter is not None else ()
     return Started(cfg, ctx, tracker, choices, pruned_error)
+
+
+def _env_state_saved(cfg: DictConfig) -> bool:
+    from rlspeed.engines.env_state import saves_state  # Gymnasium's: loaded for its engine
+
+    return saves_state(cfg.task)
 
 
 def _interrupted(stop: BaseException, out_dir: Path) -> None:

@@ -158,7 +158,8 @@ def _same(a: Any, b: Any) -> bool:
 
 def test_an_env_whose_state_cannot_be_saved_is_refused_in_one_line(tmp_path: Path) -> None:
     """checkpoint_every=N and resume= are refused before anything is created; auto (the
-    default) and 0 train, with one line at start saying the run cannot be resumed."""
+    default) and 0 train, with one line at start saying the run cannot be resumed, and
+    leave no resume file."""
     args = [*STATEFUL, "task.id=stateful/DequeWalk-v0", "env=gym-sync"]
     periodic = run_cli([*args, "checkpoint_every=1000"], tmp_path)
     assert_one_line_error(
@@ -186,6 +187,9 @@ def test_an_env_whose_state_cannot_be_saved_is_refused_in_one_line(tmp_path: Pat
         assert len(notes) == 1 and f"cannot be resumed{off}: env stateful/DequeWalk-v0" in notes[0]
         saved = yaml.safe_load((tmp_path / every / "config.yaml").read_text())
         assert saved["checkpoint_every"] == 0  # what the run did
+        # No resume file: none could continue the run exactly.
+        assert (tmp_path / every / "checkpoint.pt").is_file()
+        assert not (tmp_path / every / "resume.npz").exists()
 
 
 def _cut_after_first_log(args: list[str], cwd: Path) -> None:

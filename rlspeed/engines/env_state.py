@@ -131,6 +131,12 @@ def check_resumable(cfg: DictConfig) -> None:
     log.info("rlspeed: this run cannot be resumed%s: %s %s", off, env, why.removeprefix("it "))
 
 
+def saves_state(task_cfg: DictConfig) -> bool:
+    """Whether the task's Gymnasium env has all its state saved (as ``check_resumable``
+    judged it): a run of it can resume exactly."""
+    return _unsaved_state(task_cfg) is None
+
+
 # Task settings (as JSON) -> where the env keeps state rlspeed cannot save (None: nowhere).
 _VERDICTS: dict[str, str | None] = {}
 

@@ -25,7 +25,8 @@ class SelfTruncating(gym.Env):
     the env itself, long before the registered time limit."""
 
     def __init__(self, lengths: Sequence[int] = (1,)) -> None:
-        self.lengths = itertools.cycle(lengths)
+        # A tuple and an index, not an itertools.cycle: state a resume file holds.
+        self.lengths, self.episodes_begun = tuple(lengths), 0
         self.observation_space = spaces.Box(0.0, np.inf, (2,), np.float32)
         self.action_space = spaces.Discrete(2)
 
@@ -37,7 +38,8 @@ class SelfTruncating(gym.Env):
     ) -> tuple[np.ndarray, dict]:
         super().reset(seed=seed)
         self.episode, self.step_in_episode = next(_EPISODES), 0
-        self.length = next(self.lengths)
+        self.length = self.lengths[self.episodes_begun % len(self.lengths)]
+        self.episodes_begun += 1
         return self._obs(), {}
 
     def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:

@@ -88,6 +88,18 @@ def saved_agent(folder: Path, seed: int | None = None) -> bytes | Any:
     return plain(torch.load(path if seed is None else seed_file(path, seed), weights_only=True))
 
 
+def run_in(directory: Path, monkeypatch: pytest.MonkeyPatch, cfg: DictConfig) -> dict[str, Any]:
+    """Run ``cfg`` in-process with ``directory`` (new) as its working folder, where the run
+    writes; its metrics.json."""
+    from rlspeed.checkpoint import read_metrics
+    from rlspeed.run import run
+
+    directory.mkdir()
+    monkeypatch.chdir(directory)
+    run(cfg)
+    return read_metrics(directory)
+
+
 def vouch(folder: Path) -> None:
     """Vouch for a run folder's files as they are now, as rlspeed's refusal of an unlisted
     or edited file tells a user to: ``sha256sum`` them into its SHA256SUMS."""

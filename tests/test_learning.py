@@ -7,14 +7,12 @@ measured by the training runs and benchmarks, not here.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from rlspeed.registry import TASKS
-from rlspeed.run import run
-from tests.conftest import logged_rows, saved_agent, slow_but
+from tests.conftest import logged_rows, run_in, saved_agent, slow_but
 
 COMBINATIONS = [(b, e) for b in ("torch", "flax") for e in ("gym-sync", "gym-async", "jax-vmap")]
 
@@ -31,12 +29,6 @@ SMALL_DOORS = [
     "tracking=none",
     "progress=none",
 ]
-
-
-def _run_in(directory: Path, monkeypatch, cfg) -> float:
-    directory.mkdir()
-    monkeypatch.chdir(directory)
-    return run(cfg)
 
 
 def _random_policy_score(make_cfg) -> float:
@@ -60,7 +52,7 @@ def _best_score(make_cfg) -> float:
 @pytest.mark.parametrize(("backend", "engine"), slow_but(("flax", "jax-vmap"), COMBINATIONS))
 def test_every_combination_learns_doors(backend, engine, make_cfg, tmp_path, monkeypatch):
     cfg = make_cfg([f"backend={backend}", f"env={engine}", *SMALL_DOORS])
-    score = _run_in(tmp_path / "run", monkeypatch, cfg)
+    score = run_in(tmp_path / "run", monkeypatch, cfg)["score"]
     random_score, best = _random_policy_score(make_cfg), _best_score(make_cfg)
     assert random_score < 0.2 * best
     # Clearly learned: most of the way from a random policy to the optimum.
@@ -72,7 +64,7 @@ def test_every_combination_learns_doors(backend, engine, make_cfg, tmp_path, mon
 def _two_runs(make_cfg, tmp_path, monkeypatch, overrides):
     outputs = []
     for name in ("first", "second"):
-        _run_in(
+        run_in(
             tmp_path / name, monkeypatch, make_cfg([*SMALL_DOORS, "total_steps=6000", *overrides])
         )
         outputs.append(logged_rows(tmp_path / name))

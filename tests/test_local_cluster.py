@@ -57,7 +57,6 @@ def test_local_cluster_runs_jobs_requeues_and_serves_postgres_and_mlflow(tmp_pat
         cluster.run("scancel", cancelled)
         wait_for("start of the long job", lambda: "restart=0" in output(long), 30)
         cluster.run("scontrol", "requeue", long)
-        requeued = time.monotonic()
 
         # Meanwhile: PostgreSQL as the rlspeed role, and the MLflow server with its artifacts.
         with psycopg.connect(cluster.optuna_url.replace("+psycopg", "")) as db:
@@ -79,7 +78,6 @@ def test_local_cluster_runs_jobs_requeues_and_serves_postgres_and_mlflow(tmp_pat
         assert output(short).startswith("pid=") and "restart=0" in output(short)
         assert cluster.sacct_states(cancelled)[cancelled] == "CANCELLED"
         wait_for("restart of the requeued job", lambda: "restart=1" in output(long), 30)
-        assert time.monotonic() - requeued < 30
         assert cluster.sacct_states(long)[long] == "RUNNING"
         assert [job["state"] for job in cluster.squeue()] == ["RUNNING"]
         job_pid = int(re.findall(r"pid=(\d+) restart=1", output(long))[0])

@@ -8,7 +8,6 @@ of the last 20 episodes >= 475 at the defaults) is measured by training runs.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -20,9 +19,8 @@ from rlspeed.algos.ppo import PPOConfig
 from rlspeed.algos.ppo.flax import FlaxLearner, functions
 from rlspeed.algos.ppo.torch import TorchLearner
 from rlspeed.errors import ConfigError
-from rlspeed.run import run
 from rlspeed.validation import validate
-from tests.conftest import learner_cfg, run_cli, saved_agent, slow_but, vouch
+from tests.conftest import learner_cfg, run_cli, run_in, saved_agent, slow_but, vouch
 from tests.test_resume import _cut_after_first_log
 from tests.test_vpg import (
     _copy_flax_to_torch,
@@ -227,20 +225,13 @@ SMALL_CARTPOLE = [
 LEARNED_RETURN = 100
 
 
-def _run_in(directory: Path, monkeypatch, cfg) -> dict:
-    directory.mkdir()
-    monkeypatch.chdir(directory)
-    run(cfg)
-    return json.loads((directory / "metrics.json").read_text())
-
-
 @pytest.mark.parametrize(
     ("backend", "engine"),
     slow_but(("torch", "gym-sync"), [("torch", "gym-sync"), ("flax", "gym-async")]),
 )
 def test_host_driven_stack_learns_cartpole(backend, engine, make_cfg, tmp_path, monkeypatch):
     cfg = make_cfg([f"backend={backend}", f"env={engine}", *SMALL_CARTPOLE])
-    metrics = _run_in(tmp_path / "run", monkeypatch, cfg)
+    metrics = run_in(tmp_path / "run", monkeypatch, cfg)
     # 120 batches of 8 envs x 32 steps, each 20 epochs of one minibatch.
     assert metrics["env_steps"] == 30720 and metrics["gradient_updates"] == 120 * 20
     assert metrics["recent_return"] > LEARNED_RETURN, metrics
@@ -251,7 +242,7 @@ def test_host_driven_stack_learns_cartpole(backend, engine, make_cfg, tmp_path, 
 def test_fused_stack_learns_cartpole_with_three_seeds(make_cfg, tmp_path, monkeypatch):
     """num_seeds=3 on flax + jax-vmap: one vmapped program, three per-seed results."""
     cfg = make_cfg([*SMALL_CARTPOLE, "backend=flax", "env=jax-vmap", "num_seeds=3"])
-    metrics = _run_in(tmp_path / "run", monkeypatch, cfg)
+    metrics = run_in(tmp_path / "run", monkeypatch, cfg)
     assert metrics["num_seeds"] == 3 and len(metrics["seeds"]) == 3
     assert metrics["env_steps"] == 3 * 30720 and metrics["gradient_updates"] == 3 * 120 * 20
     for seed in metrics["seeds"]:
@@ -280,7 +271,7 @@ def test_a_run_ends_at_total_steps_between_whole_batches(
             "eval_every=1000",
         ]
     )
-    metrics = _run_in(tmp_path / "run", monkeypatch, cfg)
+    metrics = run_in(tmp_path / "run", monkeypatch, cfg)
     assert metrics["env_steps"] == seeds * 1000
     assert metrics["gradient_updates"] == seeds * 4 * 20
     assert np.isfinite(metrics["score"])
@@ -334,6 +325,6 @@ def test_shipped_pendulum_settings_learn_pendulum(make_cfg, tmp_path, monkeypatc
     -1200 and PPO's general defaults (128 envs x 128 steps) stayed there."""
     cfg = make_cfg(["algo=ppo", "task=pendulum", "backend=flax", "env=jax-vmap"])
     assert cfg.num_envs == 8 and cfg.algo.normalize_obs and cfg.total_steps == 300_000
-    metrics = _run_in(tmp_path / "run", monkeypatch, cfg)
+    metrics = run_in(tmp_path / "run", monkeypatch, cfg)
     assert metrics["recent_return"] > -400, metrics
     assert metrics["score"] > -400, metrics

@@ -17,21 +17,14 @@ from rlspeed.algos.qlearn import QLearnConfig
 from rlspeed.algos.qlearn.flax import FlaxQTable
 from rlspeed.algos.qlearn.torch import TorchQTable
 from rlspeed.registry import TASKS
-from rlspeed.run import run
 from rlspeed.tasks.gridworld import greedy_path, shortest_path_length
-from tests.conftest import learner_cfg, slow_but
+from tests.conftest import learner_cfg, run_in, slow_but
 
 LEARNERS = {"torch": TorchQTable, "flax": FlaxQTable}
 COMBINATIONS = [(b, e) for b in ("torch", "flax") for e in ("gym-sync", "gym-async", "jax-vmap")]
 # Multiples of num_envs and of each other, so the fused loop compiles one chunk size.
 BUDGET = ["num_envs=8", "log_every=1000", "progress=none"]
 QUIET = [*BUDGET, "tracking=none"]
-
-
-def _run_in(directory: Path, monkeypatch, cfg) -> float:
-    directory.mkdir()
-    monkeypatch.chdir(directory)
-    return run(cfg)
 
 
 def _q_table(out_dir: Path) -> np.ndarray:
@@ -96,7 +89,7 @@ def test_batched_update_averages_duplicates_alike_on_both_backends():
 def test_every_stack_learns_a_shortest_path(backend, engine, make_cfg, tmp_path, monkeypatch):
     overrides = [f"backend={backend}", f"env={engine}", "algo=qlearn", "task=gridworld"]
     cfg = make_cfg([*overrides, *QUIET, "total_steps=4000", "eval_every=4000"])
-    assert _run_in(tmp_path / "run", monkeypatch, cfg) == 1.0
+    assert run_in(tmp_path / "run", monkeypatch, cfg)["score"] == 1.0
     q = _q_table(tmp_path / "run")
     path = greedy_path(cfg.task, lambda obs: q[obs].argmax(axis=1))
     assert len(path) - 1 == shortest_path_length(cfg.task), path
@@ -110,7 +103,7 @@ def test_every_stack_learns_a_shortest_path(backend, engine, make_cfg, tmp_path,
 def test_learns_doors(backend, engine, make_cfg, tmp_path, monkeypatch):
     overrides = [f"backend={backend}", f"env={engine}", "algo=qlearn", "task=doors"]
     cfg = make_cfg([*overrides, "task.grid_size=7", *QUIET, "total_steps=20000"])
-    score = _run_in(tmp_path / "run", monkeypatch, cfg)
+    score = run_in(tmp_path / "run", monkeypatch, cfg)["score"]
     rng = np.random.default_rng(0)
     random_score = TASKS.get("doors").evaluate(cfg.task, lambda o: rng.integers(0, 5, len(o)), 0)
     # 7x7 Doors' optimum is 0.758 (doors at columns 1, 3, 5); a random walk scores ~0.
@@ -120,7 +113,7 @@ def test_learns_doors(backend, engine, make_cfg, tmp_path, monkeypatch):
 def test_fused_seeds_are_one_program_with_per_seed_results(make_cfg, tmp_path, monkeypatch):
     overrides = ["backend=flax", "env=jax-vmap", "algo=qlearn", "task=gridworld", "num_seeds=4"]
     cfg = make_cfg([*overrides, *QUIET, "total_steps=4000", "eval_every=4000"])
-    assert _run_in(tmp_path / "run", monkeypatch, cfg) == 1.0
+    assert run_in(tmp_path / "run", monkeypatch, cfg)["score"] == 1.0
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     seeds = metrics["seeds"]
     assert metrics["num_seeds"] == 4 and [s["env_steps"] for s in seeds] == [4000] * 4

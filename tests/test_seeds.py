@@ -12,22 +12,15 @@ from flax.serialization import msgpack_restore
 from mlflow.tracking import MlflowClient
 
 from rlspeed.registry import ENGINES, TASKS
-from rlspeed.run import run
 from rlspeed.seeding import Stream, env_seeds, eval_seeds, int_seed
 from rlspeed.tasks import cartpole
-from tests.conftest import SMALL, run_cli
+from tests.conftest import SMALL, run_cli, run_in
 
 SEEDED = [*SMALL, "task.grid_size=7", "total_steps=3000", "num_envs=8"]
 
 
 def _metrics(out_dir: Path) -> dict:
     return json.loads((out_dir / "metrics.json").read_text())
-
-
-def _run_in(directory: Path, monkeypatch, cfg) -> float:
-    directory.mkdir()
-    monkeypatch.chdir(directory)
-    return run(cfg)
 
 
 @pytest.mark.slow
@@ -53,7 +46,7 @@ def test_fused_seeds_train_as_one_program_logged_per_seed_and_as_mean(
     # other loop orders. Over long runs such a difference can flip a near-tied greedy action,
     # and from there the two runs drift apart as any two runs of different floats would.
     single_cfg = make_cfg([*SEEDED, "seed=2", "backend=flax", "env=jax-vmap", "tracking=none"])
-    _run_in(tmp_path / "single", monkeypatch, single_cfg)
+    run_in(tmp_path / "single", monkeypatch, single_cfg)
     single = _metrics(tmp_path / "single")
     for key in ("score", "rolling_step_reward", "recent_return", "env_steps"):
         assert seeds[1][key] == pytest.approx(single[key], rel=1e-6), key
@@ -76,8 +69,8 @@ def test_fused_seeds_train_as_one_program_logged_per_seed_and_as_mean(
 
 def test_host_seeds_run_one_after_another_each_like_a_single_run(make_cfg, tmp_path, monkeypatch):
     base = [*SEEDED, "backend=torch", "env=gym-sync", "tracking=none", "progress=none"]
-    _run_in(tmp_path / "two", monkeypatch, make_cfg([*base, "seed=5", "num_seeds=2"]))
-    _run_in(tmp_path / "single", monkeypatch, make_cfg([*base, "seed=6"]))
+    run_in(tmp_path / "two", monkeypatch, make_cfg([*base, "seed=5", "num_seeds=2"]))
+    run_in(tmp_path / "single", monkeypatch, make_cfg([*base, "seed=6"]))
     two, single = _metrics(tmp_path / "two"), _metrics(tmp_path / "single")
     # The second agent (seed 5 + 1) is exactly the single run with seed 6.
     second = two["seeds"][1]

@@ -3,9 +3,6 @@ runs, and incompatible choices fail with one line."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import gymnasium as gym
 import jax
 import numpy as np
@@ -18,9 +15,8 @@ from rlspeed.algos.td3.flax import FlaxLearner
 from rlspeed.algos.td3.torch import TorchLearner
 from rlspeed.errors import ConfigError
 from rlspeed.registry import TASKS
-from rlspeed.run import run
 from rlspeed.validation import validate
-from tests.conftest import learner_cfg
+from tests.conftest import learner_cfg, run_in
 
 # A deliberately lopsided action box: the tanh scaling must map onto [low, high] exactly.
 BOX_OBS = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
@@ -144,13 +140,6 @@ SMALL_PENDULUM = [
 LEARNED = -600.0
 
 
-def _run_in(directory: Path, monkeypatch, cfg) -> dict:
-    directory.mkdir()
-    monkeypatch.chdir(directory)
-    run(cfg)
-    return json.loads((directory / "metrics.json").read_text())
-
-
 def _random_pendulum_score(make_cfg) -> float:
     rng = np.random.default_rng(0)
     task_cfg = make_cfg(SMALL_PENDULUM).task
@@ -171,7 +160,7 @@ HOST_DRIVEN += [("flax", "gym-sync"), ("flax", "gym-async")]
 @pytest.mark.parametrize(("backend", "engine"), HOST_DRIVEN)
 def test_host_driven_stacks_learn_pendulum(backend, engine, make_cfg, tmp_path, monkeypatch):
     cfg = make_cfg([f"backend={backend}", f"env={engine}", *SMALL_PENDULUM])
-    metrics = _run_in(tmp_path / "run", monkeypatch, cfg)
+    metrics = run_in(tmp_path / "run", monkeypatch, cfg)
     assert metrics["score"] > LEARNED, (backend, engine, metrics["score"])
     assert metrics["env_steps"] == 4000 and metrics["gradient_updates"] == 4000 - 300
     assert np.isfinite(metrics["final"]["losses/actor_loss"])
@@ -180,7 +169,7 @@ def test_host_driven_stacks_learn_pendulum(backend, engine, make_cfg, tmp_path, 
 def test_fused_stack_learns_pendulum_with_seeds_in_one_program(make_cfg, tmp_path, monkeypatch):
     """flax + jax-vmap: three seeds train as one vmapped program; each learns, differently."""
     cfg = make_cfg(["backend=flax", "env=jax-vmap", *SMALL_PENDULUM, "num_seeds=3"])
-    metrics = _run_in(tmp_path / "run", monkeypatch, cfg)
+    metrics = run_in(tmp_path / "run", monkeypatch, cfg)
     scores = [seed["score"] for seed in metrics["seeds"]]
     assert len(set(scores)) == 3, scores
     assert min(scores) > LEARNED, scores

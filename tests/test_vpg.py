@@ -6,9 +6,6 @@ of the last 20 episodes >= 400) are measured by training runs with the defaults.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import gymnasium as gym
 import jax
 import jax.numpy as jnp
@@ -25,9 +22,8 @@ from rlspeed.algos.vpg.torch import TorchLearner
 from rlspeed.envs.doors import DoorsEnv
 from rlspeed.errors import ConfigError
 from rlspeed.registry import TASKS
-from rlspeed.run import run
 from rlspeed.validation import validate
-from tests.conftest import learner_cfg, slow_but
+from tests.conftest import learner_cfg, run_in, slow_but
 
 # ---------------------------------------------------------------- torch == flax
 
@@ -259,17 +255,10 @@ SMALL_CARTPOLE = [
 RANDOM_CARTPOLE_RETURN = 22
 
 
-def _run_in(directory: Path, monkeypatch, cfg) -> dict:
-    directory.mkdir()
-    monkeypatch.chdir(directory)
-    run(cfg)
-    return json.loads((directory / "metrics.json").read_text())
-
-
 @pytest.mark.parametrize(("backend", "engine"), slow_but(("torch", "gym-sync"), HOST_STACKS))
 def test_every_host_driven_stack_learns_cartpole(backend, engine, make_cfg, tmp_path, monkeypatch):
     cfg = make_cfg([f"backend={backend}", f"env={engine}", *SMALL_CARTPOLE])
-    metrics = _run_in(tmp_path / "run", monkeypatch, cfg)
+    metrics = run_in(tmp_path / "run", monkeypatch, cfg)
     # 32 batches of 8 envs x 64 steps, each one policy step and 20 value steps.
     assert metrics["env_steps"] == 16384 and metrics["gradient_updates"] == 32 * 21
     assert metrics["recent_return"] > 3 * RANDOM_CARTPOLE_RETURN, metrics
@@ -280,7 +269,7 @@ def test_every_host_driven_stack_learns_cartpole(backend, engine, make_cfg, tmp_
 def test_fused_stack_learns_cartpole_with_three_seeds(make_cfg, tmp_path, monkeypatch):
     """num_seeds=3 on flax + jax-vmap: one vmapped program, three per-seed results."""
     cfg = make_cfg([*SMALL_CARTPOLE, "backend=flax", "env=jax-vmap", "num_seeds=3"])
-    metrics = _run_in(tmp_path / "run", monkeypatch, cfg)
+    metrics = run_in(tmp_path / "run", monkeypatch, cfg)
     assert metrics["num_seeds"] == 3 and len(metrics["seeds"]) == 3
     assert metrics["env_steps"] == 3 * 16384 and metrics["gradient_updates"] == 3 * 32 * 21
     scores = [seed["score"] for seed in metrics["seeds"]]
@@ -296,7 +285,7 @@ def test_gaussian_policy_learns_pendulum(make_cfg, tmp_path, monkeypatch):
     # 512 batches of 16 envs x 16 steps, logged every 64 (one compiled chunk length).
     budget = ["total_steps=131072", "log_every=16384", "task.eval_episodes=5"]
     cfg = make_cfg([*QUICK, "task=pendulum", *budget])
-    metrics = _run_in(tmp_path / "run", monkeypatch, cfg)
+    metrics = run_in(tmp_path / "run", monkeypatch, cfg)
     rng = np.random.default_rng(0)
     # The random baseline over 20 episodes: over the run's 5 it ranged -914 to -1140 by seed
     # once the evaluation seeds were held out from training (20: -1099 to -1236).

@@ -30,6 +30,8 @@ REASON = unavailable()
 pytestmark = [
     pytest.mark.cluster,
     pytest.mark.skipif(REASON is not None, reason=f"no local SLURM cluster: {REASON}"),
+    # Each test starts a SLURM cluster, PostgreSQL and an MLflow server of its own.
+    pytest.mark.timeout(1800),
 ]
 
 # A cheap DQN trial: ~2 s of training on torch + gym-sync, plus the job's start.

@@ -15,7 +15,11 @@ import pytest
 from tests.local_cluster import LocalCluster, unavailable
 
 REASON = unavailable()
-pytestmark = [pytest.mark.cluster, pytest.mark.skipif(REASON is not None, reason=REASON or "")]
+pytestmark = [
+    pytest.mark.cluster,
+    pytest.mark.skipif(REASON is not None, reason=REASON or ""),
+    pytest.mark.timeout(1800),  # a SLURM cluster, PostgreSQL and an MLflow server start
+]
 
 # The job prints its pid and restart count, then sleeps for its argument's seconds.
 JOB = '#!/bin/bash\necho "pid=$$ restart=${SLURM_RESTART_COUNT:-0}"\nsleep "$1"\n'

@@ -40,6 +40,9 @@ class EngineConfig:
     name: str = MISSING
     # AsyncVectorEnv only: observations travel through shared memory.
     shared_memory: bool = True
+    # AsyncVectorEnv only: seconds a step of the envs may take before the run takes an env
+    # that has not answered to hang, and ends in one line naming it.
+    step_timeout_s: float = 600.0
 
 
 @dataclass

@@ -4,6 +4,7 @@ hold that keeps it to the end of a training iteration."""
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
 import signal
 import threading
 import traceback
@@ -62,6 +63,8 @@ def _said(error: BaseException) -> str:
         return "its worker process ended (the env exited or was killed)"
     if isinstance(error, SystemExit):
         return f"it called sys.exit({error.code!r})"
+    if isinstance(error, multiprocessing.TimeoutError):  # env.step_timeout_s passed
+        return f"it did not answer (hangs?): {' '.join(str(error).split())}"
     return f"{type(error).__name__}: {' '.join(str(error).split())}"[:300]
 
 

@@ -19,6 +19,9 @@ from rlspeed.config import MAX_SEEDS, MAX_STEPS, check_creatable, is_fused
 from rlspeed.errors import ConfigError, StoreUnreachable
 from rlspeed.registry import ALGOS, BACKENDS, ENGINES, TASKS, TRACKERS
 
+# A day: the longest an env's step may be waited for (env.step_timeout_s).
+MAX_STEP_TIMEOUT_S = 86_400
+
 
 def validate(cfg: DictConfig) -> None:
     """Reject bad or incompatible values with one clear line before any work starts."""
@@ -42,6 +45,9 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(
             "trial.number", cfg.trial.number, "null outside an Optuna sweep (hydra/sweeper=optuna)"
         )
+    if not 0 < cfg.env.step_timeout_s <= MAX_STEP_TIMEOUT_S:
+        allowed = f"a number of seconds in (0, {MAX_STEP_TIMEOUT_S:,}]"
+        raise ConfigError("env.step_timeout_s", cfg.env.step_timeout_s, allowed)
     if cfg.progress not in ("auto", "rich", "plain", "none"):
         raise ConfigError("progress", cfg.progress, "one of auto, rich, plain, none")
     if cfg.backend.compilation_cache == "":  # would write the programs into the working folder

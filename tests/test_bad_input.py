@@ -318,6 +318,10 @@ BAD = [
     (["~algo"], ["invalid override '~algo': rlspeed's keys and config groups cannot be removed"]),
     (["--config-name", "nope"], ["invalid --config-name=nope: expected a config in the config"]),
     (["--config-dir", "/nonexistent"], ["invalid --config-dir=/nonexistent: expected an"]),
+    (
+        ["env=gym-async", "env.step_timeout_s=0"],
+        ["invalid env.step_timeout_s=0.0: expected a number of seconds in (0, 86,400]"],
+    ),
     # sizes: an override Hydra's parser would take minutes for, a name no file system takes
     (
         ["algo.hidden_sizes=[" + ",".join(["8"] * 3000) + "]"],

@@ -64,6 +64,22 @@ def test_an_env_that_fails_mid_run_is_one_line_and_loses_nothing(engine, how, tm
     ]
 
 
+def test_an_env_that_hangs_on_gym_async_is_one_line(tmp_path: Path) -> None:
+    """A worker that does not answer within env.step_timeout_s: its env is taken to hang,
+    the run ends FAILED in one line, and no worker is left behind."""
+    args = [*FAILING, "env=gym-async", "+task.kwargs.how=hang", "env.step_timeout_s=2"]
+    result = run_cli([*args, "tracking=none", "hydra.run.dir=run"], tmp_path, timeout=120)
+    assert result.returncode == 1, result.stderr[-3000:]
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(
+        "rlspeed: env failing/Corridor-v0 failed in its step (in the iteration from env step "
+        "3,840): it did not answer (hangs?): "
+    ), line
+    assert "resume=" in line and "continues from env step 3,072" in line
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["status"] == "FAILED"
+
+
 @pytest.mark.parametrize(
     ("body", "said"),
     [

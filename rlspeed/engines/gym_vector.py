@@ -34,9 +34,12 @@ class GymVectorEngine:
         vector_env: gym.vector.SyncVectorEnv | gym.vector.AsyncVectorEnv,
         seed: int,
         name: str = "env",
+        step_timeout_s: float | None = None,
     ) -> None:
         self.envs = vector_env
         self.seed = seed
+        # gym-async: how long a step may take before the env is taken to hang (None: sync).
+        self.step_timeout_s = step_timeout_s
         # How the failures of the env's own code name it (its Gymnasium id, or its task).
         self.name = name
         self._failed = False  # a call into the envs failed: they are not to be called again
@@ -58,7 +61,13 @@ class GymVectorEngine:
     def step(self, actions: Any) -> StepResult:
         # np.asarray shares memory with CPU torch tensors and JAX arrays (no copy).
         with self._env_code("step"):
-            obs, reward, terminated, truncated, info = self.envs.step(np.asarray(actions))
+            if self.step_timeout_s is None:
+                result = self.envs.step(np.asarray(actions))
+            else:  # a worker that does not answer holds an env that hangs
+                assert isinstance(self.envs, gym.vector.AsyncVectorEnv)
+                self.envs.step_async(np.asarray(actions))
+                result = self.envs.step_wait(timeout=self.step_timeout_s)
+        obs, reward, terminated, truncated, info = result
         done = terminated | truncated
         final_obs = obs
         if done.any():
@@ -98,12 +107,13 @@ class GymVectorEngine:
                 self.envs.close()
             return
         # After a failed call, a gym-async env may wait for an answer from a worker that is
-        # gone: its workers are ended, and it is marked closed (its __del__ would try again).
+        # gone or hangs: its workers are killed (they ignore SIGTERM, which the main process
+        # handles for them), and it is marked closed (its __del__ would try again).
+        for process in getattr(self.envs, "processes", []):
+            process.kill()
         with contextlib.suppress(Exception), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             self.envs.close(terminate=True)
-        for process in getattr(self.envs, "processes", []):
-            process.terminate()
         self.envs.closed = True
 
     @contextlib.contextmanager
@@ -144,4 +154,6 @@ def make_vector_engine(
         )
     else:
         envs = gym.vector.SyncVectorEnv(env_fns, autoreset_mode=AutoresetMode.SAME_STEP)
-    return GymVectorEngine(envs, seed, str(getattr(task_cfg, "id", None) or task.name))
+    name = str(getattr(task_cfg, "id", None) or task.name)
+    timeout = engine_cfg.step_timeout_s if asynchronous else None
+    return GymVectorEngine(envs, seed, name, timeout)

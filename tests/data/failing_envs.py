@@ -1,13 +1,14 @@
 """Envs whose own code fails at a set step, registered for
 ``task.import=tests.data.failing_envs``: a two-cell observation of zeros, -1 a step,
 truncated every 50 steps, until step ``fail_at`` of each env copy, where ``how`` it fails:
-``raise`` (an exception), ``exit`` (``sys.exit(0)``) or ``kill`` (``os._exit(3)``, which ends
-the process it runs in: a gym-async worker)."""
+``raise`` (an exception), ``exit`` (``sys.exit(0)``), ``kill`` (``os._exit(3)``, which ends
+the process it runs in: a gym-async worker) or ``hang`` (sleeps for an hour)."""
 
 from __future__ import annotations
 
 import os
 import sys
+import time
 from typing import Any
 
 import gymnasium as gym
@@ -32,6 +33,8 @@ class FailingCorridor(gym.Env):
                 raise RuntimeError("the simulator lost its licence")
             if self.how == "exit":
                 sys.exit(0)
+            if self.how == "hang":
+                time.sleep(3600)
             os._exit(3)
         return np.zeros(2, np.float32), -1.0, False, self.steps % 50 == 0, {}
 

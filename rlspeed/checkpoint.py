@@ -63,7 +63,7 @@ FORMAT = 3
 # before threads=auto resolved to a number, may use another count).
 FREE_KEYS: tuple[str, ...] = ("resume", "mode", "checkpoint", "video", "progress")
 FREE_KEYS += ("tracking.", "trial.", "backend.compilation_cache", "backend.threads")
-FREE_KEYS += ("checkpoint_every",)
+FREE_KEYS += ("checkpoint_every", "env.step_timeout_s")
 
 
 # ---------------------------------------------------------------- writing

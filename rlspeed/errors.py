@@ -39,13 +39,15 @@ class EnvFailed(Exception):
 
 
 @contextlib.contextmanager
-def env_code(env: str, call: str) -> Iterator[None]:
+def env_code(env: str, call: str, workers: bool = False) -> Iterator[None]:
     """Around a call into an env's own code (a user's, maybe): what it raises, a
     ``sys.exit`` in it, or a gym-async worker process that ends becomes one EnvFailed naming
-    the env and what it said. A worker's traceback reaches this process as warnings, which
-    are kept for the log file."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    the env and what it said. With ``workers`` (gym-async), the warnings through which
+    Gymnasium hands a worker's traceback to this process are kept for the log file rather
+    than printed; elsewhere the exception carries the traceback, and warnings are left alone
+    (catching them costs every step, and resets Python's once-per-place record of them)."""
+    with contextlib.ExitStack() as stack:
+        caught = stack.enter_context(warnings.catch_warnings(record=True)) if workers else []
         try:
             yield
         except (Exception, SystemExit) as error:  # the env's code: anything, exit included

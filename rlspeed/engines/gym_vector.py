@@ -121,7 +121,9 @@ class GymVectorEngine:
         """Around a call into the envs' own code (``rlspeed.errors.env_code``); a failed
         call leaves the envs not to be called again."""
         try:
-            with env_code(self.name, call):
+            with env_code(
+                self.name, call, workers=isinstance(self.envs, gym.vector.AsyncVectorEnv)
+            ):
                 yield
         except EnvFailed:
             self._failed = True

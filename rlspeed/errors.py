@@ -67,7 +67,12 @@ def _said(error: BaseException) -> str:
         return f"it called sys.exit({error.code!r})"
     if isinstance(error, multiprocessing.TimeoutError):  # env.step_timeout_s passed
         return f"it did not answer (hangs?): {' '.join(str(error).split())}"
-    return f"{type(error).__name__}: {' '.join(str(error).split())}"[:300]
+    return one_line(error)[:300]
+
+
+def one_line(error: BaseException) -> str:
+    """An exception as one line: its type and its message, whitespace folded."""
+    return f"{type(error).__name__}: {' '.join(str(error).split())}"
 
 
 class ConfigError(RLSpeedError):

@@ -11,7 +11,7 @@ import multiprocessing
 import subprocess
 import sys
 
-from rlspeed.errors import ConfigError
+from rlspeed.errors import ConfigError, one_line
 
 # Seconds an import may take in the child before it is taken to hang.
 IMPORT_TIMEOUT_S = 120
@@ -29,7 +29,7 @@ def import_user_module(key: str, module: str) -> None:
     try:
         importlib.import_module(module)
     except (Exception, SystemExit) as error:  # missing, failing or exiting as it runs
-        raise ConfigError(key, module, f"a module Python can import ({_one_line(error)})") from None
+        raise ConfigError(key, module, f"a module Python can import ({_said(error)})") from None
 
 
 def _try_in_a_child(key: str, module: str) -> None:
@@ -53,7 +53,7 @@ def _try_in_a_child(key: str, module: str) -> None:
     raise ConfigError(key, module, f"a module Python can import ({' '.join(said.split())})")
 
 
-def _one_line(error: BaseException) -> str:
+def _said(error: BaseException) -> str:
     if isinstance(error, SystemExit):
         return f"importing it called sys.exit({error.code!r})"
-    return f"{type(error).__name__}: {' '.join(str(error).split())}"
+    return one_line(error)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, cast
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from rlspeed.config import MAX_EPISODE_STEPS, TaskConfig
-from rlspeed.errors import ConfigError
+from rlspeed.errors import ConfigError, one_line
 from rlspeed.registry import ALGOS
 from rlspeed.secrets import masked_accounts, reveal_value
 from rlspeed.tasks import Policy, TabularSpec, TaskSpec, check_settings
@@ -68,10 +68,6 @@ class EnvFacts(NamedTuple):
     action_space: Any
     # The id's registered episode limit (None where it registers none).
     max_episode_steps: int | None
-
-
-def _one_line(error: BaseException) -> str:
-    return f"{type(error).__name__}: {' '.join(str(error).split())}"
 
 
 def _describe(space: Any) -> str:
@@ -144,22 +140,22 @@ def _read_env(module: str | None, env_id: str, kwargs_json: str) -> EnvFacts:
     try:
         spec = gym.spec(env_id)
     except gym.error.Error as error:
-        allowed = f"a registered Gymnasium id ({_one_line(error)})"
+        allowed = f"a registered Gymnasium id ({one_line(error)})"
         raise ConfigError("task.id", env_id, allowed) from None
     kwargs = json.loads(kwargs_json)
     try:
         env = gym.make(env_id, **kwargs)
     except Exception as error:  # a keyword the env does not take, a missing dependency
         if kwargs:
-            allowed = f"keyword arguments {env_id} takes ({_one_line(error)})"
+            allowed = f"keyword arguments {env_id} takes ({one_line(error)})"
             raise ConfigError("task.kwargs", kwargs, allowed) from None
-        allowed = f"an env Gymnasium can make ({_one_line(error)})"
+        allowed = f"an env Gymnasium can make ({one_line(error)})"
         raise ConfigError("task.id", env_id, allowed) from None
     facts = EnvFacts(env.observation_space, env.action_space, spec.max_episode_steps)
     try:
         env.close()
     except Exception as error:  # it would fail so at the end of every run
-        allowed = f"an env that closes ({_one_line(error)} in its close())"
+        allowed = f"an env that closes ({one_line(error)} in its close())"
         raise ConfigError("task.id", env_id, allowed) from None
     observations = facts.observation_space
     if _observation_kind(observations) is None or _entries(observations) == 0:

@@ -7,11 +7,15 @@ into a run folder of its own; ``load`` reads a run folder's agent back to act wi
                            total_steps=50_000, tracking="none")
     agent = rlspeed.load(result.out_dir)
     action = agent.act(observation)
+
+``task`` may also be a ``TaskSpec`` of one's own: an option of the ``task`` group for that
+call only (``rlspeed.registry.Registry.registered``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -21,6 +25,8 @@ from omegaconf import DictConfig
 
 from rlspeed.config import quote
 from rlspeed.errors import ConfigError, RLSpeedError
+from rlspeed.registry import TASKS
+from rlspeed.tasks import TaskSpec
 
 # The config groups ``train`` takes by name: an option of conf/<group>/.
 GROUPS = ("algo", "task", "backend", "env", "tracking")
@@ -53,9 +59,11 @@ class Agent:
         )
 
 
-def load(folder: str | Path, seed: int | None = None) -> Agent:
+def load(folder: str | Path, seed: int | None = None, task: TaskSpec | None = None) -> Agent:
     """The agent a run saved in ``folder`` (a run folder, or an agent file in one); ``seed``
-    picks one agent of a multi-seed run. Only arrays are read: nothing in the folder runs."""
+    picks one agent of a multi-seed run; ``task``: the TaskSpec a run trained with
+    ``train(task=<TaskSpec>)`` (it is no option otherwise). Only arrays are read: nothing in
+    the folder runs."""
     from rlspeed.checkpoint import agent_files
     from rlspeed.config import register_configs
     from rlspeed.evaluate import load_agents
@@ -65,7 +73,8 @@ def load(folder: str | Path, seed: int | None = None) -> Agent:
         raise ConfigError(
             "folder", folder, "a run folder holding checkpoint.pt or checkpoint.msgpack"
         )
-    saved, agents = load_agents(str(folder))
+    with _given_task(task):
+        saved, agents = load_agents(str(folder))
     policies = {agent_seed: policy for agent_seed, policy, _ in agents}
     if seed is None:
         seed = min(policies)
@@ -77,10 +86,12 @@ def load(folder: str | Path, seed: int | None = None) -> Agent:
 class Result:
     """What ``train`` returns: the run's score, its folder and what it recorded there."""
 
-    def __init__(self, score: float, out_dir: Path) -> None:
+    def __init__(self, score: float, out_dir: Path, task: TaskSpec | None = None) -> None:
         # The task's greedy score (the mean over seeds where there are several).
         self.score = score
         self.out_dir = out_dir
+        # The TaskSpec given to ``train``, if one was: ``agent`` reads the run back with it.
+        self.task = task
 
     @cached_property
     def metrics(self) -> dict[str, Any]:
@@ -92,7 +103,7 @@ class Result:
     @cached_property
     def agent(self) -> Agent:
         """The trained agent (its checkpoint, read back)."""
-        return load(self.out_dir)
+        return load(self.out_dir, task=self.task)
 
     def __repr__(self) -> str:
         return f"Result(score={self.score:.4f}, out_dir={str(self.out_dir)!r})"
@@ -100,7 +111,7 @@ class Result:
 
 def train(
     algo: str | None = None,
-    task: str | None = None,
+    task: str | TaskSpec | None = None,
     backend: str | None = None,
     env: str | None = None,
     tracking: str | None = None,
@@ -113,7 +124,37 @@ def train(
     Unset groups take the command's defaults. The config is checked as the command checks
     it (a bad value raises ConfigError naming key, value and what is allowed, before anything
     is created). Outputs go to ``out_dir``, by default a new folder under ``outputs/`` named
-    as the command names it."""
+    as the command names it. ``task`` is an option's name, or a ``TaskSpec`` that is an
+    option (its ``name``) for this call only; ``task.*`` overrides set its schema's keys."""
+    given = None if task is None or isinstance(task, str) else task
+    with _given_task(given):
+        name = given.name if given is not None else task
+        assert name is None or isinstance(name, str)
+        score, run_dir = _train(algo, name, backend, env, tracking, out_dir, overrides)
+    return Result(score, run_dir, given)
+
+
+@contextlib.contextmanager
+def _given_task(task: TaskSpec | None) -> Iterator[None]:
+    """``task`` as an option of the ``task`` group while the block runs (none: nothing)."""
+    if task is None:
+        yield
+        return
+    if not isinstance(task, TaskSpec):
+        raise ConfigError("task", repr(task)[:60], "an option's name or a rlspeed.tasks.TaskSpec")
+    with TASKS.registered(task):
+        yield
+
+
+def _train(
+    algo: str | None,
+    task: str | None,
+    backend: str | None,
+    env: str | None,
+    tracking: str | None,
+    out_dir: str | Path | None,
+    overrides: dict[str, Any],
+) -> tuple[float, Path]:
     from rlspeed import secrets
     from rlspeed.cli import CONF_DIR, set_up_config_tree
     from rlspeed.preflight import check_overrides
@@ -129,7 +170,7 @@ def train(
     return _run_job(CONF_DIR, [*arguments, *hydra_arguments])
 
 
-def _run_job(conf_dir: str, arguments: list[str]) -> Result:
+def _run_job(conf_dir: str, arguments: list[str]) -> tuple[float, Path]:
     """Run one Hydra job of the composed config, as ``hydra.main`` runs one: its folder,
     ``.hydra/`` files and log file, then ``rlspeed.run.run`` inside it."""
     from hydra import compose, initialize_config_dir
@@ -153,7 +194,7 @@ def _run_job(conf_dir: str, arguments: list[str]) -> Result:
     out_dir = Path(job.hydra_cfg.hydra.runtime.output_dir)
     if not isinstance(score, float):
         raise RLSpeedError(f"rlspeed: the run in {out_dir} returned no score")
-    return Result(score, out_dir)
+    return score, out_dir
 
 
 def _hydra_value(value: Any) -> str:

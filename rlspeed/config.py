@@ -124,7 +124,7 @@ def register_configs() -> None:
     store = ConfigStore.instance()
     store.store(name="rlspeed_schema", node=RunConfig)
     for registry in (ALGOS, TASKS):
-        for spec in registry:
+        for spec in registry.builtins():
             store.store(group=f"schema/{registry.group}", name=spec.name, node=spec.schema)
 
 

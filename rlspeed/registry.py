@@ -1,32 +1,76 @@
-"""One registry per config group, filled by discovering the modules of a package.
+"""One registry per config group: rlspeed's own options, found in the modules of a package,
+and the options of other installed packages, found through Python entry points.
 
-Each module of a registered package exposes ``SPEC``: an object with a ``name``
-equal to the config option that selects it; shared code beside them is a private module
-(``_name``), or a plain module in a package of subpackages. Adding an algorithm, task, engine,
-backend or tracker is therefore one module plus one YAML file.
+Each module of a registered package exposes ``SPEC``: an object with a ``name`` equal to the
+config option that selects it; shared code beside them is a private module (``_name``), or a
+plain module in a package of subpackages. Adding an algorithm, task, engine, backend or
+tracker is therefore one module plus one YAML file.
+
+A package of one's own adds an option without a file in rlspeed: an entry point in one of
+``PLUGIN_GROUPS`` named as the option, naming the spec (``SPEC`` of the same type) or a
+module that has one. Only names are read until the option is chosen or the options are
+listed; Hydra sees them through ``hydra_plugins/rlspeed_entry_points``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib
 import pkgutil
 from collections.abc import Iterator
-from typing import Any, Generic, TypeVar
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from rlspeed.errors import ConfigError
+from rlspeed.errors import ConfigError, one_line
+
+if TYPE_CHECKING:
+    from importlib.metadata import EntryPoint
 
 SpecT = TypeVar("SpecT")
+
+# Entry-point group of each config group other packages may add options to.
+PLUGIN_GROUPS = {
+    "algo": "rlspeed.algos",
+    "task": "rlspeed.tasks",
+    "env": "rlspeed.engines",
+    "tracking": "rlspeed.trackers",
+}
+
+
+@functools.cache
+def installed_plugins() -> dict[str, list[EntryPoint]]:
+    """The entry points of every group in ``PLUGIN_GROUPS``, by group: names only, nothing
+    imported. Read once per process (``forget_plugins`` reads them again)."""
+    from importlib.metadata import entry_points
+
+    found = entry_points()
+    return {group: list(found.select(group=group)) for group in PLUGIN_GROUPS.values()}
+
+
+def describe(point: EntryPoint) -> str:
+    """An entry point as an error names it: itself, its group and its distribution."""
+    dist = getattr(point, "dist", None)
+    owner = f"{dist.name} {dist.version}" if dist is not None else "an unknown distribution"
+    return f"entry point '{point.name} = {point.value}' [{point.group}] of {owner}"
 
 
 class Registry(Generic[SpecT]):
     """Maps option names of one config group to the specs that build them."""
 
-    def __init__(self, group: str, package: str, subpackages: bool = False) -> None:
+    def __init__(self, group: str, package: str, spec_type: str, subpackages: bool = False) -> None:
         self.group = group
         self.package = package
+        # "module:Class" of the specs (a plug-in's must be one), named: this module is
+        # below theirs.
+        self.spec_type = spec_type
         # True when each option is a subpackage (algorithms: one file per backend inside).
         self.subpackages = subpackages
+        self.entry_point_group = PLUGIN_GROUPS.get(group)
         self._specs: dict[str, SpecT] | None = None
+        # Plug-ins loaded so far, and specs registered for one call (``registered``).
+        self._loaded: dict[str, SpecT] = {}
+        self._given: dict[str, SpecT] = {}
 
     def _discover(self) -> dict[str, SpecT]:
         if self._specs is None:
@@ -57,26 +101,121 @@ class Registry(Generic[SpecT]):
         spec: Any = getattr(module, "SPEC", None)
         return spec if spec is not None and spec.name == name else None
 
+    def _builtin(self, name: str) -> SpecT | None:
+        spec = self._own_spec(name)
+        return spec if spec is not None else self._discover().get(name)
+
+    def is_builtin(self, name: str) -> bool:
+        """Whether ``name`` is one of rlspeed's own options."""
+        return self._builtin(name) is not None
+
+    def _points(self, name: str | None = None) -> list[EntryPoint]:
+        """The installed plug-ins' entry points (of option ``name`` alone, if given)."""
+        if self.entry_point_group is None:
+            return []
+        points = installed_plugins()[self.entry_point_group]
+        return [point for point in points if name is None or point.name == name]
+
+    def plugin_names(self) -> list[str]:
+        """The options other packages add (and those registered for this call), unloaded."""
+        return sorted({point.name for point in self._points()} | set(self._given))
+
+    def builtins(self) -> Iterator[SpecT]:
+        """rlspeed's own options."""
+        return iter(self._discover().values())
+
     def names(self) -> list[str]:
-        return sorted(self._discover())
+        return sorted(set(self._discover()) | set(self.plugin_names()))
 
     def __iter__(self) -> Iterator[SpecT]:
-        return iter(self._discover().values())
+        """Every option: rlspeed's own, then the plug-ins (loaded now); a plug-in that cannot
+        be chosen (it fails to load, or takes a name another option has) is left out."""
+        yield from self.builtins()
+        for name in self.plugin_names():
+            if name not in self._discover():
+                with contextlib.suppress(ConfigError):
+                    yield self.get(name)
 
     def get(self, name: str) -> SpecT:
         """The spec of option ``name``, importing only its own module where that holds it:
-        choosing an option loads nothing the others need (JAX, MuJoCo, MLflow)."""
-        spec = self._own_spec(name)
+        choosing an option loads nothing the others need (JAX, MuJoCo, MLflow). A plug-in
+        is loaded on its first ``get``; one that fails, or takes a name another option
+        has, is one ConfigError line naming its entry point."""
+        if name in self._given:
+            return self._given[name]
+        points = self._points(name)
+        spec = self._own_spec(name) if points else self._builtin(name)
+        if spec is None and points:
+            spec = self._builtin(name)
         if spec is not None:
+            if points:
+                raise ConfigError(
+                    self.group,
+                    name,
+                    f"a plug-in named other than rlspeed's own options: the "
+                    f"{describe(points[0])} takes the name of rlspeed's {self.group}={name}",
+                )
             return spec
-        specs = self._discover()
-        if name not in specs:
-            raise ConfigError(self.group, name, f"one of {', '.join(self.names())}")
-        return specs[name]
+        if len(points) > 1:
+            raise ConfigError(
+                self.group,
+                name,
+                f"one plug-in of that name: the {describe(points[0])} and the "
+                f"{describe(points[1])} both take it",
+            )
+        if points:
+            return self._load(points[0])
+        raise ConfigError(self.group, name, f"one of {', '.join(self.names())}")
+
+    def _load(self, point: EntryPoint) -> SpecT:
+        if point.name in self._loaded:
+            return self._loaded[point.name]
+
+        def refuse(what: str) -> ConfigError:
+            return ConfigError(
+                self.group, point.name, f"a plug-in that loads: the {describe(point)} {what}"
+            )
+
+        try:
+            loaded: Any = point.load()
+        except (Exception, SystemExit) as error:  # a package's code: anything, exit included
+            said = f"sys.exit({error.code!r})" if isinstance(error, SystemExit) else None
+            raise refuse(f"failed to import ({said or one_line(error)})") from None
+        spec: Any = getattr(loaded, "SPEC", None) if isinstance(loaded, ModuleType) else loaded
+        module, _, cls = self.spec_type.partition(":")
+        if not any(
+            (kind.__module__, kind.__qualname__) == (module, cls) for kind in type(spec).__mro__
+        ):
+            raise refuse(f"names {type(spec).__name__}, not a {module}.{cls}")
+        if spec.name != point.name:
+            raise refuse(f"names the spec of {self.group}={spec.name}, not of its own name")
+        self._loaded[point.name] = spec
+        return spec
+
+    @contextlib.contextmanager
+    def registered(self, spec: SpecT) -> Iterator[None]:
+        """``spec`` is an option while the block runs (``rlspeed.train(task=<TaskSpec>)``);
+        its name must be one no other option has."""
+        name: str = getattr(spec, "name", "")
+        if name in self._given or self._builtin(name) is not None or self._points(name):
+            taken = ", ".join(self.names())
+            raise ConfigError(f"{self.group}.name", name, f"a name no option has yet ({taken})")
+        self._given[name] = spec
+        try:
+            yield
+        finally:
+            del self._given[name]
 
 
-ALGOS: Registry[Any] = Registry("algo", "rlspeed.algos", subpackages=True)
-TASKS: Registry[Any] = Registry("task", "rlspeed.tasks")
-ENGINES: Registry[Any] = Registry("env", "rlspeed.engines")
-BACKENDS: Registry[Any] = Registry("backend", "rlspeed.backends")
-TRACKERS: Registry[Any] = Registry("tracking", "rlspeed.tracking")
+def forget_plugins() -> None:
+    """Read the installed plug-ins again (after a package was installed in this process)."""
+    installed_plugins.cache_clear()
+    for registry in (ALGOS, TASKS, ENGINES, BACKENDS, TRACKERS):
+        registry._loaded.clear()
+
+
+ALGOS: Registry[Any] = Registry("algo", "rlspeed.algos", "rlspeed.algos:AlgoSpec", subpackages=True)
+TASKS: Registry[Any] = Registry("task", "rlspeed.tasks", "rlspeed.tasks:TaskSpec")
+ENGINES: Registry[Any] = Registry("env", "rlspeed.engines", "rlspeed.engines:EngineSpec")
+BACKENDS: Registry[Any] = Registry("backend", "rlspeed.backends", "rlspeed.backends:BackendSpec")
+TRACKERS: Registry[Any] = Registry("tracking", "rlspeed.tracking", "rlspeed.tracking:TrackerSpec")

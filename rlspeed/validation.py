@@ -74,12 +74,13 @@ def validate(cfg: DictConfig) -> None:
             algo.name,
             f"an algorithm for {task.action_kind} actions on task={task.name}: {', '.join(fits)}",
         )
-    if algo.tasks is not None and task.name not in algo.tasks:
+    # AlgoSpec.tasks lists rlspeed's own tasks the algorithm is offered on; a plug-in's task
+    # is offered to every algorithm that fits its spaces.
+    if algo.tasks is not None and task.name not in algo.tasks and TASKS.is_builtin(task.name):
         raise ConfigError(
             "task", task.name, f"a task algo={algo.name} runs on: {', '.join(algo.tasks)}"
         )
-    if backend.name not in algo.backends:
-        raise ConfigError("backend", backend.name, f"one of {', '.join(algo.backends)}")
+    algo.check_stack(backend.name, engine.name)
     backend.check(cfg.backend)
     if engine.needs_functional_env and task.make_functional is None:
         fits = [e.name for e in ENGINES if not e.needs_functional_env]

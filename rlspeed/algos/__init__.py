@@ -197,12 +197,21 @@ def agents_at_once(cfg: DictConfig) -> int:
     return cfg.num_seeds if ENGINES.get(cfg.env.name).needs_functional_env else 1
 
 
+# The pairing that runs an algorithm's fused program (``rlspeed.config.is_fused``); every
+# other pairing drives its backend's learner.
+FUSED_STACK = ("flax", "jax-vmap")
+
+
 def _no_extra_checks(algo_cfg: Any, cfg: DictConfig) -> None:
     return None
 
 
-def import_named(name: str) -> Any:
-    """The attribute ``name`` ("package.module:attribute") names, imported on demand."""
+def import_named(name: str | None) -> Any:
+    """The attribute ``name`` ("package.module:attribute") names, imported on demand; None,
+    a part the algorithm does not have (``AlgoSpec.check_stack`` refuses its stacks first),
+    is an error."""
+    if name is None:
+        raise ValueError("import_named: the algorithm has no such part")
     module, _, attribute = name.partition(":")
     return getattr(importlib.import_module(module), attribute)
 
@@ -218,7 +227,11 @@ class AlgoSpec:
       ``Learner(observation_space, action_space, cfg, seed)``; its module also defines
       ``load_policies`` for ``mode=eval``.
     - ``fused``: the ``make_train(cfg, env)`` of the program ``backend=flax env=jax-vmap``
-      runs, the whole training in one jitted function (``loops/fused.py``).
+      runs, the whole training in one jitted function (``loops/fused.py``); where there is
+      no flax learner, its module defines flax's ``load_policies``.
+    An algorithm may have only some of them (a plug-in's host learner alone, or a fused
+    program alone): a stack it has no part for is refused before anything is created
+    (``check_stack``).
     """
 
     name: str
@@ -227,7 +240,8 @@ class AlgoSpec:
     # Action-space kinds the algorithm handles: "discrete", "continuous".
     action_kinds: tuple[str, ...]
     learners: dict[str, str]
-    fused: str
+    # None: no fused program (flax + jax-vmap is refused).
+    fused: str | None
     validate: Callable[[Any, Any], None] = _no_extra_checks
     # Tasks the algorithm is offered on (SPEC §4); None: every task whose action kind fits.
     tasks: tuple[str, ...] | None = None
@@ -236,10 +250,50 @@ class AlgoSpec:
     # spaces depend on the task's settings (task=gym); the built-in tasks list their algorithms.
     observation_kinds: tuple[str, ...] = ("continuous", "categorical")
 
+    def __post_init__(self) -> None:
+        if not self.learners and self.fused is None:
+            raise ValueError(f"AlgoSpec {self.name!r}: no learner and no fused program")
+
     @property
     def backends(self) -> tuple[str, ...]:
+        """The backends with a learner driven from Python."""
         return tuple(sorted(self.learners))
 
+    def trains_on(self, backend: str, engine: str) -> bool:
+        """Whether the algorithm has a part for this stack: its fused program on the fused
+        pairing, else its backend's learner."""
+        if (backend, engine) == FUSED_STACK:
+            return self.fused is not None
+        return backend in self.learners
+
+    def stacks(self) -> str:
+        """The stacks it trains on, as an error names them."""
+        fused_backend, fused_engine = FUSED_STACK
+        offered = [
+            f"backend={backend} with any env"
+            + (f" but {fused_engine}" if backend == fused_backend else "")
+            for backend in self.backends
+        ]
+        if self.fused is not None:
+            offered.append(f"backend={fused_backend} env={fused_engine}")
+        return ", ".join(offered)
+
+    def check_stack(self, backend: str, engine: str) -> None:
+        """One ConfigError line where the algorithm has no part for the stack, naming those
+        it has."""
+        if not self.trains_on(backend, engine):
+            raise ConfigError(
+                "backend",
+                f"{backend} env={engine}",
+                f"a stack algo={self.name} trains on: {self.stacks()}",
+            )
+
     def backend_module(self, backend: str) -> Any:
-        """The module of ``backend``'s learner (its ``load_policies`` too)."""
-        return importlib.import_module(self.learners[backend].partition(":")[0])
+        """The module of ``backend``'s learner (its ``load_policies`` too); a fused-only
+        algorithm's flax agents load through its fused program's module."""
+        part = self.learners.get(backend)
+        if part is None and backend == FUSED_STACK[0]:
+            part = self.fused
+        if part is None:
+            raise ConfigError("backend", backend, f"one of {', '.join(self.backends)}")
+        return importlib.import_module(part.partition(":")[0])

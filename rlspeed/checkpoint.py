@@ -42,7 +42,7 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from rlspeed import digests, statefile
-from rlspeed.errors import ConfigError
+from rlspeed.errors import ConfigError, RLSpeedError
 from rlspeed.machine import physical_memory
 
 RESUME_FILE = "resume.npz"
@@ -114,17 +114,60 @@ def save_resume(state: dict[str, Any], path: Path) -> Path:
 
 
 # ---------------------------------------------------------------- state of live objects
+#
+# Every part a training loop carries over a resume (a learner, its replay buffer, the interval
+# metrics, the engine) says what its state is: ``state_dict()`` returns it as a tree the
+# resume file can hold (``rlspeed.statefile``), ``load_state_dict(state)`` puts such a tree
+# back into a part built from the same config. The helpers below turn what the parts hold
+# (NumPy generators and arrays, torch tensors, JAX pytrees) into such trees and back, so
+# that the parts' own methods only name what they hold.
 
 
-def _jax_leaves(value: Any) -> list[Any] | None:
-    """The leaves of ``value`` if it is a pytree of JAX arrays (None otherwise)."""
-    jax = sys.modules.get("jax")
-    if jax is None or isinstance(value, (int, float, np.ndarray)):
-        return None
-    leaves = jax.tree.leaves(value)
-    if leaves and all(isinstance(leaf, jax.Array) for leaf in leaves):
-        return leaves
-    return None
+def capture(part: Any) -> dict[str, Any]:
+    """The state of ``part`` (a learner, a replay buffer, an engine, ...) as the resume file
+    holds it: what its ``state_dict()`` says."""
+    return _stateful(part).state_dict()
+
+
+def restore(part: Any, state: dict[str, Any]) -> None:
+    """Put a ``capture`` of a part of the same kind back into ``part``: its
+    ``load_state_dict``. A saved array of another shape than the part's is a ValueError
+    (``check_shape``), a missing entry a KeyError."""
+    _stateful(part).load_state_dict(state)
+
+
+def _stateful(part: Any) -> Any:
+    if callable(getattr(part, "state_dict", None)) and callable(
+        getattr(part, "load_state_dict", None)
+    ):
+        return part
+    name = type(part).__name__
+    raise RLSpeedError(
+        f"rlspeed: {name} has no state_dict()/load_state_dict(), so its state cannot be saved "
+        f"for resume=; a part a training loop carries says what its state is with both "
+        f"(rlspeed.checkpoint)"
+    )
+
+
+def rng_state(rng: np.random.Generator) -> dict[str, Any]:
+    """A NumPy generator's state (its bit generator's: a dict of ints)."""
+    return dict(rng.bit_generator.state)
+
+
+def load_rng_state(rng: np.random.Generator, saved: dict[str, Any]) -> None:
+    rng.bit_generator.state = saved
+
+
+def load_array(name: str, array: Any, saved: Any) -> None:
+    """Copy the saved array into ``array`` (NumPy, or a torch tensor: in place, on its device),
+    refusing one of another shape (NumPy and torch would broadcast some)."""
+    check_shape(name, np.shape(saved), tuple(array.shape))
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(array, torch.Tensor):
+        with torch.no_grad():
+            array.copy_(torch.as_tensor(saved))
+    else:
+        array[...] = saved
 
 
 def tree_to_host(tree: Any) -> list[np.ndarray]:
@@ -156,66 +199,6 @@ def tree_from_host(template: Any, leaves: list[np.ndarray]) -> Any:
         return jnp.asarray(saved, dtype=like.dtype)
 
     return jax.tree.unflatten(treedef, [device(a, b) for a, b in zip(old, leaves, strict=True)])
-
-
-def capture(obj: Any) -> dict[str, Any]:
-    """The state of ``obj``'s attributes that change during training, whatever generators
-    and networks it holds: anything with ``state_dict`` (torch modules and optimizers,
-    ``IntervalMetrics``), torch generators and tensors, NumPy generators and arrays, pytrees of
-    JAX arrays (parameters, optimizer states, keys) and numbers. Configs, functions and
-    compiled programs are rebuilt by the run itself. An object with a ``state_dict`` of its
-    own says what its state is (a Gymnasium engine: its envs', see
-    ``rlspeed.engines.env_state``)."""
-    if _has_state_dict(obj):
-        return obj.state_dict()
-    torch = sys.modules.get("torch")
-    state: dict[str, Any] = {}
-    for name, value in vars(obj).items():
-        if _has_state_dict(value):
-            state[name] = value.state_dict()
-        elif torch is not None and isinstance(value, torch.Generator):
-            state[name] = value.get_state()
-        elif torch is not None and isinstance(value, torch.Tensor):
-            state[name] = value.detach().clone()
-        elif isinstance(value, np.random.Generator):
-            state[name] = value.bit_generator.state
-        elif isinstance(value, np.ndarray):
-            state[name] = value.copy()
-        elif isinstance(value, (bool, int, float)):
-            state[name] = value
-        elif (leaves := _jax_leaves(value)) is not None:
-            state[name] = tree_to_host(leaves)
-    return state
-
-
-def restore(obj: Any, state: dict[str, Any]) -> None:
-    """Put a ``capture`` of an object of the same kind back into ``obj``."""
-    if _has_state_dict(obj):
-        obj.load_state_dict(state)
-        return
-    torch = sys.modules.get("torch")
-    for name, saved in state.items():
-        value = getattr(obj, name)
-        if _has_state_dict(value):
-            value.load_state_dict(saved)
-        elif torch is not None and isinstance(value, torch.Generator):
-            value.set_state(saved)
-        elif torch is not None and isinstance(value, torch.Tensor):
-            with torch.no_grad():
-                value.copy_(saved)
-        elif isinstance(value, np.random.Generator):
-            value.bit_generator.state = saved
-        elif isinstance(value, np.ndarray):
-            check_shape(name, np.shape(saved), value.shape)  # NumPy would broadcast some
-            value[...] = saved
-        elif isinstance(saved, list) and _jax_leaves(value) is not None:
-            setattr(obj, name, tree_from_host(value, saved))
-        else:
-            setattr(obj, name, saved)
-
-
-def _has_state_dict(value: Any) -> bool:
-    return hasattr(value, "state_dict") and hasattr(value, "load_state_dict")
 
 
 # ---------------------------------------------------------------- reading

@@ -26,6 +26,7 @@ import numpy as np
 
 from rlspeed.algos.loops.host import Iteration
 from rlspeed.algos.schedule import multiples_between
+from rlspeed.checkpoint import load_array, load_rng_state, rng_state
 from rlspeed.registry import TASKS
 from rlspeed.seeding import Stream, numpy_rng
 
@@ -130,6 +131,9 @@ class ReplayBuffer:
     """The host-driven learners' buffer of the last ``capacity`` transitions of
     ``num_envs`` envs, each truncated at most once every ``truncation_gap`` steps."""
 
+    # Its arrays, as its resume state names them.
+    ARRAYS = ("obs", "final_obs", "final_index", "actions", "rewards", "dones")
+
     def __init__(
         self,
         capacity: int,
@@ -200,6 +204,28 @@ class ReplayBuffer:
         return Batch(
             self.obs[slots], next_obs, self.actions[slots], self.rewards[slots], self.dones[slots]
         )
+
+    def state_dict(self) -> dict[str, Any]:
+        """The resume state: the arrays, the positions in them, the generator batches are
+        drawn with (and the capacity and number of envs, the config's, as resume files have
+        always held them)."""
+        return {
+            "capacity": self.capacity,
+            "num_envs": self.num_envs,
+            **{name: getattr(self, name).copy() for name in self.ARRAYS},
+            "size": self.size,
+            "position": self.position,
+            "final_position": self.final_position,
+            "_rng": rng_state(self._rng),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for name in self.ARRAYS:
+            load_array(name, getattr(self, name), state[name])
+        self.size, self.position, self.final_position = (
+            int(state[name]) for name in ("size", "position", "final_position")
+        )
+        load_rng_state(self._rng, state["_rng"])
 
 
 def replay_buffer(obs_space: Any, action_space: Any, cfg: RunConfigLike, seed: int) -> ReplayBuffer:

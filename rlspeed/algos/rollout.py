@@ -170,7 +170,10 @@ class RolloutLearner:
     A learner calls ``init_rollout`` and has, from its algorithm's file, ``act``, ``values``
     and ``update`` (its loss and gradient steps, ``updates_per_batch`` of them). With
     ``norm`` settings it acts on normalised observations and learns from scaled rewards
-    (``rlspeed.algos.normalization``); its greedy actions then go through ``seen``."""
+    (``rlspeed.algos.normalization``); its greedy actions then go through ``seen``.
+
+    A learner's ``state_dict`` (its resume state) holds ``rollout_state()``, this class's
+    part; the rollout arrays are refilled every iteration, so none of them is in it."""
 
     algo: Any
     updates_per_batch: int
@@ -187,12 +190,25 @@ class RolloutLearner:
     ) -> None:
         self.total_steps, self.num_envs = cfg.total_steps, cfg.num_envs
         self.rollout = Rollout(obs_space, action_space, cfg.num_envs, cfg.algo.num_steps)
-        # Saved with the learner's state (resume) by its state_dict; None where off.
+        # Saved with the learner's state (resume: ``rollout_state``); None where off.
         self.normalization = (
             None
             if norm is None
             else HostNormalization(norm, obs_space.shape, cfg.num_envs, cfg.algo.gamma)
         )
+
+    def rollout_state(self) -> dict[str, Any]:
+        """The normalisation statistics (where on), after the run's step counts: these two
+        are its config's, written because resume files have always held them (a resumed
+        run's config is the saved one's: ``load_rollout_state`` does not read them)."""
+        state: dict[str, Any] = {"total_steps": self.total_steps, "num_envs": self.num_envs}
+        if self.normalization is not None:
+            state["normalization"] = self.normalization.state_dict()
+        return state
+
+    def load_rollout_state(self, state: dict[str, Any]) -> None:
+        if self.normalization is not None:
+            self.normalization.load_state_dict(state["normalization"])
 
     def seen(self, obs: Any) -> Any:
         """Observations as the policy sees them: normalised, not counted."""

@@ -31,7 +31,7 @@ from rlspeed.algos.normalization import (
     standardized,
 )
 from rlspeed.algos.rollout import RolloutBatch, RolloutLearner, advantage_terms, rollout_length
-from rlspeed.checkpoint import save_pytree
+from rlspeed.checkpoint import save_pytree, tree_from_host, tree_to_host
 from rlspeed.engines import StepResult
 from rlspeed.envs.vmap import VmapEnv, VmapState
 from rlspeed.seeding import JaxKeys, Stream, jax_key
@@ -148,6 +148,21 @@ class OnPolicyJaxLearner(JaxLearner, RolloutLearner):
     def save(self, path: Path) -> Path:
         norm = None if self.normalization is None else self.normalization.state
         return save_pytree(checkpoint_tree(self.agent, norm), path)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The resume state: the agent and its keys, the normalisation statistics (and the
+        updates per batch, the config's, as resume files have always held it)."""
+        return {
+            **self.agent_state(),
+            "updates_per_batch": self.updates_per_batch,
+            **self.rollout_state(),
+            "update_key": tree_to_host(self.update_key),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.load_agent_state(state)
+        self.load_rollout_state(state)
+        self.update_key = tree_from_host(self.update_key, state["update_key"])
 
 
 class OnPolicyState(NamedTuple):

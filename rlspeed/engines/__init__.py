@@ -33,6 +33,12 @@ class Engine(Protocol):
 
     def close(self) -> None: ...
 
+    # What a resume continues from (the envs' state, the episodes so far), as a tree the
+    # resume file holds (``rlspeed.checkpoint``); loaded into an engine just reset.
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
 
 @dataclass(frozen=True)
 class EngineSpec:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from rlspeed.checkpoint import tree_from_host, tree_to_host
 from rlspeed.engines import StepResult
 from rlspeed.seeding import Stream, jax_key
 
@@ -143,6 +144,20 @@ class JaxVmapEngine:
             actions = jax.device_put(actions, self._state.obs.device)
         self._state, result = self._step(self._state, actions)
         return result
+
+    def state_dict(self) -> dict[str, Any]:
+        """The resume state: the envs' batched state (their observations, episodes so far
+        and key among it), and the number of envs and the seed, the config's, as resume
+        files have always held them."""
+        if self._state is None:
+            raise ValueError("the engine holds no envs' state (not reset, or closed)")
+        return {"num_envs": self.num_envs, "_seed": self._seed, "_state": tree_to_host(self._state)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Put the saved envs' state back, into the shapes a ``reset`` made."""
+        if self._state is None:
+            raise ValueError("reset() before load_state_dict()")
+        self._state = tree_from_host(self._state, state["_state"])
 
     def close(self) -> None:
         self._state = None

@@ -138,6 +138,14 @@ class FlaxLearner(JaxLearner, DQNSchedule, ReplayLearner):
     def sync_target(self, weight: float) -> None:
         self.agent = self._sync(self.agent, weight)
 
+    def state_dict(self) -> dict[str, Any]:
+        """The resume state: the agent (networks, optimizer state) and its key (after the
+        run's step counts, the config's, as resume files have always held them)."""
+        return {"total_steps": self.total_steps, "num_envs": self.num_envs, **self.agent_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.load_agent_state(state)
+
 
 # ---------------------------------------------------------------- fused jax-vmap path
 

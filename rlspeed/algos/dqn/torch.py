@@ -100,6 +100,29 @@ class TorchLearner(DQNSchedule, ReplayLearner):
         ):
             target.lerp_(online, weight)
 
+    def state_dict(self) -> dict[str, Any]:
+        """The resume state: networks, optimizer, update count, generator (and the run's
+        step counts, action count and discount, the config's, as resume files have always
+        held them)."""
+        return {
+            "total_steps": self.total_steps,
+            "num_envs": self.num_envs,
+            "n_actions": self.n_actions,
+            "q_network": self.q_network.state_dict(),
+            "target_network": self.target_network.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "updates": self.updates,
+            "gamma": self.gamma,
+            "generator": self.generator.get_state(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.q_network.load_state_dict(state["q_network"])
+        self.target_network.load_state_dict(state["target_network"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.updates = state["updates"]
+        self.generator.set_state(state["generator"])
+
     def save(self, path: Path) -> Path:
         return save_torch(
             {

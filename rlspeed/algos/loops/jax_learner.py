@@ -8,14 +8,17 @@ from typing import Any
 
 import jax
 
-from rlspeed.checkpoint import save_pytree
+from rlspeed.checkpoint import save_pytree, tree_from_host, tree_to_host
 from rlspeed.seeding import Stream, jax_key
 
 
 class JaxLearner:
     """A flax agent (a NamedTuple pytree of parameters and optimizer states) held between
     jitted calls, with the key its actions are drawn from; saved as the same pytree the
-    fused path saves, so either path's checkpoint loads the same way."""
+    fused path saves, so either path's checkpoint loads the same way.
+
+    A learner's ``state_dict`` (its resume state) holds ``agent_state()``, this class's
+    part, and what the learner adds."""
 
     def __init__(self, init: Callable[[jax.Array], Any], seed: int) -> None:
         self.key = jax_key(seed, Stream.ACT)
@@ -29,3 +32,11 @@ class JaxLearner:
 
     def save(self, path: Path) -> Path:
         return save_pytree(self.agent._asdict(), path)
+
+    def agent_state(self) -> dict[str, Any]:
+        """The key and the agent's arrays, as a resume file holds them."""
+        return {"key": tree_to_host(self.key), "agent": tree_to_host(self.agent)}
+
+    def load_agent_state(self, state: dict[str, Any]) -> None:
+        self.key = tree_from_host(self.key, state["key"])
+        self.agent = tree_from_host(self.agent, state["agent"])

@@ -165,6 +165,23 @@ class ActorCritic:
         actions = sampled.to(torch.int32)
         return actions, actions, dist.log_prob(actions.to(self.device)).cpu()
 
+    def actor_critic_state(self) -> dict[str, Any]:
+        """The networks and the generator actions are drawn from (and the action bounds,
+        the action space's, as resume files have always held them): the part of an
+        on-policy learner's ``state_dict`` this class holds."""
+        state: dict[str, Any] = {
+            "policy": self.policy.state_dict(),
+            "value": self.value.state_dict(),
+        }
+        if self.policy.continuous:
+            state |= {"low": self.low.detach().clone(), "high": self.high.detach().clone()}
+        return state | {"generator": self.generator.get_state()}
+
+    def load_actor_critic_state(self, state: dict[str, Any]) -> None:
+        self.policy.load_state_dict(state["policy"])
+        self.value.load_state_dict(state["value"])
+        self.generator.set_state(state["generator"])
+
     @torch.no_grad()
     def values(self, obs: np.ndarray) -> np.ndarray:
         return self.value(from_numpy(obs, self.device)).squeeze(1).cpu().numpy()

@@ -115,6 +115,27 @@ class TorchLearner(ActorCritic, RolloutLearner):
                 metrics.setdefault(name, []).append(value)
         return {name: torch.stack(values).mean() for name, values in metrics.items()}
 
+    def state_dict(self) -> dict[str, Any]:
+        """The resume state: networks, optimizer, generators, the batches done (the learning
+        rate's schedule), normalisation statistics (and the updates per batch and batches in
+        the run, the config's, as resume files have always held them)."""
+        return {
+            **self.actor_critic_state(),
+            "updates_per_batch": self.updates_per_batch,
+            "optimizer": self.optimizer.state_dict(),
+            "batches": self.batches,
+            "batches_done": self.batches_done,
+            "minibatch_generator": self.minibatch_generator.get_state(),
+            **self.rollout_state(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.load_actor_critic_state(state)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.batches_done = state["batches_done"]
+        self.minibatch_generator.set_state(state["minibatch_generator"])
+        self.load_rollout_state(state)
+
     def save(self, path: Path) -> Path:
         saved = {
             "policy": self.policy.state_dict(),

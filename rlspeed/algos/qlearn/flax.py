@@ -27,7 +27,7 @@ from rlspeed.algos.loops.fused import (
 )
 from rlspeed.algos.qlearn import QTableLearner, table_shape
 from rlspeed.algos.schedule import epsilon_at
-from rlspeed.checkpoint import save_pytree
+from rlspeed.checkpoint import save_pytree, tree_from_host, tree_to_host
 from rlspeed.envs.vmap import VmapEnv, VmapState
 from rlspeed.registry import TASKS
 from rlspeed.seeding import JaxKeys, Stream, jax_key
@@ -135,6 +135,15 @@ class FlaxQTable(QTableLearner):
     ) -> dict[str, jax.Array]:
         self.q, metrics = self._update(self.q, states, actions, rewards, next_states, terminated)
         return metrics
+
+    def state_dict(self) -> dict[str, Any]:
+        """The resume state: the table and the key its exploration draws from."""
+        return {"q": tree_to_host(self.q), "key": tree_to_host(self.key)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.q = tree_from_host(self.q, state["q"])
+        # Read by ``act`` when it is first traced: a resume puts it back before that.
+        self.key = tree_from_host(self.key, state["key"])
 
     def save(self, path: Path) -> Path:
         return save_pytree({"q_table": self.q}, path)

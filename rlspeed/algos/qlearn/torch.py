@@ -15,7 +15,7 @@ import torch
 from rlspeed.algos.networks.torch import from_numpy, load_checkpoint
 from rlspeed.algos.qlearn import QTableLearner, table_shape
 from rlspeed.backends.torch import device_of
-from rlspeed.checkpoint import check_shape, save_torch
+from rlspeed.checkpoint import check_shape, load_array, save_torch
 from rlspeed.registry import TASKS
 from rlspeed.seeding import Stream, int_seed
 from rlspeed.tasks import Policy
@@ -104,6 +104,20 @@ class TorchQTable(QTableLearner):
             self.gamma,
         )
         return {"losses/td_error": td.abs().mean(), "losses/q_values": q_sa.mean()}
+
+    def state_dict(self) -> dict[str, Any]:
+        """The resume state: the table and the generator (and the step size and discount,
+        the config's, as resume files have always held them)."""
+        return {
+            "alpha": self.alpha,
+            "gamma": self.gamma,
+            "q": self.q.detach().clone(),
+            "generator": self.generator.get_state(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        load_array("q", self.q, state["q"])
+        self.generator.set_state(state["generator"])
 
     def save(self, path: Path) -> Path:
         return save_torch({"q_table": self.q}, path)

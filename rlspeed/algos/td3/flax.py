@@ -232,6 +232,15 @@ class FlaxLearner(JaxLearner, ReplayLearner):
             del metrics["losses/actor_loss"]
         return metrics
 
+    def state_dict(self) -> dict[str, Any]:
+        """The resume state: the agent, its key and the update count (which says when the
+        actor learns)."""
+        return {**self.agent_state(), "updates": self.updates}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.load_agent_state(state)
+        self.updates = state["updates"]
+
 
 # ---------------------------------------------------------------- fused jax-vmap path
 

@@ -159,12 +159,35 @@ class TorchLearner(ReplayLearner):
             for t, o in zip(target.parameters(), online.parameters(), strict=True):
                 t.lerp_(o, self.algo.tau)
 
+    def _networks_and_optimizers(self) -> dict[str, nn.Module | torch.optim.Optimizer]:
+        """What the agent file and the resume state hold of the learner, by name."""
+        return {
+            "actor": self.actor,
+            "qf1": self.qf1,
+            "qf2": self.qf2,
+            "actor_target": self.actor_target,
+            "qf1_target": self.qf1_target,
+            "qf2_target": self.qf2_target,
+            "q_optimizer": self.q_optimizer,
+            "actor_optimizer": self.actor_optimizer,
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """The resume state: networks, optimizers, generator, update count (which says
+        when the actor learns)."""
+        parts = self._networks_and_optimizers().items()
+        state: dict[str, Any] = {name: part.state_dict() for name, part in parts}
+        return state | {"generator": self.generator.get_state(), "updates": self.updates}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for name, part in self._networks_and_optimizers().items():
+            part.load_state_dict(state[name])
+        self.generator.set_state(state["generator"])
+        self.updates = state["updates"]
+
     def save(self, path: Path) -> Path:
-        networks = ("actor", "qf1", "qf2", "actor_target", "qf1_target", "qf2_target")
-        state = {name: getattr(self, name).state_dict() for name in networks}
-        state["q_optimizer"] = self.q_optimizer.state_dict()
-        state["actor_optimizer"] = self.actor_optimizer.state_dict()
-        return save_torch(state, path)
+        parts = self._networks_and_optimizers().items()
+        return save_torch({name: part.state_dict() for name, part in parts}, path)
 
 
 def load_policies(cfg: DictConfig, path: Path, obs_space: Any, action_space: Any) -> list[Policy]:

@@ -67,6 +67,23 @@ class TorchLearner(ActorCritic, RolloutLearner):
             "losses/entropy": entropy.detach(),
         }
 
+    def state_dict(self) -> dict[str, Any]:
+        """The resume state: networks, optimizers, generator, normalisation statistics (and
+        the updates per batch, the config's, as resume files have always held it)."""
+        return {
+            **self.actor_critic_state(),
+            "updates_per_batch": self.updates_per_batch,
+            "policy_optimizer": self.policy_optimizer.state_dict(),
+            "value_optimizer": self.value_optimizer.state_dict(),
+            **self.rollout_state(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.load_actor_critic_state(state)
+        self.policy_optimizer.load_state_dict(state["policy_optimizer"])
+        self.value_optimizer.load_state_dict(state["value_optimizer"])
+        self.load_rollout_state(state)
+
     def save(self, path: Path) -> Path:
         return save_torch(
             {

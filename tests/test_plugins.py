@@ -27,7 +27,7 @@ from rlspeed.algos.qlearn import validate as validate_qlearn
 from rlspeed.cli import CONF_DIR, set_up_config_tree
 from rlspeed.errors import ConfigError, RLSpeedError
 from rlspeed.preflight import check_overrides
-from rlspeed.registry import ALGOS, TASKS, forget_plugins
+from rlspeed.registry import ALGOS, ENGINES, TASKS, TRACKERS, forget_plugins
 from tests.conftest import REPO_ROOT, assert_one_line_error, cli_env, run_cli
 
 EXAMPLE = Path(REPO_ROOT) / "examples" / "rlspeed_example"
@@ -54,7 +54,17 @@ def _qlearn_variant(name: str, learners: dict[str, str], fused: str | None) -> A
 HOST_ONLY = _qlearn_variant("zq-host", {"torch": "rlspeed.algos.qlearn.torch:TorchQTable"}, None)
 FUSED_ONLY = _qlearn_variant("zq-fused", {}, "rlspeed.algos.qlearn.flax:make_train")
 
+# An engine and a tracker under names of their own.
+ENGINE = dataclasses.replace(ENGINES.get("gym-sync"), name="my-sync")
+TRACKER = dataclasses.replace(TRACKERS.get("none"), name="my-none")
+
 ENTRY_POINTS = """\
+[rlspeed.engines]
+my-sync = tests.test_plugins:ENGINE
+
+[rlspeed.trackers]
+my-none = tests.test_plugins:TRACKER
+
 [rlspeed.algos]
 zq-host = tests.test_plugins:HOST_ONLY
 zq-fused = tests.test_plugins:FUSED_ONLY
@@ -106,6 +116,17 @@ def test_a_plugin_algorithm_composes_and_refuses_the_stacks_it_lacks(plugins: Pa
     assert str(refused.value).endswith("a stack algo=zq-host trains on: backend=torch with any env")
     assert ALGOS.get("zq-host") is HOST_ONLY
     assert {"zq-host", "zq-fused", "broken"} <= set(ALGOS.names())
+
+
+def test_a_plugin_engine_and_tracker_compose(plugins: Path) -> None:
+    cfg = check_overrides(
+        ["env=my-sync", "tracking=my-none", "backend=torch", "algo=qlearn", "task=gridworld"],
+        [],
+        CONF_DIR,
+        showing=True,
+    )
+    assert (cfg.env.name, cfg.num_envs, cfg.tracking.name) == ("my-sync", 8, "my-none")
+    assert ENGINES.get("my-sync") is ENGINE and TRACKERS.get("my-none") is TRACKER
 
 
 def test_a_plugin_that_fails_to_load_or_takes_a_taken_name_is_one_line(plugins: Path) -> None:

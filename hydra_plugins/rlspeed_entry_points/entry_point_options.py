@@ -10,7 +10,9 @@ with the Gymnasium engines' ``num_envs``, a tracker's name.
 
 from __future__ import annotations
 
+import functools
 import os
+from typing import Any
 
 from hydra.core.config_search_path import ConfigSearchPath
 from hydra.core.object_type import ObjectType
@@ -23,13 +25,18 @@ SCHEME = "rlspeed-entry-points"
 ENGINE_NUM_ENVS = 8
 
 
-def _registries() -> dict:
-    from rlspeed.registry import ALGOS, ENGINES, TASKS, TRACKERS
+@functools.cache
+def _registries() -> dict[str, Any]:
+    """The registries of the groups plug-ins add to, by config group."""
+    from rlspeed.registry import ALGOS, ENGINES, PLUGIN_GROUPS, TASKS, TRACKERS
 
-    return {registry.group: registry for registry in (ALGOS, TASKS, ENGINES, TRACKERS)}
+    registries = {registry.group: registry for registry in (ALGOS, TASKS, ENGINES, TRACKERS)}
+    assert set(registries) == set(PLUGIN_GROUPS)
+    return registries
 
 
 def _names(group: str) -> list[str]:
+    """The plug-ins' options of ``group`` (none for the groups they do not add to)."""
     registry = _registries().get(group)
     return registry.plugin_names() if registry is not None else []
 

@@ -41,6 +41,8 @@ PLUGIN_GROUPS = {
 }
 
 
+# What a name registered for one call may be: an option's name on the command line.
+_OPTION_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 # A section of an entry_points.txt that declares a plug-in.
 _PLUGIN_SECTION = re.compile(
     r"^\s*\[\s*(" + "|".join(re.escape(group) for group in PLUGIN_GROUPS.values()) + r")\s*\]",
@@ -181,9 +183,7 @@ class Registry(Generic[SpecT]):
         if name in self._given:
             return self._given[name]
         points = self._points(name)
-        spec = self._own_spec(name) if points else self._builtin(name)
-        if spec is None and points:
-            spec = self._builtin(name)
+        spec = self._builtin(name)
         if spec is not None:
             if points:
                 raise ConfigError(
@@ -234,6 +234,9 @@ class Registry(Generic[SpecT]):
         """``spec`` is an option while the block runs (``rlspeed.train(task=<TaskSpec>)``);
         its name must be one no other option has."""
         name: str = getattr(spec, "name", "")
+        if not _OPTION_NAME.fullmatch(name):
+            allowed = "a name of letters, digits, '-', '_' and '.' (an option's name)"
+            raise ConfigError(f"{self.group}.name", name, allowed)
         if name in self._given or self._builtin(name) is not None or self._points(name):
             taken = ", ".join(self.names())
             raise ConfigError(f"{self.group}.name", name, f"a name no option has yet ({taken})")

@@ -162,6 +162,8 @@ def test_train_takes_a_task_object_for_that_call_only(tmp_path: Path) -> None:
     assert "my-grid" not in TASKS.names()
     with pytest.raises(ConfigError, match="^rlspeed: invalid task.name=doors: expected a name"):
         rlspeed.train(algo="qlearn", task=dataclasses.replace(grid, name="doors"))
+    with pytest.raises(ConfigError, match="^rlspeed: invalid task.name=my grid: expected a name"):
+        rlspeed.train(algo="qlearn", task=dataclasses.replace(grid, name="my grid"))
     assert not any(tmp_path.iterdir())
 
 

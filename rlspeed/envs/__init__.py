@@ -12,3 +12,4 @@ def _register(env_id: str, entry_point: str, max_episode_steps: int) -> None:
 
 _register("rlspeed/Doors-v0", "rlspeed.envs.doors:DoorsEnv", 32)
 _register("rlspeed/GridWorld-v0", "rlspeed.envs.gridworld:GridWorldEnv", 50)
+_register("rlspeed/Probe-v0", "rlspeed.envs.probe:ProbeEnv", 4)

@@ -185,5 +185,5 @@ SPEC = AlgoSpec(
     },
     fused="rlspeed.algos.ppo.flax:make_train",
     validate=validate,
-    tasks=("doors", "cartpole", "pendulum", "halfcheetah", "gym"),
+    tasks=("doors", "cartpole", "pendulum", "halfcheetah", "gym", "probe"),
 )

@@ -78,5 +78,5 @@ SPEC = AlgoSpec(
     },
     fused="rlspeed.algos.vpg.flax:make_train",
     validate=validate,
-    tasks=("doors", "cartpole", "pendulum", "halfcheetah", "gym"),
+    tasks=("doors", "cartpole", "pendulum", "halfcheetah", "gym", "probe"),
 )

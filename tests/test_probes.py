@@ -1,0 +1,410 @@
+"""Probe MDPs with closed-form answers (rlspeed/envs/probe.py), checked against what every
+algorithm learns on every path: its value, Q-values or greedy actions, read back from the
+run's saved agent, must be the exact ones within TOLERANCE. Comparing backends with each
+other passes a mistake they share; these catch it (a missing discount, bootstrapping
+through a termination, not bootstrapping at a truncation, a wrong sign).
+
+The default selection trains one probe per algorithm on torch + gym-sync (the cheapest
+path); every other (probe, path) pair is slow, gym-async among them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from omegaconf import DictConfig
+
+from rlspeed.envs.probe import KINDS, ProbeEnv, observe, target_action
+from rlspeed.errors import ConfigError
+from rlspeed.registry import ALGOS, TASKS
+from rlspeed.tasks import probe
+from tests.conftest import run_in
+
+GAMMA = 0.5
+# The truncation probe's episode length: a quarter of its transitions are cut by the time
+# limit (an eighth would be closer to the wrong answer below: 1/(1 - gamma (1 - 1/T))).
+TRUNCATION_STEPS = 2
+# How far a learned value may be from its closed form. The wrong targets' answers are at
+# least 0.5 away at GAMMA 0.5 (0.67 for a truncation treated as a termination).
+TOLERANCE = 0.15
+# How far a greedy continuous action may be from the optimum (t_s = -0.5 or +0.5).
+ACTION_TOLERANCE = 0.15
+
+# Each algorithm's hyperparameters for a probe: small networks, updates from the start,
+# fast target networks. The runs are short, so they must converge quickly.
+SETTINGS: dict[str, list[str]] = {
+    "dqn": [
+        "total_steps=2000",
+        "num_envs=4",
+        "algo.learning_starts=100",
+        "algo.buffer_size=1000",
+        "algo.batch_size=32",
+        "algo.hidden_sizes=[16]",
+        "algo.train_frequency=1",
+        "algo.target_network_frequency=50",
+        "algo.learning_rate=3e-3",
+        # Random actions throughout: every action's Q is learned.
+        "algo.start_e=1.0",
+        "algo.end_e=0.5",
+    ],
+    "td3": [
+        "total_steps=1200",
+        "num_envs=4",
+        "algo.learning_starts=100",
+        "algo.buffer_size=1000",
+        "algo.batch_size=32",
+        "algo.hidden_sizes=[16]",
+        "algo.learning_rate=3e-3",
+        "algo.tau=0.05",
+    ],
+    "vpg": [
+        "total_steps=4096",
+        "num_envs=4",
+        "algo.num_steps=16",
+        "algo.hidden_sizes=[16]",
+        "algo.policy_lr=1e-2",
+        "algo.value_lr=1e-2",
+        # A narrow Gaussian (std 0.37) for the continuous action probe: at std 1, actions
+        # clipped to [-1, 1] make a mean beyond the bound the best (E[r] peaks there), so
+        # the greedy action would not be the optimum t_s until the std had shrunk.
+        "algo.initial_log_std=-1.0",
+    ],
+    "ppo": [
+        "total_steps=4096",
+        "num_envs=4",
+        "algo.num_steps=16",
+        "algo.num_minibatches=2",
+        "algo.hidden_sizes=[16]",
+        "algo.learning_rate=1e-2",
+        "algo.initial_log_std=-1.0",
+    ],
+    "qlearn": [
+        "total_steps=400",
+        "num_envs=4",
+        "algo.alpha=0.5",
+        "algo.start_e=1.0",
+        "algo.end_e=0.5",
+    ],
+}
+# The (actions, observations) each algorithm is probed with: the spaces it works with.
+SPACES = {
+    "dqn": [("discrete", "continuous")],
+    "td3": [("continuous", "continuous")],
+    "vpg": [("discrete", "continuous"), ("continuous", "continuous")],
+    "ppo": [("discrete", "continuous"), ("continuous", "continuous")],
+    "qlearn": [("discrete", "categorical")],
+}
+PATHS = [("torch", "gym-sync"), ("torch", "jax-vmap"), ("flax", "gym-sync"), ("flax", "jax-vmap")]
+# gym-async steps the same envs in worker processes: what it changes is how final
+# observations and the end flags come back, so it runs the probes that end episodes in both
+# ways (slow: a process per env).
+ASYNC_PATHS = [("torch", "gym-async"), ("flax", "gym-async")]
+ASYNC_KINDS = ("discount", "truncation")
+# Categorical observations one-hot into a network (the same code on every engine): on one
+# path per backend.
+ONE_HOT = [("dqn", "discrete", "categorical"), ("ppo", "discrete", "categorical")]
+ONE_HOT_PATHS = [("torch", "gym-sync"), ("flax", "jax-vmap")]
+# The probe each algorithm trains in the default selection, on torch + gym-sync: on a
+# 2-core CPU a run there takes 0.3-2 s, where the fused program (flax + jax-vmap) spends
+# 5-10 s compiling for each probe.
+FAST_PATH = ("torch", "gym-sync")
+FAST = {
+    "dqn": "truncation",
+    "td3": "discount",
+    "vpg": "discount",
+    "ppo": "discount",
+    "qlearn": "truncation",
+}
+
+
+def cases() -> list[Any]:
+    """(algo, kind, actions, observations, backend, env) of every probe run: every kind
+    on every path for each algorithm's spaces (``SPACES``), the one-hot ones on
+    ``ONE_HOT_PATHS``, gym-async on ``ASYNC_KINDS``."""
+    runs = []
+    for algo, pairs in SPACES.items():
+        for actions, observations in pairs:
+            for kind in KINDS:
+                paths = PATHS + (ASYNC_PATHS if kind in ASYNC_KINDS else [])
+                runs += [(algo, kind, actions, observations, *path) for path in paths]
+    for algo, actions, observations in ONE_HOT:
+        runs += [(algo, k, actions, observations, *p) for k in KINDS for p in ONE_HOT_PATHS]
+    return [
+        run
+        if run[4:] == FAST_PATH and FAST[run[0]] == run[1] and run[2:4] == SPACES[run[0]][0]
+        else pytest.param(*run, marks=pytest.mark.slow)
+        for run in runs
+    ]
+
+
+# ---------------------------------------------------------------- what an agent learned
+
+
+class Learned:
+    """A run's saved agent as numbers: its values, Q-values and greedy actions of
+    observations, through its algorithm's own networks (the checkpoint read as its
+    ``load_policies`` reads it)."""
+
+    def __init__(self, folder: Path, cfg: DictConfig) -> None:
+        self.cfg, self.algo = cfg, cfg.algo.name
+        env = TASKS.get("probe").make_env(cfg.task)
+        self.obs_space, self.action_space = env.observation_space, env.action_space
+        env.close()
+        name = "checkpoint.pt" if cfg.backend.name == "torch" else "checkpoint.msgpack"
+        self.path = folder / name
+        self.greedy = self._greedy(folder)
+        self.q = self._torch() if cfg.backend.name == "torch" else self._flax()
+
+    def _greedy(self, folder: Path) -> Any:
+        import rlspeed
+
+        return rlspeed.load(folder).act_batch
+
+    def _torch(self) -> Any:
+        """(obs, actions or None) -> Q [B, actions] (dqn, qlearn), Q1 and Q2 [2, B] of the
+        actions (td3) or V [B] (vpg, ppo)."""
+        import torch
+
+        from rlspeed.algos.networks.torch import load_checkpoint
+
+        saved = load_checkpoint(self.path)
+        if self.algo == "qlearn":
+            return lambda obs, _: saved["q_table"].numpy()[obs.astype(int)]
+        learner_class = ALGOS.get(self.algo).backend_module("torch").TorchLearner
+        cfg = self.cfg
+        if self.algo == "ppo":
+            from rlspeed.algos.ppo import with_defaults
+
+            cfg = with_defaults(cfg)
+        learner = learner_class(self.obs_space, self.action_space, cfg, cfg.seed)
+        names = {"dqn": ["q_network"], "td3": ["qf1", "qf2"]}.get(self.algo, ["value"])
+        for name in names:
+            getattr(learner, name).load_state_dict(saved[name])
+
+        @torch.no_grad()
+        def q(obs: np.ndarray, actions: np.ndarray | None) -> np.ndarray:
+            x = torch.from_numpy(obs)
+            if self.algo == "dqn":
+                return learner.q_network(x).numpy()
+            if self.algo == "td3":
+                a = torch.from_numpy(actions)
+                return np.stack([learner.qf1(x, a).numpy(), learner.qf2(x, a).numpy()])
+            return learner.values(obs)
+
+        return q
+
+    def _flax(self) -> Any:
+        import jax
+        import jax.numpy as jnp
+
+        from rlspeed.algos.networks.flax import apply_output
+        from rlspeed.checkpoint import load_pytree
+
+        module = ALGOS.get(self.algo).backend_module("flax")
+        obs_space, action_space, cfg = self.obs_space, self.action_space, self.cfg
+        if self.algo == "qlearn":
+            table = load_pytree({"q_table": jnp.zeros((2, 2))}, self.path)["q_table"]
+            return lambda obs, _: np.asarray(table)[obs.astype(int)]
+        if self.algo == "dqn":
+            fns = module.DQNFunctions(obs_space, action_space, cfg)
+        elif self.algo == "td3":
+            fns = module.TD3Functions(obs_space, action_space, cfg.algo)
+        elif self.algo == "vpg":
+            fns = module.VPGFunctions(obs_space, action_space, cfg.algo)
+        else:
+            from rlspeed.algos.ppo import with_defaults
+
+            fns = module.functions(with_defaults(cfg), obs_space, action_space)
+        agent = load_pytree(fns.init(jax.random.key(0))._asdict(), self.path)
+
+        def q(obs: np.ndarray, actions: np.ndarray | None) -> np.ndarray:
+            if self.algo == "dqn":
+                return np.asarray(apply_output(fns.network, agent["params"], obs))
+            if self.algo == "td3":
+                return np.asarray(fns.critics(agent["critic_params"], obs, actions))
+            return np.asarray(fns.values(agent["value_params"], obs))
+
+        return q
+
+
+def observations(kind: str, observations_kind: str) -> np.ndarray:
+    """The observation of state 0 and of state 1, stacked."""
+    return np.stack([observe(kind, observations_kind, s, np) for s in (0, 1)])
+
+
+def expected_values(kind: str) -> list[float | None]:
+    """The closed-form value of state 0 and of state 1 (None: a state the probe never
+    visits, or whose value depends on the policy: the action probe's)."""
+    return {
+        "constant": [1.0, None],
+        "observation": [-1.0, 1.0],
+        "discount": [GAMMA, 1.0],
+        "action": [None, None],
+        "truncation": [1.0 / (1.0 - GAMMA), None],
+    }[kind]
+
+
+def check(learned: Learned, kind: str, actions: str, observations_kind: str) -> None:
+    """The learned numbers against the closed forms; one assertion message shows them all."""
+    obs = observations(kind, observations_kind)
+    greedy = learned.greedy(obs)
+    algo = learned.algo
+    # TD3: its critics at the actor's actions.
+    values = learned.q(obs, greedy.astype(np.float32) if algo == "td3" else None)
+    shown = f"values {np.round(values, 3).tolist()}, greedy actions {greedy.tolist()}"
+    if kind == "action":
+        if actions == "discrete":
+            assert greedy.tolist() == [0, 1], shown
+        else:
+            optimum = target_action(np.array([0.0, 1.0]))
+            assert np.abs(greedy[:, 0] - optimum).max() < ACTION_TOLERANCE, shown
+        if algo in ("dqn", "qlearn"):  # Q(s, s) = 1, Q(s, 1 - s) = 0
+            np.testing.assert_allclose(values, np.eye(2), atol=TOLERANCE, err_msg=shown)
+        if algo == "td3":  # Q(s, a) = 1 - (a - t_s)^2, near 1 at the actor's action
+            exact = 1.0 - (greedy[:, 0] - optimum) ** 2
+            np.testing.assert_allclose(values, np.stack([exact, exact]), atol=TOLERANCE)
+        return
+    for s, value in enumerate(expected_values(kind)):
+        if value is None:
+            continue
+        # Every action's Q (dqn, qlearn), both critics' (td3) or V (vpg, ppo): the reward
+        # does not depend on the action, so each is the state's value.
+        learned_values = values[s] if algo in ("dqn", "qlearn") else values[..., s]
+        np.testing.assert_allclose(learned_values, value, atol=TOLERANCE, err_msg=shown)
+
+
+@pytest.mark.parametrize(("algo", "kind", "actions", "observations", "backend", "env"), cases())
+def test_learns_the_closed_form(
+    algo, kind, actions, observations, backend, env, make_cfg, tmp_path, monkeypatch
+):
+    steps = TRUNCATION_STEPS if kind == "truncation" else 4
+    overrides = [
+        f"algo={algo}",
+        "task=probe",
+        f"backend={backend}",
+        f"env={env}",
+        f"task.kind={kind}",
+        f"task.actions={actions}",
+        f"task.observations={observations}",
+        f"task.max_steps={steps}",
+        f"algo.gamma={GAMMA}",
+        "tracking=none",
+        "progress=none",
+        *SETTINGS[algo],
+    ]
+    cfg = make_cfg(overrides)
+    folder = tmp_path / "run"
+    run_in(folder, monkeypatch, cfg)
+    check(Learned(folder, cfg), kind, actions, observations)
+
+
+# ---------------------------------------------------------------- the probes themselves
+
+
+def test_the_task_lists_the_env_choices():
+    from rlspeed.envs import probe as envs
+
+    assert probe.KINDS == envs.KINDS
+    assert probe.ACTIONS == envs.ACTION_KINDS
+    assert probe.OBSERVATIONS == envs.OBSERVATION_KINDS
+
+
+def returns(kind: str, actions: str, act: Any, seed: int = 0, max_steps: int = 3) -> list[float]:
+    """Per-step rewards of one episode of the Gymnasium env with its time limit."""
+    cfg = probe.ProbeTaskConfig(kind=kind, actions=actions, max_steps=max_steps)
+    env = probe.make_env(cfg)
+    obs, _ = env.reset(seed=seed)
+    rewards, done = [], False
+    while not done:
+        obs, reward, terminated, truncated, _ = env.step(act(obs))
+        rewards.append(reward)
+        done = terminated or truncated
+    env.close()
+    return rewards
+
+
+def test_each_probe_pays_its_closed_form_rewards():
+    assert returns("constant", "discrete", lambda o: 0) == [1.0]
+    assert returns("discount", "discrete", lambda o: 1) == [0.0, 1.0]
+    assert returns("truncation", "discrete", lambda o: 0, max_steps=5) == [1.0] * 5
+    for seed in range(4):
+        first = returns("observation", "discrete", lambda o: 0, seed)
+        right = returns("action", "discrete", lambda o: int(o[0] > 0), seed)
+        wrong = returns("action", "discrete", lambda o: int(o[0] < 0), seed)
+        best = returns("action", "continuous", lambda o: o / 2, seed)
+        assert first in ([1.0], [-1.0]) and right == [1.0] and wrong == [0.0], seed
+        assert best == [1.0], seed
+
+
+def test_the_jax_twin_steps_as_the_env_does():
+    import jax
+    import jax.numpy as jnp
+
+    from rlspeed.envs.probe_jax import ProbeFunctional
+
+    for kind in KINDS:
+        for actions in ("discrete", "continuous"):
+            for observations_kind in ("continuous", "categorical"):
+                env = ProbeEnv(kind, actions, observations_kind)
+                twin = ProbeFunctional(kind, actions, observations_kind)
+                starts = {int(twin.initial(jax.random.key(k))) for k in range(16)}
+                assert starts == ({0, 1} if kind in ("observation", "action") else {0})
+                for start in sorted(starts):
+                    for a in [0, 1] if actions == "discrete" else [[-0.5], [0.25]]:
+                        env.reset()
+                        env._state = start
+                        obs, reward, terminated, _, _ = env.step(np.asarray(a))
+                        state = jnp.int32(start)
+                        following = twin.transition(state, jnp.asarray(a))
+                        case = (kind, actions, observations_kind, start, a)
+                        assert float(twin.reward(state, jnp.asarray(a), following)) == reward, case
+                        assert bool(twin.terminal(following)) == terminated, case
+                        twin_obs = twin.observation(following)
+                        np.testing.assert_array_equal(twin_obs, obs)
+                        assert env.observation_space.contains(obs), case
+                        assert twin_obs.dtype == env.observation_space.dtype, case
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key", "fragment"),
+    [
+        (["algo=dqn", "task.kind=discounted"], "task.kind", "one of constant, observation"),
+        (["algo=dqn", "task.actions=box"], "task.actions", "one of discrete, continuous"),
+        (["algo=dqn", "task.actions=continuous"], "algo", "): ppo, td3, vpg"),
+        (["algo=td3"], "algo", "task.actions=discrete (Discrete(2); td3 needs"),
+        (["algo=td3", "task.actions=continuous", "task.observations=categorical"], "algo", ""),
+        (["algo=qlearn"], "algo", "task.observations=continuous"),
+        (
+            ["algo=dqn", "task.kind=discount", "task.max_steps=1"],
+            "task.max_steps",
+            ">= 2 with task.kind=discount",
+        ),
+    ],
+)
+def test_a_probe_an_algorithm_cannot_run_is_one_line(make_cfg, overrides, key, fragment):
+    from rlspeed.validation import validate
+
+    cfg = make_cfg(["task=probe", "tracking=none", *overrides])
+    with pytest.raises(ConfigError) as raised:
+        validate(cfg)
+    assert raised.value.key == key and fragment in str(raised.value), str(raised.value)
+
+
+def test_the_tolerance_tells_wrong_targets_apart():
+    """The fixed points of the usual mistakes, at the test's settings, lie outside
+    TOLERANCE of the closed forms."""
+    wrong = {
+        # no discount: V(0) of the discount probe is 1, not gamma
+        "discount": (1.0, GAMMA),
+        # bootstrapping through the constant probe's termination: 1 / (1 - gamma), not 1
+        "constant": (1.0 / (1.0 - GAMMA), 1.0),
+        # a truncation taken as a termination: 1 / (1 - gamma (1 - 1/T)), not 1 / (1 - gamma)
+        "truncation": (1.0 / (1.0 - GAMMA * (1 - 1 / TRUNCATION_STEPS)), 1.0 / (1.0 - GAMMA)),
+        # a reward of the wrong sign
+        "observation": (-1.0, 1.0),
+    }
+    for kind, (mistaken, exact) in wrong.items():
+        assert abs(mistaken - exact) > 3 * TOLERANCE, kind

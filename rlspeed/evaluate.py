@@ -90,7 +90,8 @@ def evaluate_checkpoint(cfg: DictConfig) -> float:
     on_device = task.evaluate_on_device is not None and is_fused(saved)
     for seed, policy, path in agents:
         if on_device:  # as training scored it: on the task's JAX twin
-            from rlspeed.algos.loops.fused import DevicePolicy, device_score
+            from rlspeed.algos.loops.fused import DevicePolicy
+            from rlspeed.algos.loops.fused_training import device_score
 
             assert isinstance(policy, DevicePolicy)  # what a fused run's agents load as
             scores.append(device_score(task, saved.task, policy, seed))

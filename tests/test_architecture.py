@@ -93,9 +93,9 @@ LAYERS = [
     ("entry", ["rlspeed.bench"]),
     ("entry", ["hydra_plugins"]),
     ("run", ["rlspeed.run"]),
+    ("recording", ["rlspeed.recording"]),
     ("checks", ["rlspeed.validation", "rlspeed.run_folders"]),
     ("mode=eval", ["rlspeed.evaluate"]),
-    ("the choice of loop", ["rlspeed.algos.loops.__init__"]),
     # Every algorithm package (rlspeed.algos.<name>); the entries below carve out the rest.
     ("algorithms", ["rlspeed.algos"]),
     ("RL pieces", ["rlspeed.algos.__init__", "rlspeed.algos.networks", "rlspeed.algos.schedule"]),
@@ -103,7 +103,6 @@ LAYERS = [
     ("RL pieces", ["rlspeed.algos.replay_jax", "rlspeed.algos.encoding"]),
     ("RL pieces", ["rlspeed.algos.normalization"]),
     ("loops", ["rlspeed.algos.loops"]),
-    ("run context", ["rlspeed.context"]),
     ("parts", [f"rlspeed.{name}" for name in ("tasks", "engines", "envs", "backends")]),
     ("parts", ["rlspeed.tracking", "rlspeed.monitor", "rlspeed.sweep", "rlspeed.slurm"]),
     ("files", ["rlspeed.checkpoint", "rlspeed.statefile", "rlspeed.digests"]),

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from rlspeed import context, statefile
-from rlspeed.context import CheckpointSchedule
+from rlspeed import recording, statefile
+from rlspeed.recording import CheckpointSchedule
 from tests.conftest import run_cli, saved_agent, start_cli, without_rates
 from tests.test_resume import DQN, LOGS, PATHS, SAME
 
@@ -102,7 +102,7 @@ def test_writes_at_each_multiple_of_the_steps_from_where_the_run_starts():
 
 def test_auto_waits_for_the_period_and_49_times_the_last_write(monkeypatch):
     now = [0.0]
-    monkeypatch.setattr(context.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(recording.time, "monotonic", lambda: now[0])
 
     def write(step: int) -> None:
         written.append(step)

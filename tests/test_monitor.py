@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from rlspeed import statefile
-from rlspeed.algos.loops.records import IntervalMetrics
+from rlspeed.algos.loops.host import IntervalMetrics
 from rlspeed.monitor import RECENT_EPISODES, ROLLING_EPISODES, RunMonitor
-from rlspeed.run import _write_metrics
+from rlspeed.recording import write_metrics
 from rlspeed.tracking.none import NoTracker
 
 
@@ -20,11 +20,13 @@ def test_logs_the_interval_means_once_per_crossing_and_at_the_last_step():
     run = RunMonitor(
         NoTracker(), 1000, eval_every=1000, evaluate=lambda policy, seed: 0.5, progress="none"
     )
-    interval = IntervalMetrics(run.log, log_every=300, total_steps=1000)
+    interval = IntervalMetrics(log_every=300, total_steps=1000)
     # 700 passes both 300 and 600 (one log), 800 is short of the next (900), 1000 is the end.
     for step in (100, 200, 700, 800, 1000):
         interval.add({"losses/loss": torch.tensor(float(step))})  # a backend scalar, as kept
-        interval.log_if_due(step, step // 10, np.argmax, {"charts/epsilon": step / 1000})
+        due = interval.due(step, {"charts/epsilon": step / 1000})
+        if due is not None:
+            run.log(step, step // 10, due, np.argmax)
     assert [row["step"] for row in run.history] == [700, 1000]
     first, last = run.history
     assert first["losses/loss"] == pytest.approx((100 + 200 + 700) / 3)
@@ -118,7 +120,7 @@ def test_a_run_stopped_before_its_first_log_writes_strict_json(tmp_path):
     statistics beside env_steps 0 (the summary goes with the steps of the last log)."""
     monitor = _monitor(1)
     monitor.episodes(np.array([True, False]), np.array([3.0, 1.0]), np.array([10, 2]))
-    path = _write_metrics(monitor, tmp_path / "metrics.json", "KILLED", [], None)
+    path = write_metrics(monitor, tmp_path / "metrics.json", "KILLED", [], None)
     summary = json.loads(path.read_text(), parse_constant=lambda word: pytest.fail(word))
     assert summary["env_steps"] == 0 and summary["score"] is None
     assert summary["rolling_step_reward"] is None and summary["recent_return"] is None

@@ -16,10 +16,9 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from rlspeed.algos.loops.host import Iteration
+from rlspeed.algos.loops.host import EpisodeSink, Iteration
 from rlspeed.algos.normalization import HostNormalization, NormSettings
 from rlspeed.engines import Engine
-from rlspeed.monitor import SeedMonitor
 
 if TYPE_CHECKING:
     from rlspeed.config import RunConfigLike
@@ -108,7 +107,7 @@ class Rollout:
         act: Act,
         obs: Any,
         length: int,
-        episodes: SeedMonitor,
+        episodes: EpisodeSink,
         norm: HostNormalization | None = None,
     ) -> Any:
         """Step every env ``length`` times with ``act``, from ``obs``; finished episodes go
@@ -214,7 +213,7 @@ class RolloutLearner:
         """Observations as the policy sees them: normalised, not counted."""
         return obs if self.normalization is None else self.normalization.normalize(obs)
 
-    def iteration(self, engine: Engine, obs: Any, step: int, episodes: SeedMonitor) -> Iteration:
+    def iteration(self, engine: Engine, obs: Any, step: int, episodes: EpisodeSink) -> Iteration:
         """Collect a rollout from env step ``step``, compute its advantages, update on it."""
         algo, n = self.algo, self.num_envs
         length = int(rollout_length(self.total_steps - step, n, algo.num_steps))

@@ -1,23 +1,51 @@
-"""The training loop driven from Python (every pairing but flax + jax-vmap): the algorithm's
-learner says what an iteration does (``HostLearner.iteration``); ``train_host`` runs the
-iterations with what every run needs around them: log intervals, the resume point after each
-whole iteration, checkpoints, interrupts held to the iteration's end."""
+"""The training loop driven from Python (every pairing but flax + jax-vmap), as chunks.
+
+The algorithm's learner says what an iteration does (``HostLearner.iteration``);
+``HostTraining.chunks()`` runs the iterations and yields one ``HostChunk`` after each: the
+env steps and updates so far, the episodes that ended, the interval's metrics when a log is
+due, the greedy policy. Nothing here records, evaluates, checkpoints or waits for signals:
+the run (``rlspeed.run``) does, between chunks, and says with ``accept()`` that a chunk's
+state is what the run keeps (what ``resume=`` continues from)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from functools import partial
+from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
-from rlspeed.algos.loops.records import IntervalMetrics, log_seed
-from rlspeed.checkpoint import capture, restore, why
-from rlspeed.context import CheckpointSchedule, RunContext, TrainResult
+from rlspeed.checkpoint import capture, restore
 from rlspeed.engines import Engine
-from rlspeed.errors import ConfigError, EnvFailed, RLSpeedError, deferred_interrupts
-from rlspeed.monitor import SeedMonitor, to_log_file
+from rlspeed.errors import EnvFailed
+from rlspeed.tasks import Policy
+
+
+class EpisodeSink(Protocol):
+    """Where an iteration hands the episodes that ended in it."""
+
+    def episodes(self, done: Any, episode_return: Any, episode_length: Any) -> None:
+        """Episodes that ended: arrays of any shape, ``done`` as their mask."""
+
+
+class EpisodeBatch(NamedTuple):
+    done: Any
+    episode_return: Any
+    episode_length: Any
+
+
+class EndedEpisodes:
+    """The episodes an iteration hands over (an ``EpisodeSink``), until the chunk takes them."""
+
+    def __init__(self) -> None:
+        self.batches: list[EpisodeBatch] = []
+
+    def episodes(self, done: Any, episode_return: Any, episode_length: Any) -> None:
+        self.batches.append(EpisodeBatch(done, episode_return, episode_length))
+
+    def take(self) -> list[EpisodeBatch]:
+        batches, self.batches = self.batches, []
+        return batches
 
 
 class Iteration(NamedTuple):
@@ -35,7 +63,7 @@ class Iteration(NamedTuple):
 
 
 class HostLearner(Protocol):
-    """An algorithm's learner as ``train_host`` drives it: its file says, top to bottom,
+    """An algorithm's learner as ``HostTraining`` drives it: its file says, top to bottom,
     how an iteration collects, computes its targets and updates.
 
     Optional, besides: ``carried``, a dict of the parts besides the learner that a resume
@@ -43,7 +71,7 @@ class HostLearner(Protocol):
     observations into what the learner carries between iterations as ``obs`` where that is
     something else (Q-learning: their state indices)."""
 
-    def iteration(self, engine: Engine, obs: Any, step: int, episodes: SeedMonitor) -> Iteration:
+    def iteration(self, engine: Engine, obs: Any, step: int, episodes: EpisodeSink) -> Iteration:
         """One iteration from env step ``step``: act on ``obs`` and step ``engine`` (handing
         finished episodes to ``episodes``), store, learn."""
 
@@ -54,91 +82,141 @@ class HostLearner(Protocol):
         """Write the agent's checkpoint file."""
 
 
-def train_host(
-    ctx: RunContext, make_learner: Callable[[Any, Any], HostLearner], checkpoint_name: str
-) -> TrainResult:
-    """Train one agent from Python: ``make_learner(observation_space, action_space)``'s
-    iterations until ``total_steps``, with logs, resume points, checkpoints and interrupts
-    around them. A learner's ``carried`` (a dict, optional) names the parts besides itself
-    that a resume continues from (a replay buffer); its ``observe`` (optional) turns the
-    reset's observations into what it carries between iterations."""
-    cfg = ctx.cfg
-    engine = ctx.make_engine()
-    learner = make_learner(engine.single_observation_space, engine.single_action_space)
-    interval = IntervalMetrics(partial(log_seed, ctx), cfg.log_every, cfg.total_steps)
-    carried = getattr(learner, "carried", {})
-    point = ResumePoint(
-        ctx.checkpoint_schedule(), learner=learner, **carried, interval=interval, engine=engine
-    )
-    ctx.set_checkpoint(checkpoint_name, learner.save, point.state)
-    observe = getattr(learner, "observe", None)
-    reset = engine.reset if observe is None else lambda: observe(engine.reset())
-    step = updates = 0
-    trained = False
-    try:
-        with deferred_interrupts() as check_interrupt:
-            obs, step, updates = _start(point, ctx, reset)
-            while step < cfg.total_steps:
-                point.whole = False  # until the iteration has been taken to its end
-                done = learner.iteration(engine, obs, step, ctx.monitor)
-                obs, step, updates = done.obs, step + done.steps, updates + done.updates
-                for metrics in done.metrics:
-                    interval.add(metrics)
-                interval.log_if_due(step, updates, learner.greedy, done.latest)
-                point.reached(step, updates, obs)
-                ctx.monitor.moved(step)
-                check_interrupt()
-        trained = True
-    except EnvFailed as failed:
-        raise _env_failure(ctx, failed, step, point) from None
-    finally:
-        # The parts' state is taken before the engine closes, which drops the envs' state.
-        point.freeze()
+class HostChunk(NamedTuple):
+    """One iteration's outcome, as the run records it."""
+
+    # Env steps and updates of this agent so far (the iteration's end).
+    step: int
+    updates: int
+    episodes: list[EpisodeBatch]
+    # The log interval's means, with the iteration's latest values, when a log is due.
+    metrics: dict[str, float] | None
+    greedy: Policy
+
+
+class IntervalMetrics:
+    """A host loop's metrics between two logs. Values stay backend scalars as they come
+    (no host sync per update) and are averaged once ``log_every`` env steps have passed,
+    or at the last step."""
+
+    def __init__(self, log_every: int, total_steps: int) -> None:
+        self.log_every = log_every
+        self.total_steps = total_steps
+        self.next_log = log_every
+        self.values: dict[str, list[Any]] = {}
+
+    def add(self, metrics: dict[str, Any]) -> None:
+        for name, value in metrics.items():
+            self.values.setdefault(name, []).append(value)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "next_log": self.next_log,
+            "values": {name: [float(v) for v in vs] for name, vs in self.values.items()},
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.next_log = state["next_log"]
+        self.values = {name: list(vs) for name, vs in state["values"].items()}
+
+    def due(self, step: int, latest: dict[str, float] | None = None) -> dict[str, float] | None:
+        """The interval's means, and ``latest`` (values as of now, e.g. schedules), when a log
+        is due at env step ``step`` (the interval then starts again); else None."""
+        if step < self.next_log and step < self.total_steps:
+            return None
+        metrics = dict(latest or {})
+        metrics.update(
+            {name: float(np.mean([float(v) for v in vs])) for name, vs in self.values.items()}
+        )
+        self.values = {}
+        while self.next_log <= step:
+            self.next_log += self.log_every
+        return metrics
+
+
+class ResumeMismatch(Exception):
+    """A saved state this run's parts cannot take (arrays of other shapes: an earlier
+    rlspeed's replay buffer, say); the message says what."""
+
+
+class HostTraining:
+    """One agent trained from Python: ``learner``'s iterations on ``engine`` until
+    ``total_steps``, from ``saved`` (a state ``resume_state`` gave) or from a reset. The
+    parts a resume continues from are the learner, its ``carried`` parts, the interval
+    metrics and the engine."""
+
+    def __init__(
+        self,
+        learner: HostLearner,
+        engine: Engine,
+        total_steps: int,
+        log_every: int,
+        saved: dict[str, Any] | None = None,
+    ) -> None:
+        self.learner, self.engine, self.total_steps = learner, engine, total_steps
+        self.saved = saved
+        self.interval = IntervalMetrics(log_every, total_steps)
+        carried: dict[str, Any] = getattr(learner, "carried", {})
+        self.point = ResumePoint(learner=learner, **carried, interval=self.interval, engine=engine)
+        # Env step and updates the current (or last) iteration started from.
+        self.step = saved["step"] if saved is not None else 0
+        self.updates = 0
+        self._obs: Any = None
+
+    @property
+    def whole(self) -> bool:
+        """Whether the agent stands at the end of an accepted iteration."""
+        return self.point.whole
+
+    def chunks(self) -> Generator[HostChunk, None, None]:
+        """Train, yielding after each iteration. Raises ``ResumeMismatch`` for a saved state
+        the parts cannot take, ``EnvFailed`` for an env's code that failed. However it ends,
+        the parts' state is taken (``resume_state``) before the engine closes."""
+        observe = getattr(self.learner, "observe", None)
+        engine = self.engine
+        reset = engine.reset if observe is None else lambda: observe(engine.reset())
+        episodes = EndedEpisodes()
+        trained = False
         try:
-            engine.close()
-        except EnvFailed as failed:
-            if trained:  # else what stopped the run is said already
-                raise _env_failure(ctx, failed, step, point) from None
-    return TrainResult(steps=step, updates=updates)
+            obs, self.step, self.updates = self.point.start(self.saved, reset)
+            while self.step < self.total_steps:
+                self.point.whole = False  # until the run accepts the iteration
+                done = self.learner.iteration(engine, obs, self.step, episodes)
+                obs, step = done.obs, self.step + done.steps
+                updates = self.updates + done.updates
+                for metrics in done.metrics:
+                    self.interval.add(metrics)
+                self._obs = obs
+                self.step, self.updates = step, updates
+                due = self.interval.due(step, done.latest)
+                yield HostChunk(step, updates, episodes.take(), due, self.learner.greedy)
+            trained = True
+        finally:
+            # The parts' state is taken before the engine closes, which drops the envs' state.
+            self.point.freeze()
+            try:
+                engine.close()
+            except EnvFailed:
+                if trained:  # else what stopped the training is on its way already
+                    raise
 
+    def accept(self) -> None:
+        """The run has recorded the last chunk: the agent's state at its end is what the
+        run keeps."""
+        self.point.reached(self.step, self.updates, self._obs)
 
-def _start(point: ResumePoint, ctx: RunContext, reset: Callable[[], Any]) -> tuple[Any, int, int]:
-    """``point.start``; a resume file whose state this run's parts cannot take (its arrays
-    of other shapes: an earlier rlspeed's replay buffer, say) is one line."""
-    try:
-        return point.start(ctx.resume_state(), reset)
-    except (KeyError, TypeError, ValueError) as error:
-        allowed = f"a resume file whose state this run can take ({why(error)})"
-        raise ConfigError("resume", ctx.cfg.resume, allowed) from None
-
-
-def _env_failure(ctx: RunContext, failed: EnvFailed, step: int, point: ResumePoint) -> RLSpeedError:
-    """The run's one line for an env whose code failed in the iteration from ``step``: it,
-    what it said, and where the run can resume from; its traceback goes to the log file."""
-    to_log_file(failed.trace)
-    written = point.schedule.written if point.schedule is not None else None
-    where = f"in the iteration from env step {step:,}"
-    if failed.call == "close" and point.whole:  # as the loop ended: its state was taken
-        where, resume = f"at env step {step:,}", "the run's files are written as of that step"
-    elif written is not None:
-        resume = f"resume={ctx.out_dir} continues from env step {written:,}, its last resume point"
-    elif ctx.cfg.resume:
-        resume = f"resume={ctx.cfg.resume} continues from where this run started"
-    else:
-        resume = "no resume point was written before it (checkpoint_every sets how often)"
-    return RLSpeedError(
-        f"rlspeed: env {failed.env} failed in its {failed.call} ({where}): {failed.said}; {resume}"
-    )
+    def resume_state(self) -> dict[str, Any] | None:
+        """What ``resume=`` continues from; None where training stopped inside an iteration
+        the run did not accept."""
+        return self.point.state()
 
 
 class ResumePoint:
     """Where a host-driven training loop stands after its last whole iteration: its env
     step and update counters, the latest observations and the state of its ``parts``
-    (learner, replay buffer, interval metrics, engine: whatever the loop carries over).
-    ``schedule`` writes the run's checkpoint when one is due at such a point."""
+    (learner, replay buffer, interval metrics, engine: whatever the loop carries over)."""
 
-    def __init__(self, schedule: CheckpointSchedule | None = None, **parts: Any) -> None:
-        self.schedule = schedule
+    def __init__(self, **parts: Any) -> None:
         self.parts = parts
         self.step = self.updates = 0
         self.obs: Any = None
@@ -152,18 +230,17 @@ class ResumePoint:
         run; for a resumed one the saved ones, with every part put back as it was."""
         self.obs = reset()  # also builds the engine state that the saved one replaces
         if saved is not None:
-            for name, part in self.parts.items():
-                restore(part, saved["parts"][name])
+            try:
+                for name, part in self.parts.items():
+                    restore(part, saved["parts"][name])
+            except (KeyError, TypeError, ValueError) as error:
+                raise ResumeMismatch(error) from None
             self.obs, self.step, self.updates = saved["obs"], saved["step"], saved["updates"]
-        if self.schedule is not None:
-            self.schedule.start(self.step)
         return self.obs, self.step, self.updates
 
     def reached(self, step: int, updates: int, obs: Any) -> None:
         """The loop is at the end of a whole iteration: what resume= can continue from."""
         self.step, self.updates, self.obs, self.whole = step, updates, obs, True
-        if self.schedule is not None:
-            self.schedule.reached(step)
 
     def freeze(self) -> None:
         """Take the parts' state now (before the engine closes, which drops its state), if

@@ -17,7 +17,7 @@ NumPy arrays, read with ``allow_pickle=False``), torch checkpoints are read with
 are refused, never read. Resume files are read (``read_states``), and checked against the
 run's config (``rlspeed.run_folders``), when the config is checked: a damaged or foreign one
 is one line before any folder exists. This module only reads, writes and captures state;
-when a run writes it is ``rlspeed.context.CheckpointSchedule``'s call.
+when a run writes it is ``rlspeed.recording.CheckpointSchedule``'s call.
 
 With ``num_seeds`` > 1 on a host-driven path, each agent's files end in ``_seed<i>``.
 Every write goes to a temporary file in the same folder, is flushed to disk, then renamed

@@ -1,11 +1,10 @@
 """Training metrics: episode statistics, periodic logging, evaluation and live progress.
 
-The training loops hand over finished-episode statistics and log every ``log_every`` env
-steps (through ``rlspeed.algos.loops.records``, which stops a diverged run and reports scores
-to an Optuna trial); this module turns them into the metric names users know from CleanRL,
-sends them to the tracker, keeps the history for the learning curve and draws progress
-(rich on a terminal, plain log lines elsewhere; the run's log file gets the plain lines
-either way).
+The run (``rlspeed.run``) hands over the finished episodes of each chunk its training loop
+yields, and its metrics every ``log_every`` env steps; this module turns them into the
+metric names users know from CleanRL, sends them to the tracker, keeps the history for
+the learning curve and draws progress (rich on a terminal, plain log lines elsewhere; the
+run's log file gets the plain lines either way).
 
 With ``num_seeds`` > 1 every seed is a stream of its own, logged as ``seed<i>/<name>``;
 once every seed has logged a step, the mean over seeds goes out under the plain names
@@ -510,20 +509,6 @@ class RunMonitor:
             self._progress = None
             for handler, stream in self._handler_streams:
                 handler.setStream(stream)
-
-
-class SeedMonitor:
-    """The monitor as one seed's training loop sees it."""
-
-    def __init__(self, monitor: RunMonitor, seed: int) -> None:
-        self.monitor = monitor
-        self.seed = seed
-
-    def episodes(self, done: Any, episode_return: Any, episode_length: Any) -> None:
-        self.monitor.episodes(done, episode_return, episode_length, self.seed)
-
-    def moved(self, step: int) -> None:
-        self.monitor.moved(step, self.seed)
 
 
 def _mean_and_std(rows: list[dict[str, float]]) -> dict[str, float]:

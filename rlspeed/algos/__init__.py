@@ -222,7 +222,7 @@ class AlgoSpec:
 
     Parts are named as "module:attribute" and imported on demand, so a torch run never
     imports flax and the reverse:
-    - ``learners``: per backend, the learner class ``loops.host.train_host`` drives (its
+    - ``learners``: per backend, the learner class ``loops.host.HostTraining`` drives (its
       ``iteration``: collect, targets, loss, update), built as
       ``Learner(observation_space, action_space, cfg, seed)``; its module also defines
       ``load_policies`` for ``mode=eval``.

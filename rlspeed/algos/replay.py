@@ -3,7 +3,7 @@ every pairing but ``flax`` + ``jax-vmap`` (their JAX twin, for the fused program
 ``replay_jax.py``, which writes and draws by this module's ``write_plan`` and ``draw_slots``).
 
 ``ReplayBuffer`` is a NumPy ring buffer; ``ReplayLearner`` is the iteration both algorithms'
-learners run under ``rlspeed.algos.loops.host.train_host`` (act, step, store, the updates
+learners run under ``rlspeed.algos.loops.host.HostTraining`` (act, step, store, the updates
 due).
 
 Each observation is stored once. The envs add one transition each per step, in lockstep,
@@ -31,9 +31,9 @@ from rlspeed.registry import TASKS
 from rlspeed.seeding import Stream, numpy_rng
 
 if TYPE_CHECKING:
+    from rlspeed.algos.loops.host import EpisodeSink
     from rlspeed.config import RunConfigLike
     from rlspeed.engines import Engine
-    from rlspeed.monitor import SeedMonitor
 
 
 ArrayT = TypeVar("ArrayT")
@@ -243,7 +243,7 @@ def replay_buffer(obs_space: Any, action_space: Any, cfg: RunConfigLike, seed: i
 
 class ReplayLearner:
     """What DQN's and TD3's learners share on the host: a replay buffer, which a resume
-    continues from (``carried``), and the iteration ``train_host`` runs, CleanRL's: act,
+    continues from (``carried``), and the iteration ``HostTraining`` runs, CleanRL's: act,
     step every env once, store the transitions, then one gradient update every
     ``train_frequency`` env steps after ``learning_starts``, each on a batch drawn from
     the buffer. Step counts are env steps, whatever ``num_envs`` is.
@@ -274,7 +274,7 @@ class ReplayLearner:
         from (e.g. a periodic target-network sync); returns schedule values to log."""
         return {}
 
-    def iteration(self, engine: Engine, obs: Any, step: int, episodes: SeedMonitor) -> Iteration:
+    def iteration(self, engine: Engine, obs: Any, step: int, episodes: EpisodeSink) -> Iteration:
         """One env step of every env from env step ``step``, and what is due after it."""
         algo = self.algo
         # Collect: act, step, store the transitions (the final observation where one ended).

@@ -162,7 +162,7 @@ class Rollout:
 
 class RolloutLearner:
     """What VPG's and PPO's learners share on the host, on either backend: the iteration
-    ``train_host`` runs. It collects a rollout of every env (``Rollout.collect``; the run's
+    ``HostTraining`` runs. It collects a rollout of every env (``Rollout.collect``; the run's
     last one cut to end at ``total_steps``), computes its GAE advantages and value targets
     (``Rollout.batch``), then makes the algorithm's update on it.
 

@@ -1,6 +1,6 @@
 """On-policy rollouts and their GAE advantages in JAX: what VPG and PPO share on flax. An
 algorithm writes its pure functions (``OnPolicyFunctions``: act, values, update) and gets
-from here both the learner ``train_host`` drives on the Gymnasium engines
+from here both the learner ``HostTraining`` drives on the Gymnasium engines
 (``OnPolicyJaxLearner``: host rollouts of ``rollout.py``, jitted functions) and the fused
 program of ``backend=flax env=jax-vmap``, in which one ``lax.scan`` iteration is a
 ``num_steps`` rollout (an inner ``lax.scan``), GAE (a reverse ``lax.scan``) and the
@@ -109,7 +109,7 @@ def gae_scan(
 
 
 class OnPolicyJaxLearner(JaxLearner, RolloutLearner):
-    """The functions jitted, for ``train_host`` (Gymnasium engines): each iteration
+    """The functions jitted, for ``HostTraining`` (Gymnasium engines): each iteration
     (``RolloutLearner``'s) collects a rollout on the host, computes its GAE advantages there,
     and updates in one jitted call."""
 

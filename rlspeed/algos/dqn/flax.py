@@ -1,7 +1,7 @@
 """DQN in Flax + Optax.
 
 ``DQNFunctions`` holds the pure functions. With a Gymnasium engine ``FlaxLearner`` calls
-them jitted, under ``rlspeed.algos.loops.host.train_host``: each iteration
+them jitted, under ``rlspeed.algos.loops.host.HostTraining``: each iteration
 (``ReplayLearner.iteration``, shared with TD3) collects with ``act`` into the replay buffer,
 then learns with ``update`` as often as due, then syncs the target network as due
 (``DQNSchedule.after_env_steps``). With ``env=jax-vmap`` everything is fused: ``make_train``

@@ -1,6 +1,6 @@
 """DQN in PyTorch, on any engine (Gymnasium or JAX through DLPack).
 
-``TorchLearner`` runs under ``rlspeed.algos.loops.host.train_host``: each iteration
+``TorchLearner`` runs under ``rlspeed.algos.loops.host.HostTraining``: each iteration
 (``ReplayLearner.iteration``, shared with TD3) collects with ``act`` into the replay buffer,
 then learns with ``update`` (TD targets from the target network, the loss, the step) as
 often as due, then syncs the target network as due (``DQNSchedule.after_env_steps``)."""

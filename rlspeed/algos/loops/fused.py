@@ -68,7 +68,7 @@ def masked_scan(
     """``lax.scan(iteration, carry, xs, length)`` that runs only the first ``valid``
     iterations (``valid`` may be traced; None: all): the outputs of the rest are zeros. A
     run whose length is not a multiple of the chunk can run its last chunk with the same
-    compiled program as the others (``train_fused`` does so on the CPU).
+    compiled program as the others (``FusedTraining`` does so on the CPU).
 
     No ``lax.cond``: around a whole iteration it tripled XLA:GPU's compilation of PPO's
     chunk (22.8 s against 6.5 s on an H200). With ``unroll`` 1 the loop simply stops at

@@ -244,7 +244,7 @@ def _scorer(
 def device_score(
     task: TaskSpec, task_cfg: TaskConfigLike, policy: DevicePolicy, seed: int
 ) -> float:
-    """The score ``train_fused`` gives the agent of seed ``seed`` (mode=eval of a fused run)."""
+    """The score ``FusedTraining`` gives the agent of seed ``seed`` (mode=eval of a fused run)."""
     score = jax.jit(_scorer(task, task_cfg, policy.greedy))
     return float(score(policy.params, jax_key(seed, Stream.EVAL)))
 

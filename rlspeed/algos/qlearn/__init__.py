@@ -7,7 +7,7 @@ transitions that hit the same ``(s, a)`` are averaged, ``Q[s, a] += alpha * mean
 many envs starting in the same cell cannot overshoot. One such batch update counts as one
 "update" (``gradient_updates`` = env step batches). Step counts are env steps.
 
-Driven from Python (``rlspeed.algos.loops.host.train_host``), both backends' tables run
+Driven from Python (``rlspeed.algos.loops.host.HostTraining``), both backends' tables run
 ``QTableLearner.iteration`` below; ``flax`` + ``jax-vmap`` fuses the same steps into one
 program (``rlspeed.algos.qlearn.flax.make_train``).
 """
@@ -27,10 +27,9 @@ if TYPE_CHECKING:
     import numpy as np
     from omegaconf import DictConfig
 
-    from rlspeed.algos.loops.host import Iteration
+    from rlspeed.algos.loops.host import EpisodeSink, Iteration
     from rlspeed.config import RunConfigLike
     from rlspeed.engines import Engine
-    from rlspeed.monitor import SeedMonitor
 
 
 @dataclass
@@ -62,7 +61,7 @@ def table_shape(cfg: RunConfigLike, action_space: Any) -> tuple[int, int]:
 
 
 class QTableLearner:
-    """What both backends' Q-tables do when driven from Python (``train_host``). Between
+    """What both backends' Q-tables do when driven from Python (``HostTraining``). Between
     iterations they carry the envs' state indices, not their observations (``observe``
     turns observations into indices; a resume file holds the indices). A backend sizes its
     table with ``table_shape`` and defines ``act``, ``update`` and ``greedy_states`` on
@@ -105,7 +104,7 @@ class QTableLearner:
         return self.greedy_states(self.observe(obs))
 
     def iteration(
-        self, engine: Engine, states: np.ndarray, step: int, episodes: SeedMonitor
+        self, engine: Engine, states: np.ndarray, step: int, episodes: EpisodeSink
     ) -> Iteration:
         """One env step of every env from env step ``step``, and the table update from it."""
         import numpy as np

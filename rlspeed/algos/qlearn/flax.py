@@ -1,7 +1,7 @@
 """Tabular Q-learning in JAX (``backend=flax``: the table is a JAX array, no network).
 
 With a Gymnasium engine ``FlaxQTable`` calls jitted ``act`` and ``update`` under
-``rlspeed.algos.loops.host.train_host`` (each iteration is ``QTableLearner.iteration``,
+``rlspeed.algos.loops.host.HostTraining`` (each iteration is ``QTableLearner.iteration``,
 shared with torch's table). With ``env=jax-vmap`` everything is fused: ``make_train`` builds
 a pure ``iteration`` (state index, act, env step, table update) that ``lax.scan`` repeats,
 driven by ``rlspeed/algos/loops/fused.py``, which vmaps it over seeds for ``num_seeds`` > 1.

@@ -1,6 +1,6 @@
 """Tabular Q-learning in PyTorch, on any engine (Gymnasium or JAX through DLPack).
 
-``TorchQTable`` runs under ``rlspeed.algos.loops.host.train_host``: each iteration
+``TorchQTable`` runs under ``rlspeed.algos.loops.host.HostTraining``: each iteration
 (``QTableLearner.iteration``, shared with flax's table) collects with ``act`` and updates
 the table with ``update`` (the TD targets and the averaged step of ``td_update_``)."""
 

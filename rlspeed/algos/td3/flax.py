@@ -1,7 +1,7 @@
 """TD3 in Flax + Optax.
 
 ``TD3Functions`` holds the pure functions. With a Gymnasium engine ``FlaxLearner`` calls
-them jitted, under ``rlspeed.algos.loops.host.train_host``: each iteration
+them jitted, under ``rlspeed.algos.loops.host.HostTraining``: each iteration
 (``ReplayLearner.iteration``, shared with DQN) collects with ``act`` into the replay buffer,
 then learns with ``update`` as often as due. With ``env=jax-vmap`` everything is fused:
 ``make_train`` builds pure functions in which acting, stepping, storing and updating run

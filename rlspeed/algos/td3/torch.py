@@ -1,6 +1,6 @@
 """TD3 in PyTorch, on any engine (Gymnasium, or JAX through DLPack).
 
-``TorchLearner`` runs under ``rlspeed.algos.loops.host.train_host``: each iteration
+``TorchLearner`` runs under ``rlspeed.algos.loops.host.HostTraining``: each iteration
 (``ReplayLearner.iteration``, shared with DQN) collects with ``act`` into the replay buffer,
 then learns with ``update`` (smoothed targets from the target networks, the critics' loss
 and step, the delayed actor and target updates) as often as due."""

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 from omegaconf import DictConfig
 
-from rlspeed.config import quote
+from rlspeed.config_tree import quote
 from rlspeed.errors import ConfigError, RLSpeedError
 from rlspeed.registry import TASKS
 from rlspeed.tasks import TaskSpec
@@ -65,7 +65,7 @@ def load(folder: str | Path, seed: int | None = None, task: TaskSpec | None = No
     ``train(task=<TaskSpec>)`` (it is no option otherwise). Only arrays are read: nothing in
     the folder runs."""
     from rlspeed.checkpoint import agent_files
-    from rlspeed.config import register_configs
+    from rlspeed.config_tree import register_configs
     from rlspeed.evaluate import load_agents
 
     register_configs()

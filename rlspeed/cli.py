@@ -35,6 +35,7 @@ def _task(cfg: DictConfig) -> float:
 
     from rlspeed import secrets
     from rlspeed.errors import RLSpeedError
+    from rlspeed.preflight import OneLine
     from rlspeed.run import run
     from rlspeed.sweep import exit_if_sweep_gone, stop_with_sweep
 
@@ -48,7 +49,9 @@ def _task(cfg: DictConfig) -> float:
         return score
     except RLSpeedError as error:
         if HydraConfig.get().mode == RunMode.MULTIRUN:
-            raise  # the sweeper records the job as failed and goes on
+            # The sweeper records the job as failed and goes on; where Hydra's own sweeper
+            # ends the command with it, Hydra prints it as one line.
+            raise OneLine(str(error)) from None
         # One line, not Hydra's three ("Error executing job with overrides: ...").
         print(error, file=sys.stderr)
         sys.exit(1)
@@ -82,7 +85,8 @@ def _stack(_root_: DictConfig) -> str:
     and checked by then: rlspeed.validation.check_modes)."""
     cfg, prefix = _root_, ""
     if cfg.mode == "eval":
-        from rlspeed.checkpoint import agent_files, read_config
+        from rlspeed.checkpoint import agent_files
+        from rlspeed.saved_config import read_config
 
         folder = agent_files(cfg.checkpoint)[0].parent
         cfg, prefix = read_config("checkpoint", cfg.checkpoint, folder), "eval_"
@@ -99,7 +103,7 @@ def set_up_config_tree(showing_help: bool = False) -> None:
     """The schemas and resolvers rlspeed's config tree composes with."""
     from omegaconf import OmegaConf
 
-    from rlspeed.config import register_configs
+    from rlspeed.config_tree import register_configs
 
     register_configs()
     # Hydra resolves the help text at every compose; listing the groups scans the whole

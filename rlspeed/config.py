@@ -1,21 +1,16 @@
-"""Typed schemas of the config tree, and what reads a config without judging it: its YAML,
-its flat keys, which path it trains on; and the probes the checks use (can a folder be
-created, does a database answer). The checks themselves: ``rlspeed.validation``."""
+"""Typed schemas of the config tree (what a run is: its backend, engine, task, algorithm
+and run-level settings) and the bounds every size has. Plain dataclasses: Hydra builds
+its config tree on them (``rlspeed.config_tree``), a run trains with them."""
 
 from __future__ import annotations
 
-import os
-import tempfile
+import dataclasses
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, TypeAlias
+from typing import Any
 
-from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig, OmegaConf
-
-from rlspeed.errors import ConfigError
-from rlspeed.registry import ALGOS, TASKS
-from rlspeed.secrets import mask, mask_value, reveal
+# What the config tree marks as a value that must be given (OmegaConf's MISSING).
+MISSING: Any = "???"
 
 
 @dataclass
@@ -112,23 +107,7 @@ class RunConfig:
     video: str | None = None
 
 
-# The run's config: its schema's dataclasses while it trains (``RunContext.cfg``), a
-# DictConfig of that schema while it is checked or read back from a run folder.
-RunConfigLike: TypeAlias = RunConfig | DictConfig
-# A task's settings, likewise (``RunConfig.task``; each task's schema extends TaskConfig).
-TaskConfigLike: TypeAlias = TaskConfig | DictConfig
-
-
-def register_configs() -> None:
-    """Store the schemas in Hydra's ConfigStore; YAML options build on them."""
-    store = ConfigStore.instance()
-    store.store(name="rlspeed_schema", node=RunConfig)
-    for registry in (ALGOS, TASKS):
-        for spec in registry.builtins():
-            store.store(group=f"schema/{registry.group}", name=spec.name, node=spec.schema)
-
-
-def is_fused(cfg: RunConfigLike) -> bool:
+def is_fused(cfg: RunConfig) -> bool:
     """Whether the run is one fused program (flax on the functional jax-vmap engine)."""
     return cfg.backend.name == "flax" and cfg.env.name == "jax-vmap"
 
@@ -145,80 +124,18 @@ MAX_EPISODE_STEPS = 100_000
 # (seed<i>/<name>) and rows in metrics.json. The memory checks count what each holds.
 MAX_SEEDS = 65_536
 
-
-def quote(text: str) -> str:
-    """``text`` as a quoted string of Hydra's override grammar (``key='...'``): taken as
-    it is, whatever characters it holds."""
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+# Each seed's "rolling reward": total reward / total steps over its last 2000 episodes (the
+# monitor keeps their returns and lengths; the memory checks count them).
+ROLLING_EPISODES = 2000
 
 
-def to_yaml(cfg: DictConfig) -> str:
-    """The run's config.yaml, passwords in URLs masked."""
-    return mask(OmegaConf.to_yaml(cfg, resolve=True))
-
-
-def flatten(cfg: DictConfig) -> dict[str, Any]:
-    """Dotted keys to leaf values, as MLflow params; passwords in URLs masked, as in the
-    saved config.yaml this is compared with (resume=)."""
-    flat: dict[str, Any] = {}
-
-    def walk(node: Any, prefix: str) -> None:
-        if isinstance(node, dict):
-            for key, value in node.items():
-                walk(value, f"{prefix}{key}.")
-        else:
-            flat[prefix[:-1]] = mask_value(node)
-
-    walk(OmegaConf.to_container(cfg, resolve=True), "")
-    return flat
-
-
-# Bytes of one file or folder name on Linux's file systems.
-NAME_MAX = 255
-
-
-def uncreatable(folder: Path) -> tuple[Path, str] | None:
-    """(where, why) when nothing can be created in ``folder`` or, where it does not exist
-    yet, in its nearest existing ancestor; None when something can.
-
-    Creates nothing that stays: it makes and removes a scratch folder there, which also tests
-    what permission bits cannot (``root`` passes every ``os.access`` check, yet cannot create
-    anything in /proc or on a read-only mount).
-    """
-    existing = folder.expanduser().absolute()
-    for part in existing.parts:
-        if len(os.fsencode(part)) > NAME_MAX:
-            return existing, f"a name of {len(os.fsencode(part)):,} bytes, more than {NAME_MAX}"
-    while not os.path.lexists(existing) and existing != existing.parent:
-        existing = existing.parent
-    try:
-        os.rmdir(tempfile.mkdtemp(prefix=".rlspeed-check-", dir=existing))
-    except OSError as error:  # not a folder, read-only, no permission
-        return existing, error.strerror or type(error).__name__
-    return None
-
-
-def unreachable(database_url: str, timeout_s: int = 5) -> str | None:
-    """Why a database server (PostgreSQL, MySQL) cannot be connected to, in one line; None
-    when it answers. Creates nothing."""
-    from sqlalchemy import create_engine
-    from sqlalchemy.exc import SQLAlchemyError
-
-    url = reveal(database_url)
-    engine = create_engine(url, connect_args={"connect_timeout": timeout_s})
-    try:
-        with engine.connect():
-            return None
-    except SQLAlchemyError as error:
-        reason = str(getattr(error, "orig", None) or error).strip()
-        return (reason.splitlines() or [type(error).__name__])[0][:200]
-    finally:
-        engine.dispose()
-
-
-def check_creatable(key: str, value: object, folder: Path, allowed: str) -> None:
-    """Raise ConfigError unless ``folder`` exists and takes new files, or can be created."""
-    problem = uncreatable(folder)
-    if problem is not None:
-        where, why = problem
-        raise ConfigError(key, value, f"{allowed} ({where}: {why})")
+def plain(value: Any) -> Any:
+    """A config or a part of one as plain Python values: a dict for a mapping or a schema's
+    dataclass, a list for a sequence (what JSON and an env's constructor take)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, Mapping):
+        return {key: plain(item) for key, item in value.items()}
+    if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
+        return [plain(item) for item in value]
+    return value

@@ -13,15 +13,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from hydra.errors import CompactHydraException
-
 from rlspeed.secrets import mask, mask_value
 
 
-class RLSpeedError(CompactHydraException):
-    """An error Hydra prints as its message alone (no traceback), exit code 1. A password
-    in a URL it names is masked: the message is printed, logged, sent back from the job's
-    process and recorded (metrics.json, the study's failed trials)."""
+class RLSpeedError(Exception):
+    """An error the user reads as its message alone, one line (the command line prints it
+    so, exit code 1: ``rlspeed.cli``). A password in a URL it names is masked: the message
+    is printed, logged, sent back from the job's process and recorded (metrics.json, the
+    study's failed trials)."""
 
     def __init__(self, message: str) -> None:
         super().__init__(mask(message))

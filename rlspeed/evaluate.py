@@ -16,12 +16,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-from rlspeed.checkpoint import agent_files, files_key, read_config, why
+from rlspeed.checkpoint import agent_files, files_key, why
 from rlspeed.config import is_fused
 from rlspeed.errors import ConfigError
 from rlspeed.registry import ALGOS, BACKENDS, TASKS
+from rlspeed.saved_config import read_config
 from rlspeed.seeding import eval_seeds
 from rlspeed.tasks import Policy
 
@@ -63,6 +64,7 @@ def load_agents(value: str) -> tuple[Any, Agents]:
         with warnings.catch_warnings():
             # A file that is not what it should be can make a loader warn before it fails.
             warnings.simplefilter("ignore")
+            saved = with_schema_defaults(saved)
             task = TASKS.get(saved.task.name)
             BACKENDS.get(saved.backend.name).setup(saved.backend, saved.seed)
             env = task.make_env(saved.task)
@@ -104,6 +106,15 @@ def evaluate_checkpoint(cfg: DictConfig) -> float:
         _write_video(frames, fps, Path(cfg.video).expanduser())
         print(f"rlspeed: video of one episode ({len(frames)} frames): {cfg.video}")
     return float(np.mean(scores))
+
+
+def with_schema_defaults(saved: DictConfig) -> DictConfig:
+    """A run folder's config as it is, with the algorithm's keys it lacks at their schema's
+    defaults: an agent saved before an option existed loads with it at its default (off)."""
+    algo = OmegaConf.merge(OmegaConf.structured(ALGOS.get(saved.algo.name).schema), saved.algo)
+    merged = OmegaConf.merge(saved, {"algo": algo})
+    assert isinstance(merged, DictConfig)  # a mapping merged with a mapping
+    return merged
 
 
 def _load_policies(saved: Any, path: Path, obs_space: Any, action_space: Any) -> list[Policy]:

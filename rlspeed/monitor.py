@@ -25,13 +25,12 @@ import numpy as np
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from rlspeed.config import ROLLING_EPISODES
 from rlspeed.tasks import Policy
 from rlspeed.tracking import Tracker
 
 log = logging.getLogger("rlspeed")
 
-# The seed's "rolling reward": total reward / total steps over the last 2000 episodes.
-ROLLING_EPISODES = 2000
 # SPEC §6 targets: mean return of the last 20 training episodes.
 RECENT_EPISODES = 20
 # Seconds between the bar's moves between logs.

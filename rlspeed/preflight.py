@@ -22,13 +22,18 @@ from hydra._internal.utils import get_args_parser
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import IntervalSweep, Override, RangeSweep
-from hydra.errors import ConfigCompositionException, HydraException, MissingConfigException
+from hydra.errors import (
+    CompactHydraException,
+    ConfigCompositionException,
+    HydraException,
+    MissingConfigException,
+)
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from hydra_plugins.rlspeed_optuna_sweeper.config import SWEEPER_TARGET
-from rlspeed.config import check_creatable
+from rlspeed.config_tree import check_creatable
 from rlspeed.errors import ConfigError, RLSpeedError
 from rlspeed.sweep import MAX_NAME_CHARS, overlong_name
 from rlspeed.validation import validate
@@ -51,6 +56,11 @@ MAX_LIST_CHARS = 4096
 # Dicts whose keys are the user's (task=gym's keyword arguments for gym.make): Hydra adds a
 # key to one with +, as to any dict of a config.
 OPEN_DICTS = ("task.kwargs",)
+
+
+class OneLine(CompactHydraException):
+    """An rlspeed error where Hydra prints it (a multirun job's, with Hydra's own sweeper):
+    its message alone, one line."""
 
 
 def _open_dict(key: str) -> str | None:

@@ -22,7 +22,8 @@ from rlspeed.algos import import_named
 from rlspeed.algos.loops import CHECKPOINT_FILES, TrainResult
 from rlspeed.algos.loops.host import HostTraining, ResumeMismatch
 from rlspeed.checkpoint import run_folder, save_pytree, training_keys, why
-from rlspeed.config import RunConfig, flatten, is_fused, to_yaml
+from rlspeed.config import RunConfig, is_fused
+from rlspeed.config_tree import flatten, to_yaml
 from rlspeed.errors import (
     ConfigError,
     DivergenceError,

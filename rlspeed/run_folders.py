@@ -17,17 +17,18 @@ from rlspeed.checkpoint import (
     RESUME_FILE,
     agent_files,
     forget_read_states,
-    read_config,
     read_states,
     resume_files,
     run_folder,
     seed_file,
     training_keys,
 )
-from rlspeed.config import check_creatable, flatten, is_fused
+from rlspeed.config import is_fused
+from rlspeed.config_tree import check_creatable, flatten, schema_view
 from rlspeed.errors import ConfigError
 from rlspeed.evaluate import load_agents, render_mode
 from rlspeed.registry import ALGOS, TASKS
+from rlspeed.saved_config import read_config
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -130,7 +131,7 @@ def check_resume(cfg: DictConfig) -> dict[int, dict[str, Any]]:
     saved = training_keys(flatten(read_config("resume", value, folder)))
     _same_config(value, saved, current, "it ran with")
     _added_keys_at_default(value, cfg, saved, current)
-    fused = is_fused(cfg)
+    fused = is_fused(schema_view(cfg))
     resume = folder / RESUME_FILE
     if cfg.num_seeds == 1 or fused:
         wanted = {0: resume}

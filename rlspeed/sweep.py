@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rlspeed.config import uncreatable, unreachable
+from rlspeed.config_tree import uncreatable, unreachable
 from rlspeed.errors import ConfigError, RLSpeedError
 from rlspeed.secrets import reveal
 

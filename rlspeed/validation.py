@@ -12,19 +12,24 @@ import logging
 import os
 from pathlib import Path
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from rlspeed.algos import batch_rows, network_weights
-from rlspeed.config import MAX_SEEDS, MAX_STEPS, check_creatable, is_fused
+from rlspeed.config import MAX_SEEDS, MAX_STEPS, is_fused
+from rlspeed.config_tree import check_creatable, schema_view
 from rlspeed.errors import ConfigError, StoreUnreachable
 from rlspeed.registry import ALGOS, BACKENDS, ENGINES, TASKS, TRACKERS
 
+# What a key that has no default (MISSING) takes.
+MISSING_HINTS = {"task.id": "a registered Gymnasium id, e.g. task.id=Acrobot-v1"}
 # A day: the longest an env's step may be waited for (env.step_timeout_s).
 MAX_STEP_TIMEOUT_S = 86_400
 
 
 def validate(cfg: DictConfig) -> None:
     """Reject bad or incompatible values with one clear line before any work starts."""
+    for key in sorted(OmegaConf.missing_keys(cfg)):  # a value the config tree cannot give
+        raise ConfigError(key, "???", MISSING_HINTS.get(key, "a value (it has no default)"))
     if cfg.num_envs < 1:
         raise ConfigError("num_envs", cfg.num_envs, "an integer >= 1")
     if not 1 <= cfg.num_seeds <= MAX_SEEDS:
@@ -116,7 +121,9 @@ def validate(cfg: DictConfig) -> None:
     from rlspeed.engines.env_state import check_resumable
     from rlspeed.run_folders import check_modes
 
-    check_resumable(cfg)  # builds the env: what it keeps decides checkpoint_every and resume=
+    check_resumable(
+        schema_view(cfg)
+    )  # builds the env: what it keeps decides checkpoint_every and resume=
     check_modes(cfg)
 
 
@@ -144,8 +151,9 @@ def auto_threads(cfg: DictConfig) -> int:
     """
     if not cfg.algo.get("hidden_sizes"):
         return 0
-    rows = batch_rows(cfg) * (cfg.num_seeds if is_fused(cfg) else 1)
-    macs = rows * network_weights(cfg)
+    typed = schema_view(cfg)
+    rows = batch_rows(typed) * (cfg.num_seeds if is_fused(typed) else 1)
+    macs = rows * network_weights(typed)
     return 1 if macs < ONE_THREAD_BELOW_MACS else 0
 
 

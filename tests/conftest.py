@@ -22,7 +22,8 @@ from omegaconf import DictConfig, OmegaConf
 from rlspeed import statefile
 from rlspeed.checkpoint import RESUME_FILE, seed_file
 from rlspeed.cli import CONF_DIR
-from rlspeed.config import BackendConfig, register_configs
+from rlspeed.config import BackendConfig
+from rlspeed.config_tree import register_configs
 from rlspeed.tasks.gridworld import GridWorldTaskConfig
 
 # pytest-xdist runs one worker per core: one torch thread each (in-process runs and the

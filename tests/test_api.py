@@ -78,8 +78,8 @@ def test_train_runs_what_the_command_runs(tmp_path: Path) -> None:
 
 def first_observation(folder: Path, seed: int) -> np.ndarray:
     """The first observation of an episode of the run's task, as its env gives it."""
-    from rlspeed.checkpoint import read_config
     from rlspeed.registry import TASKS
+    from rlspeed.saved_config import read_config
 
     saved = read_config("checkpoint", str(folder), folder)
     env = TASKS.get(saved.task.name).make_env(saved.task)

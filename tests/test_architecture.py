@@ -9,6 +9,8 @@ reader, who still has to hold both modules in mind to follow either.
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -105,7 +107,9 @@ LAYERS = [
     ("loops", ["rlspeed.algos.loops"]),
     ("parts", [f"rlspeed.{name}" for name in ("tasks", "engines", "envs", "backends")]),
     ("parts", ["rlspeed.tracking", "rlspeed.monitor", "rlspeed.sweep", "rlspeed.slurm"]),
+    ("files", ["rlspeed.saved_config"]),
     ("files", ["rlspeed.checkpoint", "rlspeed.statefile", "rlspeed.digests"]),
+    ("base", ["rlspeed.config_tree"]),
     ("base", [f"rlspeed.{name}" for name in ("config", "registry", "errors", "secrets")]),
     ("base", ["rlspeed.seeding", "rlspeed.machine", "rlspeed.user_modules"]),
 ]
@@ -143,3 +147,109 @@ def test_the_cycle_finder_sees_a_circle_through_a_function_level_import() -> Non
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert cycles(graph) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+# ---------------------------------------------------------------- the core apart from the shell
+
+# The RL library: what a run trains with, usable without the tool around it.
+CORE = ["rlspeed.algos", "rlspeed.envs", "rlspeed.engines", "rlspeed.tasks", "rlspeed.backends"]
+# The plain modules the core builds on (schemas, errors, seeds, files of agents and state).
+CORE_BASE = {
+    f"rlspeed.{name}"
+    for name in (
+        "config",
+        "errors",
+        "registry",
+        "secrets",
+        "seeding",
+        "machine",
+        "user_modules",
+        "checkpoint",
+        "statefile",
+        "digests",
+    )
+}
+# What belongs to the tool around the core: the command line, configs, tracking, progress,
+# sweeps, clusters.
+SHELL_LIBRARIES = {"hydra", "omegaconf", "mlflow", "optuna", "rich", "tensorboard", "submitit"}
+
+
+def in_core(module: str) -> bool:
+    return any((module + ".").startswith(package + ".") for package in CORE)
+
+
+def libraries_imported(module: str) -> set[str]:
+    """The top-level names of every library ``module`` imports, wherever the import is
+    written (``TYPE_CHECKING`` included: a reader of the core needs the shell's types
+    otherwise)."""
+    files = {module_name(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(files[module].read_text())):
+        if isinstance(node, ast.Import):
+            names |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module.split(".")[0])
+            if node.module == "torch.utils" and any(a.name == "tensorboard" for a in node.names):
+                names.add("tensorboard")
+            if node.module.startswith("torch.utils.tensorboard"):
+                names.add("tensorboard")
+    return names
+
+
+def core_closure(graph: dict[str, set[str]]) -> set[str]:
+    """The core's modules and every project module they import, directly or not."""
+    seen = {module for module in graph if in_core(module)}
+    todo = list(seen)
+    while todo:
+        for target in graph[todo.pop()]:
+            if target not in seen:
+                seen.add(target)
+                todo.append(target)
+    return seen
+
+
+def test_the_core_imports_nothing_of_the_shell() -> None:
+    graph = import_graph()
+    closure = core_closure(graph)
+    assert len([m for m in closure if in_core(m)]) > 30  # the walk found the core
+    outside = sorted(m for m in closure if not in_core(m) and m not in CORE_BASE)
+    assert outside == []  # a shell module the core reaches
+    shell_imports = sorted(
+        f"{module} imports {library}"
+        for module in closure
+        for library in libraries_imported(module) & SHELL_LIBRARIES
+    )
+    assert shell_imports == []
+
+
+def test_the_shell_check_sees_a_shell_library_and_a_shell_module() -> None:
+    graph = {"rlspeed.algos.x": {"rlspeed.config"}, "rlspeed.config": {"rlspeed.monitor"}}
+    graph["rlspeed.monitor"] = set()
+    assert "rlspeed.monitor" in core_closure(graph)
+    assert "hydra" in libraries_imported("rlspeed.preflight")
+    assert "tensorboard" in libraries_imported("rlspeed.tracking.tensorboard")
+
+
+def test_importing_the_core_loads_no_config_tracking_or_sweep_library() -> None:
+    """At run time too: the core's modules imported in a fresh process load none of Hydra,
+    OmegaConf, MLflow, Optuna or submitit (rich and TensorBoard are not asked of it: Flax
+    imports rich itself)."""
+    modules = [
+        "rlspeed.algos.ppo.flax",
+        "rlspeed.algos.dqn.torch",
+        "rlspeed.algos.loops.fused_training",
+        "rlspeed.algos.loops.host",
+        "rlspeed.tasks.gym",
+        "rlspeed.engines.gym_async",
+        "rlspeed.engines.jax_vmap",
+        "rlspeed.backends.torch",
+    ]
+    code = (
+        f"import sys\nfor m in {modules!r}: __import__(m)\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & "
+        "{'hydra', 'omegaconf', 'mlflow', 'optuna', 'submitit'}))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True
+    )
+    assert done.stdout.strip() == "[]"

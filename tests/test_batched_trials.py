@@ -21,7 +21,7 @@ from optuna.trial import TrialState
 
 from hydra_plugins.rlspeed_optuna_sweeper._batch import _derived
 from rlspeed.cli import CONF_DIR
-from rlspeed.config import register_configs
+from rlspeed.config_tree import register_configs
 from rlspeed.sweep import open_storage
 from tests.conftest import run_cli, start_cli, without_rates
 

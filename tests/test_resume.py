@@ -183,7 +183,7 @@ def test_resume_may_change_the_thread_count_but_not_what_it_trains(tmp_path, mak
     from omegaconf import OmegaConf
 
     from rlspeed.checkpoint import save_resume, training_keys
-    from rlspeed.config import flatten
+    from rlspeed.config_tree import flatten
     from rlspeed.run_folders import check_resume
 
     saved = make_cfg(["backend.threads=0"])

@@ -19,7 +19,7 @@ import optuna
 import pytest
 from mlflow.tracking import MlflowClient
 
-from rlspeed.config import flatten, to_yaml
+from rlspeed.config_tree import flatten, to_yaml
 from rlspeed.errors import ConfigError, RLSpeedError
 from rlspeed.registry import TASKS
 from rlspeed.secrets import (

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from rlspeed.algos.encoding import input_size
-from rlspeed.config import flatten
+from rlspeed.config_tree import flatten
 from rlspeed.registry import TASKS
 from rlspeed.validation import validate
 

@@ -32,6 +32,7 @@ from hydra.types import HydraContext
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from rlspeed.config import is_fused
+from rlspeed.config_tree import schema_view
 from rlspeed.errors import ConfigError
 from rlspeed.registry import ALGOS
 
@@ -45,7 +46,7 @@ def batches_trials(config: DictConfig, launcher: Any, batch_size: int) -> bool:
     return (
         batch_size > 1
         and "trial" in config
-        and is_fused(config)
+        and is_fused(schema_view(config))
         and type(launcher).__name__ == "BasicLauncher"
     )
 

@@ -43,7 +43,8 @@ from optuna.distributions import (
 )
 
 from hydra_plugins.rlspeed_optuna_sweeper._seeding import trial_seed
-from rlspeed.config import MAX_STEPS, quote
+from rlspeed.config import MAX_STEPS
+from rlspeed.config_tree import quote
 from rlspeed.errors import ConfigError, RLSpeedError
 
 MAX_TRIALS = 1_000_000

@@ -53,7 +53,7 @@ from hydra_plugins.rlspeed_optuna_sweeper._submitit import is_submitit, launch_e
 from hydra_plugins.rlspeed_optuna_sweeper._trials import TrialKeeper, counted, is_surplus
 from rlspeed import secrets
 from rlspeed.checkpoint import read_metrics
-from rlspeed.config import quote
+from rlspeed.config_tree import quote
 from rlspeed.errors import ConfigError, RLSpeedError
 from rlspeed.sweep import (
     MAX_NAME_CHARS,

@@ -8,15 +8,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from omegaconf import OmegaConf
-
 from rlspeed.algos.schedule import updates_in_run
+from rlspeed.config import ROLLING_EPISODES, plain
 from rlspeed.errors import ConfigError
 from rlspeed.machine import physical_memory
 from rlspeed.registry import ENGINES, TASKS
 
 if TYPE_CHECKING:
-    from omegaconf import DictConfig
+    from rlspeed.config import RunConfig
 
 # CleanRL's PPO takes 4-10 epochs per batch, VPG setups tens of value steps.
 MAX_PASSES = 1_000
@@ -62,6 +61,14 @@ def check_ranges(algo: Any, **keys_by_range: tuple[str, ...]) -> None:
                 raise ConfigError(f"algo.{key}", algo[key], allowed)
 
 
+def _setting(cfg: RunConfig, key: str) -> int:
+    """The run's size setting ``key`` (dotted: ``algo.buffer_size``)."""
+    value: Any = cfg
+    for part in key.split("."):
+        value = getattr(value, part)
+    return int(value)
+
+
 def check_hidden_sizes(algo: Any) -> None:
     """1 to MAX_HIDDEN_LAYERS widths in [1, MAX_HIDDEN_WIDTH]; the length first, so a runaway
     list costs no more than its count."""
@@ -70,7 +77,7 @@ def check_hidden_sizes(algo: Any) -> None:
     if not 1 <= len(sizes) <= MAX_HIDDEN_LAYERS or not all(
         type(size) is int and 1 <= size <= MAX_HIDDEN_WIDTH for size in sizes
     ):
-        shown = OmegaConf.to_container(sizes)
+        shown = plain(sizes)
         allowed = (
             f"a non-empty list of integers >= 1: at most {MAX_HIDDEN_LAYERS} of them, each at "
             f"most {MAX_HIDDEN_WIDTH:,}"
@@ -78,7 +85,7 @@ def check_hidden_sizes(algo: Any) -> None:
         raise ConfigError("algo.hidden_sizes", shown, allowed)
 
 
-def network_weights(cfg: DictConfig) -> int:
+def network_weights(cfg: RunConfig) -> int:
     """Weights of one network of ``algo.hidden_sizes`` on the task's input width
     (``TaskSpec.network_inputs``), the small output layer aside: also the multiply-adds of
     one row through it."""
@@ -86,7 +93,7 @@ def network_weights(cfg: DictConfig) -> int:
     return sum(a * b for a, b in zip(widths, widths[1:], strict=False))
 
 
-def batch_rows(cfg: DictConfig) -> int:
+def batch_rows(cfg: RunConfig) -> int:
     """Rows of the largest batch one agent's network sees: an update's batch, or one row per
     env when acting on more envs than that."""
     algo = cfg.algo
@@ -97,7 +104,7 @@ def batch_rows(cfg: DictConfig) -> int:
     return max(rows, cfg.num_envs)
 
 
-def check_network_memory(cfg: DictConfig) -> None:
+def check_network_memory(cfg: RunConfig) -> None:
     """Networks and their inputs that fit in memory: every agent trained at once holds each
     weight WEIGHT_COPIES times (the weight, its gradient, Adam's two moments) and its
     largest input batch (``batch_rows``) at INPUT_BYTES an entry; a wide one-hot input
@@ -117,7 +124,7 @@ def check_network_memory(cfg: DictConfig) -> None:
         )
 
 
-def check_replay(algo: Any, cfg: DictConfig, min_updates: int = 1) -> None:
+def check_replay(algo: Any, cfg: RunConfig, min_updates: int = 1) -> None:
     """What a replay-buffer algorithm (DQN, TD3) needs: a buffer that holds a batch and a step
     of every env, and a budget that reaches ``min_updates`` gradient updates (a run without
     any would end FINISHED having learned nothing). Its memory is checked too."""
@@ -146,7 +153,7 @@ def check_replay(algo: Any, cfg: DictConfig, min_updates: int = 1) -> None:
     check_memory(cfg, ("algo.buffer_size", algo.buffer_size), observations=finals)
 
 
-def check_memory(cfg: DictConfig, *stores: tuple[str, int], observations: int = 0) -> None:
+def check_memory(cfg: RunConfig, *stores: tuple[str, int], observations: int = 0) -> None:
     """Refuse sizes whose arrays cannot fit in this machine's physical memory, before they
     hang a run (num_envs=10**12 or buffer_size=10**12 do on flax + jax-vmap).
 
@@ -170,7 +177,7 @@ def check_memory(cfg: DictConfig, *stores: tuple[str, int], observations: int = 
     available = physical_memory()
     if needed > available:
         keys = [key for key, _ in parts] + (["num_seeds"] if cfg.num_seeds > 1 else [])
-        sizes = {key: OmegaConf.select(cfg, key) for key in keys}
+        sizes = {key: _setting(cfg, key) for key in keys}
         key = max(sizes, key=sizes.__getitem__)
         held = f"{transitions:,} transitions of {transition:,} bytes"
         if finals:
@@ -187,12 +194,10 @@ def check_memory(cfg: DictConfig, *stores: tuple[str, int], observations: int = 
 def seed_record_bytes() -> int:
     """What the run's monitor keeps of each seed, on every path: the returns and lengths
     (float64) of its last ROLLING_EPISODES episodes."""
-    from rlspeed.monitor import ROLLING_EPISODES  # NumPy and rich: once the settings passed
-
     return 2 * ROLLING_EPISODES * 8
 
 
-def agents_at_once(cfg: DictConfig) -> int:
+def agents_at_once(cfg: RunConfig) -> int:
     """Agents in memory at once: the fused jax-vmap path holds every seed's."""
     return cfg.num_seeds if ENGINES.get(cfg.env.name).needs_functional_env else 1
 
@@ -202,7 +207,7 @@ def agents_at_once(cfg: DictConfig) -> int:
 FUSED_STACK = ("flax", "jax-vmap")
 
 
-def _no_extra_checks(algo_cfg: Any, cfg: DictConfig) -> None:
+def _no_extra_checks(algo_cfg: Any, cfg: RunConfig) -> None:
     return None
 
 

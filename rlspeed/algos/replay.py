@@ -32,7 +32,7 @@ from rlspeed.seeding import Stream, numpy_rng
 
 if TYPE_CHECKING:
     from rlspeed.algos.loops.host import EpisodeSink
-    from rlspeed.config import RunConfigLike
+    from rlspeed.config import RunConfig
     from rlspeed.engines import Engine
 
 
@@ -63,7 +63,7 @@ def final_capacity(capacity: int, num_envs: int, truncation_gap: int) -> int:
     return num_envs * (-(-steps // truncation_gap) + 1)
 
 
-def truncation_gap(cfg: RunConfigLike) -> int:
+def truncation_gap(cfg: RunConfig) -> int:
     """The fewest steps between two truncations of one env of the run's task: its time
     limit where nothing else truncates an episode (the built-in tasks), else 1 (an env of
     ``task=gym`` may truncate at any step)."""
@@ -228,7 +228,7 @@ class ReplayBuffer:
         load_rng_state(self._rng, state["_rng"])
 
 
-def replay_buffer(obs_space: Any, action_space: Any, cfg: RunConfigLike, seed: int) -> ReplayBuffer:
+def replay_buffer(obs_space: Any, action_space: Any, cfg: RunConfig, seed: int) -> ReplayBuffer:
     """A host-driven learner's buffer: the last ``algo.buffer_size`` transitions of the
     run's envs, its batches drawn from the seed's own stream (``Stream.REPLAY``)."""
     return ReplayBuffer(

@@ -21,7 +21,7 @@ from rlspeed.algos.normalization import HostNormalization, NormSettings
 from rlspeed.engines import Engine
 
 if TYPE_CHECKING:
-    from rlspeed.config import RunConfigLike
+    from rlspeed.config import RunConfig
 
 
 class RolloutBatch(NamedTuple):
@@ -184,7 +184,7 @@ class RolloutLearner:
         self,
         obs_space: Any,
         action_space: Any,
-        cfg: RunConfigLike,
+        cfg: RunConfig,
         norm: NormSettings | None = None,
     ) -> None:
         self.total_steps, self.num_envs = cfg.total_steps, cfg.num_envs

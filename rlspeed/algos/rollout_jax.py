@@ -37,7 +37,7 @@ from rlspeed.envs.vmap import VmapEnv, VmapState
 from rlspeed.seeding import JaxKeys, Stream, jax_key
 
 if TYPE_CHECKING:
-    from rlspeed.config import RunConfigLike
+    from rlspeed.config import RunConfig
 
 
 class OnPolicyFunctions(Protocol):
@@ -118,7 +118,7 @@ class OnPolicyJaxLearner(JaxLearner, RolloutLearner):
         fns: OnPolicyFunctions,
         obs_space: Any,
         action_space: Any,
-        cfg: RunConfigLike,
+        cfg: RunConfig,
         seed: int,
     ) -> None:
         super().__init__(fns.init, seed)
@@ -223,7 +223,7 @@ def checkpoint_tree(agent: Any, norm: NormState | None) -> dict[str, Any]:
     return tree
 
 
-def make_on_policy_train(cfg: RunConfigLike, env: VmapEnv, fns: OnPolicyFunctions) -> FusedTrainer:
+def make_on_policy_train(cfg: RunConfig, env: VmapEnv, fns: OnPolicyFunctions) -> FusedTrainer:
     """The fused program of an on-policy algorithm: the host loop's steps, in JAX."""
     algo, n, horizon = cfg.algo, env.num_envs, cfg.algo.num_steps
     batch_size = horizon * n

@@ -10,14 +10,12 @@ from typing import TYPE_CHECKING, Any
 from rlspeed.errors import ConfigError
 
 if TYPE_CHECKING:
-    from omegaconf import DictConfig
-
     from rlspeed.config import BackendConfig
 
 DEVICES = "auto, cpu, cuda or cuda:N"
 
 
-def device_setting(cfg: BackendConfig | DictConfig) -> str:
+def device_setting(cfg: BackendConfig) -> str:
     """``backend.device``; auto for the config of a run folder written before it existed
     (``mode=eval`` reads those as they are)."""
     return str(getattr(cfg, "device", "auto"))
@@ -29,7 +27,7 @@ def gpu_index(device: str) -> int | None:
     return int(match.group(1) or 0) if match else None
 
 
-def check_device(cfg: DictConfig, gpus: Callable[[], int]) -> None:
+def check_device(cfg: BackendConfig, gpus: Callable[[], int]) -> None:
     """Refuse ``backend.device`` unless it is one of ``DEVICES`` and a GPU it names exists
     (``gpus()``: how many the backend's library sees; loaded only when a GPU is named)."""
     device = device_setting(cfg)

@@ -9,8 +9,6 @@ from typing import TYPE_CHECKING
 from rlspeed.backends import BackendSpec, check_device, device_setting, gpu_index
 
 if TYPE_CHECKING:
-    from omegaconf import DictConfig
-
     from rlspeed.config import BackendConfig
 
 
@@ -23,7 +21,7 @@ def _gpus() -> int:
         return 0
 
 
-def setup(cfg: BackendConfig | DictConfig, seed: int) -> None:
+def setup(cfg: BackendConfig, seed: int) -> None:
     device = device_setting(cfg)
     if device != "auto":
         import jax
@@ -52,7 +50,7 @@ def setup(cfg: BackendConfig | DictConfig, seed: int) -> None:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
 
-def device_name(cfg: BackendConfig | DictConfig) -> str:
+def device_name(cfg: BackendConfig) -> str:
     import jax
 
     # A config option that jax sets as an attribute at runtime (unknown to type checkers).

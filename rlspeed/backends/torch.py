@@ -9,12 +9,11 @@ from rlspeed.backends import BackendSpec, check_device, device_setting
 
 if TYPE_CHECKING:
     import torch
-    from omegaconf import DictConfig
 
     from rlspeed.config import BackendConfig
 
 
-def device_of(cfg: BackendConfig | DictConfig) -> torch.device:
+def device_of(cfg: BackendConfig) -> torch.device:
     """``backend.device`` as a torch device (auto: the first GPU torch sees, else the CPU)."""
     import torch
 
@@ -30,7 +29,7 @@ def _gpus() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def setup(cfg: BackendConfig | DictConfig, seed: int) -> None:
+def setup(cfg: BackendConfig, seed: int) -> None:
     import torch
 
     from rlspeed.seeding import Stream, int_seed

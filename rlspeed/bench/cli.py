@@ -12,7 +12,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
 from rlspeed.cli import CONF_DIR
-from rlspeed.config import register_configs
+from rlspeed.config_tree import register_configs
 
 # name -> what it measures (each is rlspeed.bench.<name> with run(out_dir, quick, compose)).
 BENCHMARKS = {

@@ -26,7 +26,7 @@ def measure(overrides: list[str], budget_s: float) -> float:
     anything in this process."""
     from rlspeed.algos import import_named
     from rlspeed.bench.cli import compose_config
-    from rlspeed.config import register_configs
+    from rlspeed.config_tree import register_configs
     from rlspeed.registry import ALGOS, BACKENDS, TASKS
     from rlspeed.validation import resolve_threads
 

@@ -37,14 +37,14 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.envs.registration import EnvSpec
 from gymnasium.wrappers import PassiveEnvChecker
-from omegaconf import OmegaConf
 
+from rlspeed.config import plain
 from rlspeed.errors import ConfigError
 from rlspeed.registry import ENGINES, TASKS
 from rlspeed.secrets import mask
 
 if TYPE_CHECKING:
-    from omegaconf import DictConfig
+    from rlspeed.config import RunConfig, TaskConfig
 
 # The hook a user's env (or wrapper) may define to hand over state rlspeed cannot take.
 HOOK_GET, HOOK_SET = "rlspeed_get_state", "rlspeed_set_state"
@@ -105,7 +105,7 @@ def restore_saved(env: gym.Env) -> None:
             getattr(layer, HOOK_SET)(saved["hook"])
 
 
-def check_resumable(cfg: DictConfig) -> None:
+def check_resumable(cfg: RunConfig) -> None:
     """A training run on the Gymnasium engines whose env keeps state that ``env_state``
     cannot save (and its hook does not hand over) cannot resume exactly: ``checkpoint_every``
     other than 0 and ``resume=`` are refused in one line, ``auto`` is off for it (a run that
@@ -131,7 +131,7 @@ def check_resumable(cfg: DictConfig) -> None:
     log.info("rlspeed: this run cannot be resumed%s: %s %s", off, env, why.removeprefix("it "))
 
 
-def saves_state(task_cfg: DictConfig) -> bool:
+def saves_state(task_cfg: TaskConfig) -> bool:
     """Whether the task's Gymnasium env has all its state saved (as ``check_resumable``
     judged it): a run of it can resume exactly."""
     return _unsaved_state(task_cfg) is None
@@ -141,10 +141,10 @@ def saves_state(task_cfg: DictConfig) -> bool:
 _VERDICTS: dict[str, str | None] = {}
 
 
-def _unsaved_state(task_cfg: DictConfig) -> str | None:
+def _unsaved_state(task_cfg: TaskConfig) -> str | None:
     """Where the task's env keeps state that ``env_state`` cannot save, as ``unsaved_state``
     says; found once per task settings (a command checks its config twice)."""
-    key = json.dumps(OmegaConf.to_container(task_cfg, resolve=True), sort_keys=True, default=str)
+    key = json.dumps(plain(task_cfg), sort_keys=True, default=str)
     if key not in _VERDICTS:
         env = TASKS.get(task_cfg.name).make_env(task_cfg)
         # The env checker's warnings are the run's envs' to give. An env that fails here

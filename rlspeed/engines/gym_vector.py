@@ -20,9 +20,7 @@ from rlspeed.errors import EnvFailed, env_code
 from rlspeed.seeding import env_seeds
 
 if TYPE_CHECKING:
-    from omegaconf import DictConfig
-
-    from rlspeed.config import EngineConfig, TaskConfigLike
+    from rlspeed.config import EngineConfig, TaskConfig
     from rlspeed.tasks import TaskSpec
 
 
@@ -130,7 +128,7 @@ class GymVectorEngine:
             raise
 
 
-def _make_env(task: TaskSpec, task_cfg: TaskConfigLike, main_pid: int) -> gym.Env:
+def _make_env(task: TaskSpec, task_cfg: TaskConfig, main_pid: int) -> gym.Env:
     """One env copy. In a gym-async worker, the stop signals that a terminal or a scheduler
     sends every process of the job (Ctrl-C, SIGTERM, SIGUSR2) are ignored: the main process
     stops at the end of an iteration, takes the envs' state from the workers, then closes
@@ -143,8 +141,8 @@ def _make_env(task: TaskSpec, task_cfg: TaskConfigLike, main_pid: int) -> gym.En
 
 def make_vector_engine(
     task: TaskSpec,
-    task_cfg: TaskConfigLike,
-    engine_cfg: EngineConfig | DictConfig,
+    task_cfg: TaskConfig,
+    engine_cfg: EngineConfig,
     num_envs: int,
     seed: int,
     asynchronous: bool,

@@ -10,17 +10,15 @@ from typing import TYPE_CHECKING
 from rlspeed.engines import EngineSpec
 
 if TYPE_CHECKING:
-    from omegaconf import DictConfig
-
-    from rlspeed.config import EngineConfig, TaskConfigLike
+    from rlspeed.config import EngineConfig, TaskConfig
     from rlspeed.envs.vmap import JaxVmapEngine
     from rlspeed.tasks import TaskSpec
 
 
 def make_engine(
     task: TaskSpec,
-    task_cfg: TaskConfigLike,
-    engine_cfg: EngineConfig | DictConfig,
+    task_cfg: TaskConfig,
+    engine_cfg: EngineConfig,
     num_envs: int,
     seed: int,
 ) -> JaxVmapEngine:

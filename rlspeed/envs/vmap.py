@@ -20,7 +20,7 @@ from rlspeed.engines import StepResult
 from rlspeed.seeding import Stream, jax_key
 
 if TYPE_CHECKING:
-    from rlspeed.config import TaskConfigLike
+    from rlspeed.config import TaskConfig
 
 
 class VmapState(NamedTuple):
@@ -218,5 +218,5 @@ def mean_greedy_return(
 
 # ``task``: a ``rlspeed.tasks.TaskSpec``, which is not imported here: rlspeed.tasks imports this
 # module (a task's device evaluation runs on VmapEnv).
-def make_vmap_env(task: Any, task_cfg: TaskConfigLike, num_envs: int) -> VmapEnv:
+def make_vmap_env(task: Any, task_cfg: TaskConfig, num_envs: int) -> VmapEnv:
     return VmapEnv(task.make_functional(task_cfg), num_envs, task_cfg.max_steps)

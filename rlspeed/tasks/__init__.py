@@ -10,7 +10,7 @@ from rlspeed.config import MAX_STEPS
 from rlspeed.errors import ConfigError
 
 if TYPE_CHECKING:
-    from omegaconf import DictConfig
+    from rlspeed.config import TaskConfig
 
 # A batched greedy policy: observations [B, ...] -> actions [B] (NumPy arrays). Tasks load
 # NumPy and Gymnasium only to build or score an env: a config check reads no array.
@@ -36,15 +36,16 @@ class TabularSpec:
 MAXIMUMS = {"max_steps": MAX_STEPS, "eval_episodes": 10_000}
 
 
-def check_settings(cfg: DictConfig, **minimums: int) -> None:
+def check_settings(cfg: TaskConfig, **minimums: int) -> None:
     """Reject the first ``task.<key>`` out of its range: ``max_steps`` and, on tasks that have
     it, ``eval_episodes`` in [1, MAXIMUMS], then the task's own ``minimums`` (e.g. a grid's
     size; memory bounds it from above)."""
     for key, low in {"max_steps": 1, "eval_episodes": 1, **minimums}.items():
         high = MAXIMUMS.get(key)
-        if key in cfg and (cfg[key] < low or (high is not None and cfg[key] > high)):
+        value = getattr(cfg, key, None)  # a setting the task has
+        if value is not None and (value < low or (high is not None and value > high)):
             allowed = f"an integer >= {low}" if high is None else f"an integer in [{low}, {high:,}]"
-            raise ConfigError(f"task.{key}", cfg[key], allowed)
+            raise ConfigError(f"task.{key}", value, allowed)
 
 
 def mean_return_on_device(

@@ -11,7 +11,6 @@ from rlspeed.tasks import Policy, TaskSpec, mean_return_on_device
 # Gymnasium (and NumPy) load when an env is built or scored, not when a config is checked.
 if TYPE_CHECKING:
     import gymnasium as gym
-    from omegaconf import DictConfig
 
     from rlspeed.tasks._episodes import FunctionalTwin
 
@@ -27,13 +26,13 @@ class CartPoleTaskConfig(TaskConfig):
     eval_episodes: int = 10
 
 
-def make_env(cfg: CartPoleTaskConfig | DictConfig) -> gym.Env:
+def make_env(cfg: CartPoleTaskConfig) -> gym.Env:
     import gymnasium as gym
 
     return gym.make(ENV_ID, max_episode_steps=cfg.max_steps)
 
 
-def make_functional(cfg: CartPoleTaskConfig | DictConfig) -> FunctionalTwin:
+def make_functional(cfg: CartPoleTaskConfig) -> FunctionalTwin:
     """Gymnasium's functional JAX CartPole with ``CartPole-v1``'s parameters.
 
     Gymnasium's default ``CartPoleParams.polemass_length`` is ``masspole + length`` (0.6)
@@ -53,7 +52,7 @@ def make_functional(cfg: CartPoleTaskConfig | DictConfig) -> FunctionalTwin:
     return FunctionalTwin(CartPoleFunctional(), params, v1)
 
 
-def evaluate(cfg: CartPoleTaskConfig | DictConfig, policy: Policy, seed: int) -> float:
+def evaluate(cfg: CartPoleTaskConfig, policy: Policy, seed: int) -> float:
     """Mean return of the greedy policy over ``cfg.eval_episodes`` standard-length episodes."""
     from rlspeed.tasks._episodes import mean_greedy_return
 

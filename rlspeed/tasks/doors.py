@@ -12,7 +12,6 @@ from rlspeed.tasks import Policy, TabularSpec, TaskSpec, check_settings
 # Gymnasium (and NumPy) load when an env is built or scored, not when a config is checked.
 if TYPE_CHECKING:
     import gymnasium as gym
-    from omegaconf import DictConfig
 
 # The score is measured at the seed's episode length, whatever the training length.
 STANDARD_MAX_STEPS = 32
@@ -26,7 +25,7 @@ class DoorsTaskConfig(TaskConfig):
     max_steps: int = STANDARD_MAX_STEPS
 
 
-def make_env(cfg: DoorsTaskConfig | DictConfig) -> gym.Env:
+def make_env(cfg: DoorsTaskConfig) -> gym.Env:
     import gymnasium as gym
 
     import rlspeed.envs  # noqa: F401  (registers rlspeed/Doors-v0)
@@ -39,13 +38,13 @@ def make_env(cfg: DoorsTaskConfig | DictConfig) -> gym.Env:
     )
 
 
-def make_functional(cfg: DoorsTaskConfig | DictConfig) -> Any:
+def make_functional(cfg: DoorsTaskConfig) -> Any:
     from rlspeed.envs.doors_jax import DoorsFunctional
 
     return DoorsFunctional(grid_size=cfg.grid_size, n_doors=cfg.n_doors)
 
 
-def validate(cfg: DictConfig) -> None:
+def validate(cfg: DoorsTaskConfig) -> None:
     """A middle wall row between the start and goal rows (grid_size >= 3) with 1 to
     grid_size doors in it."""
     check_settings(cfg, grid_size=3, n_doors=1)
@@ -55,7 +54,7 @@ def validate(cfg: DictConfig) -> None:
         )
 
 
-def evaluate(cfg: DoorsTaskConfig | DictConfig, policy: Policy, seed: int) -> float:
+def evaluate(cfg: DoorsTaskConfig, policy: Policy, seed: int) -> float:
     """Step reward ratio of the greedy policy over every start column: the exact
     expectation over the uniform start, so the score has no sampling noise."""
     import numpy as np
@@ -80,7 +79,7 @@ def evaluate(cfg: DoorsTaskConfig | DictConfig, policy: Policy, seed: int) -> fl
     return total_reward / total_steps
 
 
-def evaluate_on_device(cfg: DoorsTaskConfig | DictConfig, act: Any, key: Any) -> Any:
+def evaluate_on_device(cfg: DoorsTaskConfig, act: Any, key: Any) -> Any:
     """``evaluate`` on the JAX twin: every start column's greedy episode at once (float32
     rewards, where the host sums float64)."""
     import jax.numpy as jnp
@@ -93,19 +92,19 @@ def evaluate_on_device(cfg: DoorsTaskConfig | DictConfig, act: Any, key: Any) ->
     return returns.sum() / lengths.sum()
 
 
-def network_inputs(cfg: DoorsTaskConfig | DictConfig) -> int:
+def network_inputs(cfg: DoorsTaskConfig) -> int:
     """Every cell's code, one-hot."""
     from rlspeed.envs.doors import N_CELL_TYPES
 
     return cfg.grid_size**2 * N_CELL_TYPES
 
 
-def num_states(cfg: DoorsTaskConfig | DictConfig) -> int:
+def num_states(cfg: DoorsTaskConfig) -> int:
     """Agent cell x goal column: ``H * W * W``."""
     return cfg.grid_size**3
 
 
-def state_index(cfg: DoorsTaskConfig | DictConfig, obs: Any, xp: Any) -> Any:
+def state_index(cfg: DoorsTaskConfig, obs: Any, xp: Any) -> Any:
     """``agent_cell * W + goal_col`` from flattened observations ``[B, H*W]``.
 
     The goal sits in the top row, which holds no wall, so that row's largest code marks

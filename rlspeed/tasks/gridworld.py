@@ -11,7 +11,6 @@ from rlspeed.tasks import Policy, TabularSpec, TaskSpec, check_settings
 # Gymnasium (and NumPy) load when an env is built or scored, not when a config is checked.
 if TYPE_CHECKING:
     import gymnasium as gym
-    from omegaconf import DictConfig
 
 # Greedy evaluation always runs at this episode length, whatever the training length.
 STANDARD_MAX_STEPS = 50
@@ -24,7 +23,7 @@ class GridWorldTaskConfig(TaskConfig):
     max_steps: int = STANDARD_MAX_STEPS
 
 
-def make_env(cfg: GridWorldTaskConfig | DictConfig) -> gym.Env:
+def make_env(cfg: GridWorldTaskConfig) -> gym.Env:
     import gymnasium as gym
 
     import rlspeed.envs  # noqa: F401  (registers rlspeed/GridWorld-v0)
@@ -32,15 +31,13 @@ def make_env(cfg: GridWorldTaskConfig | DictConfig) -> gym.Env:
     return gym.make("rlspeed/GridWorld-v0", size=cfg.size, max_episode_steps=cfg.max_steps)
 
 
-def make_functional(cfg: GridWorldTaskConfig | DictConfig) -> Any:
+def make_functional(cfg: GridWorldTaskConfig) -> Any:
     from rlspeed.envs.gridworld_jax import GridWorldFunctional
 
     return GridWorldFunctional(size=cfg.size)
 
 
-def _greedy_episode(
-    cfg: GridWorldTaskConfig | DictConfig, policy: Policy
-) -> tuple[list[int], float]:
+def _greedy_episode(cfg: GridWorldTaskConfig, policy: Policy) -> tuple[list[int], float]:
     """Cells visited by the greedy policy from the start, and the episode's return."""
     import numpy as np
 
@@ -59,24 +56,24 @@ def _greedy_episode(
     return cells, total
 
 
-def greedy_path(cfg: GridWorldTaskConfig | DictConfig, policy: Policy) -> list[int]:
+def greedy_path(cfg: GridWorldTaskConfig, policy: Policy) -> list[int]:
     """Cells the greedy policy visits, start included, until the goal or the time limit."""
     return _greedy_episode(cfg, policy)[0]
 
 
-def shortest_path_length(cfg: GridWorldTaskConfig | DictConfig) -> int:
+def shortest_path_length(cfg: GridWorldTaskConfig) -> int:
     """Moves on a shortest path from the start to the goal: ``2 * (size - 1)``."""
     return 2 * (cfg.size - 1)
 
 
-def evaluate(cfg: GridWorldTaskConfig | DictConfig, policy: Policy, seed: int) -> float:
+def evaluate(cfg: GridWorldTaskConfig, policy: Policy, seed: int) -> float:
     """Return of the greedy policy's episode from the start (1.0 if it reaches the goal
     within the standard time limit). The env is deterministic, so one episode is the mean
     and ``seed`` is not needed."""
     return _greedy_episode(cfg, policy)[1]
 
 
-def evaluate_on_device(cfg: GridWorldTaskConfig | DictConfig, act: Any, key: Any) -> Any:
+def evaluate_on_device(cfg: GridWorldTaskConfig, act: Any, key: Any) -> Any:
     """``evaluate`` on the JAX twin: the greedy episode from the start."""
     import jax.numpy as jnp
 
@@ -87,11 +84,11 @@ def evaluate_on_device(cfg: GridWorldTaskConfig | DictConfig, act: Any, key: Any
     return returns[0]
 
 
-def num_states(cfg: GridWorldTaskConfig | DictConfig) -> int:
+def num_states(cfg: GridWorldTaskConfig) -> int:
     return cfg.size * cfg.size
 
 
-def state_index(cfg: GridWorldTaskConfig | DictConfig, obs: Any, xp: Any) -> Any:
+def state_index(cfg: GridWorldTaskConfig, obs: Any, xp: Any) -> Any:
     """The observation is the cell index already."""
     return obs.astype(xp.int32)
 

@@ -13,11 +13,9 @@ import functools
 import json
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple, cast
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from omegaconf import MISSING, DictConfig, OmegaConf
-
-from rlspeed.config import MAX_EPISODE_STEPS, TaskConfig
+from rlspeed.config import MAX_EPISODE_STEPS, MISSING, TaskConfig, plain
 from rlspeed.errors import ConfigError, one_line
 from rlspeed.registry import ALGOS
 from rlspeed.secrets import masked_accounts, reveal_value
@@ -81,9 +79,7 @@ def _kwargs(cfg: Any) -> dict[str, Any]:
     """``task.kwargs`` as ``gym.make`` takes them: plain Python values, with the password of
     each URL in them put back (the config holds it masked, as everything stored does:
     ``rlspeed.secrets``), so that the user's env can connect."""
-    kwargs = cfg.kwargs
-    plain = OmegaConf.to_container(kwargs) if isinstance(kwargs, DictConfig) else kwargs
-    revealed = reveal_value(dict(cast(dict[str, Any], plain)))  # the schema's dict[str, Any]
+    revealed = reveal_value(dict(plain(cfg.kwargs)))  # the schema's dict[str, Any]
     for key, value in revealed.items():
         if accounts := masked_accounts(str(value)):  # a saved config's, or typed as ***
             raise ConfigError(
@@ -125,8 +121,6 @@ def _import_user_modules(module: str | None, env_id: str) -> None:
 
 def env_facts(cfg: Any) -> EnvFacts:
     """The env's spaces and registered episode limit, read once per settings."""
-    if isinstance(cfg, DictConfig) and OmegaConf.is_missing(cfg, "id"):
-        raise ConfigError("task.id", "???", "a registered Gymnasium id, e.g. task.id=Acrobot-v1")
     kwargs = _kwargs(cfg)
     _check_keywords(kwargs)
     return _read_env(getattr(cfg, "import"), str(cfg.id), json.dumps(kwargs, sort_keys=True))
@@ -215,7 +209,7 @@ def check_algo(cfg: Any, algo: Any) -> None:
     )
 
 
-def validate(cfg: DictConfig) -> None:
+def validate(cfg: GymTaskConfig) -> None:
     """An env that can be made; ``max_steps: null`` set to its registered limit (a run
     records the number it trained with). The length evaluation episodes play to (the
     registered limit, else ``max_steps``) is at most MAX_EPISODE_STEPS: a score waits for
@@ -238,7 +232,7 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError("task.max_steps", cfg.max_steps, allowed)
 
 
-def make_env(cfg: GymTaskConfig | DictConfig, max_steps: int | None = None) -> gym.Env:
+def make_env(cfg: GymTaskConfig, max_steps: int | None = None) -> gym.Env:
     """The env with ``max_steps`` (the config's by default) as its time limit."""
     import gymnasium as gym
 
@@ -248,7 +242,7 @@ def make_env(cfg: GymTaskConfig | DictConfig, max_steps: int | None = None) -> g
     return gym.make(cfg.id, max_episode_steps=steps, **_kwargs(cfg))
 
 
-def evaluate(cfg: GymTaskConfig | DictConfig, policy: Policy, seed: int) -> float:
+def evaluate(cfg: GymTaskConfig, policy: Policy, seed: int) -> float:
     """Mean return of the greedy policy over ``cfg.eval_episodes`` episodes at the standard
     length: the id's registered limit, or ``max_steps`` where it registers none."""
     from rlspeed.tasks._episodes import mean_greedy_return
@@ -257,12 +251,12 @@ def evaluate(cfg: GymTaskConfig | DictConfig, policy: Policy, seed: int) -> floa
     return mean_greedy_return(lambda: make_env(cfg, standard), policy, cfg.eval_episodes, seed)
 
 
-def observation_bytes(cfg: GymTaskConfig | DictConfig) -> int:
+def observation_bytes(cfg: GymTaskConfig) -> int:
     space = env_facts(cfg).observation_space
     return _entries(space) * space.dtype.itemsize
 
 
-def network_inputs(cfg: GymTaskConfig | DictConfig) -> int:
+def network_inputs(cfg: GymTaskConfig) -> int:
     """The observation's entries, times the most classes of one where they are categorical
     (``rlspeed.algos.encoding.input_size``, which the networks are built with)."""
     space = env_facts(cfg).observation_space
@@ -285,15 +279,15 @@ def _class_counts(space: Any) -> list[int]:
     return [int(n) for n in np.ravel(space.nvec)] if hasattr(space, "nvec") else [int(space.n)]
 
 
-def num_states(cfg: GymTaskConfig | DictConfig) -> int:
+def num_states(cfg: GymTaskConfig) -> int:
     return math.prod(_class_counts(env_facts(cfg).observation_space))
 
 
-def num_actions(cfg: GymTaskConfig | DictConfig) -> int:
+def num_actions(cfg: GymTaskConfig) -> int:
     return int(env_facts(cfg).action_space.n)
 
 
-def state_index(cfg: GymTaskConfig | DictConfig, obs: Any, xp: Any) -> Any:
+def state_index(cfg: GymTaskConfig, obs: Any, xp: Any) -> Any:
     """A categorical observation's entries read as one mixed-radix number (row-major)."""
     counts = _class_counts(env_facts(cfg).observation_space)
     places = [math.prod(counts[i + 1 :]) for i in range(len(counts))]

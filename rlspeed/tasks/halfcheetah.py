@@ -13,7 +13,6 @@ from rlspeed.tasks import Policy, TaskSpec
 # Gymnasium (and NumPy) load when an env is built or scored, not when a config is checked.
 if TYPE_CHECKING:
     import gymnasium as gym
-    from omegaconf import DictConfig
 
     from rlspeed.envs.halfcheetah_mjx import HalfCheetahFunctional
 
@@ -37,7 +36,7 @@ def _log_mujoco_warning(message: str) -> None:
     log.warning("MuJoCo: %s", message)
 
 
-def make_env(cfg: HalfCheetahTaskConfig | DictConfig) -> gym.Env:
+def make_env(cfg: HalfCheetahTaskConfig) -> gym.Env:
     import gymnasium as gym
     import mujoco
 
@@ -48,7 +47,7 @@ def make_env(cfg: HalfCheetahTaskConfig | DictConfig) -> gym.Env:
     return gym.make(ENV_ID, max_episode_steps=cfg.max_steps)
 
 
-def make_functional(cfg: HalfCheetahTaskConfig | DictConfig) -> HalfCheetahFunctional:
+def make_functional(cfg: HalfCheetahTaskConfig) -> HalfCheetahFunctional:
     """``HalfCheetah-v5`` on MJX, with v5's model, frame skip (5), reward (forward speed
     less 0.1 |action|^2), observation (qpos without x, then qvel) and reset noise, read
     from the registered env; never terminal.
@@ -69,7 +68,7 @@ def make_functional(cfg: HalfCheetahTaskConfig | DictConfig) -> HalfCheetahFunct
     return twin
 
 
-def evaluate(cfg: HalfCheetahTaskConfig | DictConfig, policy: Policy, seed: int) -> float:
+def evaluate(cfg: HalfCheetahTaskConfig, policy: Policy, seed: int) -> float:
     """Mean return of the greedy policy over ``cfg.eval_episodes`` standard-length episodes."""
     from rlspeed.tasks._episodes import mean_greedy_return
 

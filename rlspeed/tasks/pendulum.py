@@ -11,7 +11,6 @@ from rlspeed.tasks import Policy, TaskSpec, mean_return_on_device
 # Gymnasium (and NumPy) load when an env is built or scored, not when a config is checked.
 if TYPE_CHECKING:
     import gymnasium as gym
-    from omegaconf import DictConfig
 
     from rlspeed.tasks._episodes import FunctionalTwin
 
@@ -27,13 +26,13 @@ class PendulumTaskConfig(TaskConfig):
     eval_episodes: int = 10
 
 
-def make_env(cfg: PendulumTaskConfig | DictConfig) -> gym.Env:
+def make_env(cfg: PendulumTaskConfig) -> gym.Env:
     import gymnasium as gym
 
     return gym.make(ENV_ID, max_episode_steps=cfg.max_steps)
 
 
-def make_functional(cfg: PendulumTaskConfig | DictConfig) -> FunctionalTwin:
+def make_functional(cfg: PendulumTaskConfig) -> FunctionalTwin:
     """Gymnasium's functional JAX Pendulum, whose dynamics already are ``Pendulum-v1``'s.
 
     Uniform start in [-pi, pi] x [-1, 1], torque clipped to +-2 (action shape (1,)), speed
@@ -50,7 +49,7 @@ def make_functional(cfg: PendulumTaskConfig | DictConfig) -> FunctionalTwin:
     return FunctionalTwin(PendulumFunctional(), PendulumParams(), PendulumEnv())
 
 
-def evaluate(cfg: PendulumTaskConfig | DictConfig, policy: Policy, seed: int) -> float:
+def evaluate(cfg: PendulumTaskConfig, policy: Policy, seed: int) -> float:
     """Mean return of the greedy policy over ``cfg.eval_episodes`` standard-length episodes."""
     from rlspeed.tasks._episodes import mean_greedy_return
 

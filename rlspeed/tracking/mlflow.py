@@ -20,7 +20,7 @@ import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, overload
 
-from rlspeed.config import check_creatable, unreachable
+from rlspeed.config_tree import check_creatable, unreachable
 from rlspeed.errors import ConfigError, StoreUnreachable
 from rlspeed.secrets import mask, reveal, split_credentials
 from rlspeed.tracking import TrackerSpec, cause

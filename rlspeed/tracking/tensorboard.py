@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rlspeed.config import check_creatable
+from rlspeed.config_tree import check_creatable
 from rlspeed.tracking import TrackerSpec, cause
 from rlspeed.tracking._writer import Row, WriterProcess
 

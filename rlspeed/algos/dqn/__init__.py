@@ -17,7 +17,7 @@ from rlspeed.algos.schedule import epsilon_at, multiples_between, polyak_weight,
 from rlspeed.errors import ConfigError
 
 if TYPE_CHECKING:
-    from omegaconf import DictConfig
+    from rlspeed.config import RunConfig
 
 
 @dataclass
@@ -101,7 +101,7 @@ class DQNSchedule:
         return {"charts/epsilon": self.epsilon(step)}
 
 
-def validate(algo: DQNConfig, cfg: DictConfig) -> None:
+def validate(algo: DQNConfig, cfg: RunConfig) -> None:
     if algo.optimizer not in OPTIMIZERS:
         raise ConfigError("algo.optimizer", algo.optimizer, f"one of {', '.join(OPTIMIZERS)}")
     check_ranges(

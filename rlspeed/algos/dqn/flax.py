@@ -41,9 +41,7 @@ from rlspeed.seeding import JaxKeys
 from rlspeed.tasks import Policy
 
 if TYPE_CHECKING:
-    from omegaconf import DictConfig
-
-    from rlspeed.config import RunConfigLike
+    from rlspeed.config import RunConfig
 
 
 class Agent(NamedTuple):
@@ -55,7 +53,7 @@ class Agent(NamedTuple):
 class DQNFunctions:
     """Pure functions of one DQN configuration: init, act, update, target sync."""
 
-    def __init__(self, obs_space: Any, action_space: Any, cfg: RunConfigLike) -> None:
+    def __init__(self, obs_space: Any, action_space: Any, cfg: RunConfig) -> None:
         algo = self.algo = cfg.algo
         self.n_actions = int(action_space.n)
         self.network = MLP(
@@ -115,7 +113,7 @@ class DQNFunctions:
 class FlaxLearner(JaxLearner, DQNSchedule, ReplayLearner):
     """Jitted act/update for the Python-driven loop (Gymnasium engines)."""
 
-    def __init__(self, obs_space: Any, action_space: Any, cfg: RunConfigLike, seed: int) -> None:
+    def __init__(self, obs_space: Any, action_space: Any, cfg: RunConfig, seed: int) -> None:
         self.algo, self.total_steps, self.num_envs = cfg.algo, cfg.total_steps, cfg.num_envs
         self.fns = DQNFunctions(obs_space, action_space, cfg)
         super().__init__(self.fns.init, seed)
@@ -169,7 +167,7 @@ class ChunkStats(NamedTuple):
     epsilon: jax.Array
 
 
-def make_train(cfg: RunConfigLike, env: VmapEnv) -> FusedTrainer:
+def make_train(cfg: RunConfig, env: VmapEnv) -> FusedTrainer:
     algo, n = cfg.algo, env.num_envs
     fns = DQNFunctions(env.single_observation_space, env.single_action_space, cfg)
     total_iterations = math.ceil(cfg.total_steps / n)
@@ -263,7 +261,7 @@ def make_train(cfg: RunConfigLike, env: VmapEnv) -> FusedTrainer:
     )
 
 
-def load_policies(cfg: DictConfig, path: Path, obs_space: Any, action_space: Any) -> list[Policy]:
+def load_policies(cfg: RunConfig, path: Path, obs_space: Any, action_space: Any) -> list[Policy]:
     """The greedy policies of a saved ``checkpoint.msgpack`` (``mode=eval``)."""
     fns = DQNFunctions(obs_space, action_space, cfg)
     return saved_agent_policies(cfg, path, fns.init, "params", fns.greedy)

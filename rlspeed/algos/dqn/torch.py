@@ -31,9 +31,7 @@ from rlspeed.seeding import Stream, int_seed
 from rlspeed.tasks import Policy
 
 if TYPE_CHECKING:
-    from omegaconf import DictConfig
-
-    from rlspeed.config import RunConfigLike
+    from rlspeed.config import RunConfig
 
 
 @torch.no_grad()
@@ -43,7 +41,7 @@ def greedy_actions(q_network: nn.Module, obs: np.ndarray) -> np.ndarray:
 
 
 class TorchLearner(DQNSchedule, ReplayLearner):
-    def __init__(self, obs_space: Any, action_space: Any, cfg: RunConfigLike, seed: int) -> None:
+    def __init__(self, obs_space: Any, action_space: Any, cfg: RunConfig, seed: int) -> None:
         algo = cfg.algo
         self.algo, self.total_steps, self.num_envs = algo, cfg.total_steps, cfg.num_envs
         self.n_actions = int(action_space.n)
@@ -134,7 +132,7 @@ class TorchLearner(DQNSchedule, ReplayLearner):
         )
 
 
-def load_policies(cfg: DictConfig, path: Path, obs_space: Any, action_space: Any) -> list[Policy]:
+def load_policies(cfg: RunConfig, path: Path, obs_space: Any, action_space: Any) -> list[Policy]:
     """The greedy policy of a saved ``checkpoint.pt`` (``mode=eval``)."""
     q_network = MLP(obs_space, int(action_space.n), cfg.algo.hidden_sizes, nn.ReLU)
     q_network.load_state_dict(load_checkpoint(path)["q_network"])

@@ -27,7 +27,7 @@ from rlspeed.seeding import JaxKeys
 from rlspeed.tasks import Policy
 
 if TYPE_CHECKING:
-    from omegaconf import DictConfig
+    from rlspeed.config import RunConfig
 
 
 class FusedTrainer(NamedTuple):
@@ -114,7 +114,7 @@ def scan_iterations(
 
 
 def saved_agent_policies(
-    cfg: DictConfig,
+    cfg: RunConfig,
     path: Path,
     init: Callable[[jax.Array], Any],
     params_field: str,
@@ -141,7 +141,7 @@ def scan_unroll(batch: int) -> int:
 
 
 def saved_policies(
-    cfg: DictConfig,
+    cfg: RunConfig,
     path: Path,
     template: Any,
     params_of: Callable[[Any], Any],

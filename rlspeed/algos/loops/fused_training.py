@@ -30,7 +30,7 @@ from rlspeed.seeding import JaxKeys, Stream, jax_key, jax_keys
 from rlspeed.tasks import TaskSpec
 
 if TYPE_CHECKING:
-    from rlspeed.config import TaskConfigLike
+    from rlspeed.config import TaskConfig
 
 MakeTrain = Callable[[Any, VmapEnv], FusedTrainer]
 
@@ -229,7 +229,7 @@ def _lanes_of(values: Callable[[], np.ndarray], lanes: slice) -> np.ndarray:
 
 
 def _scorer(
-    task: TaskSpec, task_cfg: TaskConfigLike, greedy: Callable[[Any, jax.Array], jax.Array]
+    task: TaskSpec, task_cfg: TaskConfig, greedy: Callable[[Any, jax.Array], jax.Array]
 ) -> Callable[[Any, jax.Array], jax.Array]:
     """(policy params, evaluation key) -> the agent's score on the task's JAX twin."""
     evaluate = task.evaluate_on_device
@@ -241,9 +241,7 @@ def _scorer(
     return score
 
 
-def device_score(
-    task: TaskSpec, task_cfg: TaskConfigLike, policy: DevicePolicy, seed: int
-) -> float:
+def device_score(task: TaskSpec, task_cfg: TaskConfig, policy: DevicePolicy, seed: int) -> float:
     """The score ``FusedTraining`` gives the agent of seed ``seed`` (mode=eval of a fused run)."""
     score = jax.jit(_scorer(task, task_cfg, policy.greedy))
     return float(score(policy.params, jax_key(seed, Stream.EVAL)))
@@ -251,7 +249,7 @@ def device_score(
 
 def _lane_scores(
     task: TaskSpec,
-    lane_tasks: list[TaskConfigLike],
+    lane_tasks: list[TaskConfig],
     lane_seeds: list[int],
     trainer: FusedTrainer,
     programs: dict[Any, Any],

@@ -16,8 +16,6 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from omegaconf import DictConfig, OmegaConf
-
 from rlspeed.algos import (
     AlgoSpec,
     agents_at_once,
@@ -31,7 +29,7 @@ from rlspeed.machine import physical_memory
 from rlspeed.registry import TASKS
 
 if TYPE_CHECKING:
-    from rlspeed.config import RunConfigLike
+    from rlspeed.config import RunConfig
 
 
 @dataclass
@@ -111,7 +109,7 @@ def minibatch_positions(
     return positions, xp.broadcast_to(index < per, positions.shape)
 
 
-def batches_in_run(algo: PPOConfig, cfg: RunConfigLike) -> int:
+def batches_in_run(algo: PPOConfig, cfg: RunConfig) -> int:
     """Batches (iterations) the run collects, the last one cut to end at ``total_steps``
     (``rollout.rollout_length``): the annealed step size reaches 0 after them."""
     return math.ceil(cfg.total_steps / (algo.num_steps * cfg.num_envs))
@@ -123,16 +121,7 @@ def annealed_rate(algo: PPOConfig, batch: Any, batches: int) -> Any:
     return algo.learning_rate * (1.0 - batch / batches)
 
 
-def with_defaults(saved: DictConfig) -> DictConfig:
-    """A run folder's config as ``mode=eval`` reads it (as it is), with the PPO keys it lacks
-    at their defaults: an agent saved before an option existed loads with it off."""
-    algo = OmegaConf.merge(OmegaConf.structured(PPOConfig), saved.algo)
-    merged = OmegaConf.merge(saved, {"algo": algo})
-    assert isinstance(merged, DictConfig)  # a mapping merged with a mapping
-    return merged
-
-
-def validate(algo: PPOConfig, cfg: DictConfig) -> None:
+def validate(algo: PPOConfig, cfg: RunConfig) -> None:
     check_ranges(
         algo,
         count=("num_steps", "num_minibatches"),

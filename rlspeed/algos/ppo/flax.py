@@ -22,7 +22,6 @@ from rlspeed.algos.ppo import (
     annealed_rate,
     batches_in_run,
     minibatch_positions,
-    with_defaults,
 )
 from rlspeed.algos.rollout import RolloutBatch
 from rlspeed.algos.rollout_jax import (
@@ -37,9 +36,7 @@ from rlspeed.envs.vmap import VmapEnv
 from rlspeed.tasks import Policy as GreedyPolicy
 
 if TYPE_CHECKING:
-    from omegaconf import DictConfig
-
-    from rlspeed.config import RunConfigLike
+    from rlspeed.config import RunConfig
 
 
 class Agent(NamedTuple):
@@ -162,28 +159,27 @@ def optimizer(
     return adam
 
 
-def functions(cfg: RunConfigLike, obs_space: Any, action_space: Any) -> PPOFunctions:
+def functions(cfg: RunConfig, obs_space: Any, action_space: Any) -> PPOFunctions:
     """The functions of the run ``cfg``."""
     return PPOFunctions(obs_space, action_space, cfg.algo, batches_in_run(cfg.algo, cfg))
 
 
 class FlaxLearner(OnPolicyJaxLearner):
-    def __init__(self, obs_space: Any, action_space: Any, cfg: RunConfigLike, seed: int) -> None:
+    def __init__(self, obs_space: Any, action_space: Any, cfg: RunConfig, seed: int) -> None:
         fns = functions(cfg, obs_space, action_space)
         super().__init__(fns, obs_space, action_space, cfg, seed)
 
 
-def make_train(cfg: RunConfigLike, env: VmapEnv) -> FusedTrainer:
+def make_train(cfg: RunConfig, env: VmapEnv) -> FusedTrainer:
     fns = functions(cfg, env.single_observation_space, env.single_action_space)
     return make_on_policy_train(cfg, env, fns)
 
 
 def load_policies(
-    cfg: DictConfig, path: Path, obs_space: Any, action_space: Any
+    cfg: RunConfig, path: Path, obs_space: Any, action_space: Any
 ) -> list[GreedyPolicy]:
     """The greedy policies of a saved ``checkpoint.msgpack`` (``mode=eval``): with
     observation normalisation, on observations normalised by its saved statistics."""
-    cfg = with_defaults(cfg)
     fns = functions(cfg, obs_space, action_space)
     norm = init_state(fns.normalization, obs_space.shape, 1, jnp)
     template = checkpoint_tree(fns.init(jax.random.key(0)), norm)

@@ -19,7 +19,7 @@ from rlspeed.algos.networks.torch import (
     saved_greedy_policy,
 )
 from rlspeed.algos.normalization import settings_of
-from rlspeed.algos.ppo import annealed_rate, batches_in_run, minibatch_positions, with_defaults
+from rlspeed.algos.ppo import annealed_rate, batches_in_run, minibatch_positions
 from rlspeed.algos.rollout import RolloutBatch, RolloutLearner
 from rlspeed.backends.torch import device_of
 from rlspeed.checkpoint import save_torch
@@ -27,15 +27,13 @@ from rlspeed.seeding import Stream, int_seed
 from rlspeed.tasks import Policy as GreedyPolicy
 
 if TYPE_CHECKING:
-    from omegaconf import DictConfig
-
-    from rlspeed.config import RunConfigLike
+    from rlspeed.config import RunConfig
 
 METRICS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac")
 
 
 class TorchLearner(ActorCritic, RolloutLearner):
-    def __init__(self, obs_space: Any, action_space: Any, cfg: RunConfigLike, seed: int) -> None:
+    def __init__(self, obs_space: Any, action_space: Any, cfg: RunConfig, seed: int) -> None:
         algo = self.algo = cfg.algo
         device = device_of(cfg.backend)
         super().__init__(obs_space, action_space, algo, seed, device, algo.orthogonal_init)
@@ -148,11 +146,10 @@ class TorchLearner(ActorCritic, RolloutLearner):
 
 
 def load_policies(
-    cfg: DictConfig, path: Path, obs_space: Any, action_space: Any
+    cfg: RunConfig, path: Path, obs_space: Any, action_space: Any
 ) -> list[GreedyPolicy]:
     """The greedy policy of a saved ``checkpoint.pt`` (``mode=eval``): with observation
     normalisation, on observations normalised by its saved statistics."""
-    cfg = with_defaults(cfg)
     learner = TorchLearner(obs_space, action_space, cfg, cfg.seed)
     if learner.normalization is not None and learner.normalization.obs_moments() is not None:
         saved = load_checkpoint(path)["obs_norm"]

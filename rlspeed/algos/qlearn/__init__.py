@@ -25,10 +25,9 @@ from rlspeed.registry import TASKS
 
 if TYPE_CHECKING:
     import numpy as np
-    from omegaconf import DictConfig
 
     from rlspeed.algos.loops.host import EpisodeSink, Iteration
-    from rlspeed.config import RunConfigLike
+    from rlspeed.config import RunConfig
     from rlspeed.engines import Engine
 
 
@@ -55,7 +54,7 @@ class QLearnConfig:
     exploration_fraction: float = 0.5
 
 
-def table_shape(cfg: RunConfigLike, action_space: Any) -> tuple[int, int]:
+def table_shape(cfg: RunConfig, action_space: Any) -> tuple[int, int]:
     """(states, actions): the shape of the run's Q-table."""
     return TASKS.get(cfg.task.name).tabular.num_states(cfg.task), int(action_space.n)
 
@@ -67,7 +66,7 @@ class QTableLearner:
     table with ``table_shape`` and defines ``act``, ``update`` and ``greedy_states`` on
     state indices (int32 NumPy arrays)."""
 
-    def __init__(self, cfg: RunConfigLike) -> None:
+    def __init__(self, cfg: RunConfig) -> None:
         # The run's config, no number of its own: a resume file holds the learner's numbers.
         self.cfg = cfg
         self.tabular = TASKS.get(cfg.task.name).tabular
@@ -127,7 +126,7 @@ class QTableLearner:
         return Iteration(self.observe(result.obs), engine.num_envs, 1, [metrics], latest)
 
 
-def validate(algo: QLearnConfig, cfg: DictConfig) -> None:
+def validate(algo: QLearnConfig, cfg: RunConfig) -> None:
     check_ranges(algo, step=("alpha",), unit=("gamma", "start_e", "end_e", "exploration_fraction"))
     if TASKS.get(cfg.task.name).tabular is None:
         tabular = sorted(task.name for task in TASKS if task.tabular is not None)
@@ -145,7 +144,7 @@ MAX_STATES = 2**31 - 1
 TABLE_COPIES = 3
 
 
-def check_table(cfg: DictConfig) -> None:
+def check_table(cfg: RunConfig) -> None:
     """A Q-table that fits: int32 state indices, and memory for every agent's table (a
     float32 per state and action, TABLE_COPIES times; task=gym's spaces can be huge)."""
     tabular = TASKS.get(cfg.task.name).tabular

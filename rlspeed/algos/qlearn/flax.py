@@ -34,9 +34,7 @@ from rlspeed.seeding import JaxKeys, Stream, jax_key
 from rlspeed.tasks import Policy
 
 if TYPE_CHECKING:
-    from omegaconf import DictConfig
-
-    from rlspeed.config import RunConfigLike
+    from rlspeed.config import RunConfig
 
 
 def max_over_actions(values: jax.Array) -> jax.Array:
@@ -98,7 +96,7 @@ def td_update(
 class FlaxQTable(QTableLearner):
     """Jitted act/update for the Python-driven loop (Gymnasium engines)."""
 
-    def __init__(self, obs_space: Any, action_space: Any, cfg: RunConfigLike, seed: int) -> None:
+    def __init__(self, obs_space: Any, action_space: Any, cfg: RunConfig, seed: int) -> None:
         super().__init__(cfg)
         algo = cfg.algo
         self.q = jnp.zeros(table_shape(cfg, action_space))
@@ -173,7 +171,7 @@ class ChunkStats(NamedTuple):
     epsilon: jax.Array
 
 
-def make_train(cfg: RunConfigLike, env: VmapEnv) -> FusedTrainer:
+def make_train(cfg: RunConfig, env: VmapEnv) -> FusedTrainer:
     algo, task_cfg, n = cfg.algo, cfg.task, env.num_envs
     tabular = TASKS.get(task_cfg.name).tabular
     unroll = scan_unroll(n * cfg.num_seeds)
@@ -247,7 +245,7 @@ def make_train(cfg: RunConfigLike, env: VmapEnv) -> FusedTrainer:
     )
 
 
-def load_policies(cfg: DictConfig, path: Path, obs_space: Any, action_space: Any) -> list[Policy]:
+def load_policies(cfg: RunConfig, path: Path, obs_space: Any, action_space: Any) -> list[Policy]:
     """The greedy policies of a saved ``checkpoint.msgpack`` (``mode=eval``)."""
     tabular = TASKS.get(cfg.task.name).tabular
     template = {"q_table": jnp.zeros(table_shape(cfg, action_space))}

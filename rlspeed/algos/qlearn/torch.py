@@ -21,9 +21,7 @@ from rlspeed.seeding import Stream, int_seed
 from rlspeed.tasks import Policy
 
 if TYPE_CHECKING:
-    from omegaconf import DictConfig
-
-    from rlspeed.config import RunConfigLike
+    from rlspeed.config import RunConfig
 
 
 def explore_greedy(
@@ -67,7 +65,7 @@ def td_update_(
 
 
 class TorchQTable(QTableLearner):
-    def __init__(self, obs_space: Any, action_space: Any, cfg: RunConfigLike, seed: int) -> None:
+    def __init__(self, obs_space: Any, action_space: Any, cfg: RunConfig, seed: int) -> None:
         super().__init__(cfg)
         self.alpha, self.gamma = cfg.algo.alpha, cfg.algo.gamma
         self.device = device_of(cfg.backend)
@@ -123,7 +121,7 @@ class TorchQTable(QTableLearner):
         return save_torch({"q_table": self.q}, path)
 
 
-def load_policies(cfg: DictConfig, path: Path, obs_space: Any, action_space: Any) -> list[Policy]:
+def load_policies(cfg: RunConfig, path: Path, obs_space: Any, action_space: Any) -> list[Policy]:
     """The greedy policy of a saved ``checkpoint.pt`` (``mode=eval``)."""
     q = load_checkpoint(path)["q_table"]
     check_shape("q_table", q.shape, table_shape(cfg, action_space))

@@ -22,7 +22,7 @@ from rlspeed.algos import (
 )
 
 if TYPE_CHECKING:
-    from omegaconf import DictConfig
+    from rlspeed.config import RunConfig
 
 
 @dataclass
@@ -107,7 +107,7 @@ def is_actor_step(updates: Any, algo: TD3Config) -> Any:
     return updates % algo.policy_frequency == 0
 
 
-def validate(algo: TD3Config, cfg: DictConfig) -> None:
+def validate(algo: TD3Config, cfg: RunConfig) -> None:
     check_ranges(
         algo,
         count=("policy_frequency",),

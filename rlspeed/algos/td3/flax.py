@@ -49,9 +49,7 @@ from rlspeed.seeding import JaxKeys
 from rlspeed.tasks import Policy
 
 if TYPE_CHECKING:
-    from omegaconf import DictConfig
-
-    from rlspeed.config import RunConfigLike
+    from rlspeed.config import RunConfig
 
 
 def _flat(obs: jax.Array) -> jax.Array:
@@ -202,7 +200,7 @@ class TD3Functions:
 class FlaxLearner(JaxLearner, ReplayLearner):
     """Jitted act/update for the Python-driven loop (Gymnasium engines)."""
 
-    def __init__(self, obs_space: Any, action_space: Any, cfg: RunConfigLike, seed: int) -> None:
+    def __init__(self, obs_space: Any, action_space: Any, cfg: RunConfig, seed: int) -> None:
         self.algo = cfg.algo
         self.fns = TD3Functions(obs_space, action_space, cfg.algo)
         super().__init__(self.fns.init, seed)
@@ -256,7 +254,7 @@ class ChunkStats(NamedTuple):
     n_actor_updates: jax.Array
 
 
-def make_train(cfg: RunConfigLike, env: VmapEnv) -> FusedTrainer:
+def make_train(cfg: RunConfig, env: VmapEnv) -> FusedTrainer:
     algo, n = cfg.algo, env.num_envs
     fns = TD3Functions(env.single_observation_space, env.single_action_space, algo)
     total_iterations = math.ceil(cfg.total_steps / n)
@@ -315,7 +313,7 @@ def make_train(cfg: RunConfigLike, env: VmapEnv) -> FusedTrainer:
     )
 
 
-def load_policies(cfg: DictConfig, path: Path, obs_space: Any, action_space: Any) -> list[Policy]:
+def load_policies(cfg: RunConfig, path: Path, obs_space: Any, action_space: Any) -> list[Policy]:
     """The deterministic policies of a saved ``checkpoint.msgpack`` (``mode=eval``)."""
     fns = TD3Functions(obs_space, action_space, cfg.algo)
     return saved_agent_policies(cfg, path, fns.init, "actor_params", fns.actor)

@@ -33,9 +33,7 @@ from rlspeed.seeding import Stream, int_seed
 from rlspeed.tasks import Policy
 
 if TYPE_CHECKING:
-    from omegaconf import DictConfig
-
-    from rlspeed.config import RunConfigLike
+    from rlspeed.config import RunConfig
 
 
 def mlp(sizes: Sequence[int]) -> nn.Sequential:
@@ -74,7 +72,7 @@ class QNetwork(nn.Module):
 
 
 class TorchLearner(ReplayLearner):
-    def __init__(self, obs_space: Any, action_space: Any, cfg: RunConfigLike, seed: int) -> None:
+    def __init__(self, obs_space: Any, action_space: Any, cfg: RunConfig, seed: int) -> None:
         algo = self.algo = cfg.algo
         # Weights drawn on the CPU (the global generator), then moved: the same anywhere.
         device = self.device = device_of(cfg.backend)
@@ -190,7 +188,7 @@ class TorchLearner(ReplayLearner):
         return save_torch({name: part.state_dict() for name, part in parts}, path)
 
 
-def load_policies(cfg: DictConfig, path: Path, obs_space: Any, action_space: Any) -> list[Policy]:
+def load_policies(cfg: RunConfig, path: Path, obs_space: Any, action_space: Any) -> list[Policy]:
     """The deterministic policy of a saved ``checkpoint.pt`` (``mode=eval``)."""
     learner = TorchLearner(obs_space, action_space, cfg, cfg.seed)
     learner.actor.load_state_dict(load_checkpoint(path)["actor"])

@@ -23,7 +23,7 @@ from rlspeed.algos import (
 )
 
 if TYPE_CHECKING:
-    from omegaconf import DictConfig
+    from rlspeed.config import RunConfig
 
 
 @dataclass
@@ -52,7 +52,7 @@ class VPGConfig:
     hidden_sizes: list[int] = field(default_factory=lambda: [64, 64])
 
 
-def validate(algo: VPGConfig, cfg: DictConfig) -> None:
+def validate(algo: VPGConfig, cfg: RunConfig) -> None:
     check_ranges(
         algo,
         count=("num_steps",),

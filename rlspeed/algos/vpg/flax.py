@@ -26,9 +26,7 @@ from rlspeed.envs.vmap import VmapEnv
 from rlspeed.tasks import Policy as GreedyPolicy
 
 if TYPE_CHECKING:
-    from omegaconf import DictConfig
-
-    from rlspeed.config import RunConfigLike
+    from rlspeed.config import RunConfig
 
 
 class Agent(NamedTuple):
@@ -116,18 +114,18 @@ class VPGFunctions(ActorCritic):
 
 
 class FlaxLearner(OnPolicyJaxLearner):
-    def __init__(self, obs_space: Any, action_space: Any, cfg: RunConfigLike, seed: int) -> None:
+    def __init__(self, obs_space: Any, action_space: Any, cfg: RunConfig, seed: int) -> None:
         fns = VPGFunctions(obs_space, action_space, cfg.algo)
         super().__init__(fns, obs_space, action_space, cfg, seed)
 
 
-def make_train(cfg: RunConfigLike, env: VmapEnv) -> FusedTrainer:
+def make_train(cfg: RunConfig, env: VmapEnv) -> FusedTrainer:
     fns = VPGFunctions(env.single_observation_space, env.single_action_space, cfg.algo)
     return make_on_policy_train(cfg, env, fns)
 
 
 def load_policies(
-    cfg: DictConfig, path: Path, obs_space: Any, action_space: Any
+    cfg: RunConfig, path: Path, obs_space: Any, action_space: Any
 ) -> list[GreedyPolicy]:
     """The greedy policies of a saved ``checkpoint.msgpack`` (``mode=eval``)."""
     fns = VPGFunctions(obs_space, action_space, cfg.algo)

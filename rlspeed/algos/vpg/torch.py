@@ -19,13 +19,11 @@ from rlspeed.checkpoint import save_torch
 from rlspeed.tasks import Policy as GreedyPolicy
 
 if TYPE_CHECKING:
-    from omegaconf import DictConfig
-
-    from rlspeed.config import RunConfigLike
+    from rlspeed.config import RunConfig
 
 
 class TorchLearner(ActorCritic, RolloutLearner):
-    def __init__(self, obs_space: Any, action_space: Any, cfg: RunConfigLike, seed: int) -> None:
+    def __init__(self, obs_space: Any, action_space: Any, cfg: RunConfig, seed: int) -> None:
         algo = self.algo = cfg.algo
         super().__init__(obs_space, action_space, algo, seed, device_of(cfg.backend))
         self.updates_per_batch = 1 + algo.value_iterations
@@ -97,7 +95,7 @@ class TorchLearner(ActorCritic, RolloutLearner):
 
 
 def load_policies(
-    cfg: DictConfig, path: Path, obs_space: Any, action_space: Any
+    cfg: RunConfig, path: Path, obs_space: Any, action_space: Any
 ) -> list[GreedyPolicy]:
     """The greedy policy of a saved ``checkpoint.pt`` (``mode=eval``)."""
     return saved_greedy_policy(TorchLearner(obs_space, action_space, cfg, cfg.seed), path)

@@ -1,0 +1,113 @@
+"""The config tree as Hydra composes it: the schemas stored in Hydra's ConfigStore, a
+composed config's YAML and flat keys, Hydra's quoting of a value, and the probes the checks
+use (can a folder be created, does a database answer). The checks themselves:
+``rlspeed.validation``."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, cast
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+
+from rlspeed.config import RunConfig
+from rlspeed.errors import ConfigError
+from rlspeed.registry import ALGOS, TASKS
+from rlspeed.secrets import mask, mask_value, reveal
+
+
+def register_configs() -> None:
+    """Store the schemas in Hydra's ConfigStore; YAML options build on them."""
+    store = ConfigStore.instance()
+    store.store(name="rlspeed_schema", node=RunConfig)
+    for registry in (ALGOS, TASKS):
+        for spec in registry.builtins():
+            store.store(group=f"schema/{registry.group}", name=spec.name, node=spec.schema)
+
+
+def quote(text: str) -> str:
+    """``text`` as a quoted string of Hydra's override grammar (``key='...'``): taken as
+    it is, whatever characters it holds."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def schema_view(cfg: DictConfig) -> RunConfig:
+    """A composed config as the parts' checks read it: a DictConfig of the ``RunConfig``
+    schema answers the same attributes, so they run on it before it is converted
+    (``OmegaConf.to_object``) for the run."""
+    return cast(RunConfig, cfg)
+
+
+def to_yaml(cfg: DictConfig) -> str:
+    """The run's config.yaml, passwords in URLs masked."""
+    return mask(OmegaConf.to_yaml(cfg, resolve=True))
+
+
+def flatten(cfg: DictConfig) -> dict[str, Any]:
+    """Dotted keys to leaf values, as MLflow params; passwords in URLs masked, as in the
+    saved config.yaml this is compared with (resume=)."""
+    flat: dict[str, Any] = {}
+
+    def walk(node: Any, prefix: str) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                walk(value, f"{prefix}{key}.")
+        else:
+            flat[prefix[:-1]] = mask_value(node)
+
+    walk(OmegaConf.to_container(cfg, resolve=True), "")
+    return flat
+
+
+# Bytes of one file or folder name on Linux's file systems.
+NAME_MAX = 255
+
+
+def uncreatable(folder: Path) -> tuple[Path, str] | None:
+    """(where, why) when nothing can be created in ``folder`` or, where it does not exist
+    yet, in its nearest existing ancestor; None when something can.
+
+    Creates nothing that stays: it makes and removes a scratch folder there, which also tests
+    what permission bits cannot (``root`` passes every ``os.access`` check, yet cannot create
+    anything in /proc or on a read-only mount).
+    """
+    existing = folder.expanduser().absolute()
+    for part in existing.parts:
+        if len(os.fsencode(part)) > NAME_MAX:
+            return existing, f"a name of {len(os.fsencode(part)):,} bytes, more than {NAME_MAX}"
+    while not os.path.lexists(existing) and existing != existing.parent:
+        existing = existing.parent
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".rlspeed-check-", dir=existing))
+    except OSError as error:  # not a folder, read-only, no permission
+        return existing, error.strerror or type(error).__name__
+    return None
+
+
+def unreachable(database_url: str, timeout_s: int = 5) -> str | None:
+    """Why a database server (PostgreSQL, MySQL) cannot be connected to, in one line; None
+    when it answers. Creates nothing."""
+    from sqlalchemy import create_engine
+    from sqlalchemy.exc import SQLAlchemyError
+
+    url = reveal(database_url)
+    engine = create_engine(url, connect_args={"connect_timeout": timeout_s})
+    try:
+        with engine.connect():
+            return None
+    except SQLAlchemyError as error:
+        reason = str(getattr(error, "orig", None) or error).strip()
+        return (reason.splitlines() or [type(error).__name__])[0][:200]
+    finally:
+        engine.dispose()
+
+
+def check_creatable(key: str, value: object, folder: Path, allowed: str) -> None:
+    """Raise ConfigError unless ``folder`` exists and takes new files, or can be created."""
+    problem = uncreatable(folder)
+    if problem is not None:
+        where, why = problem
+        raise ConfigError(key, value, f"{allowed} ({where}: {why})")

@@ -24,9 +24,13 @@ from rlspeed.tasks import probe
 from tests.conftest import run_in
 
 GAMMA = 0.5
-# The truncation probe's episode length: a quarter of its transitions are cut by the time
-# limit (an eighth would be closer to the wrong answer below: 1/(1 - gamma (1 - 1/T))).
+# The truncation probe's episode length: half its transitions are cut by the time limit
+# (more steps would bring the wrong answer below, 1/(1 - gamma (1 - 1/T)), closer).
 TRUNCATION_STEPS = 2
+# The alternation probe's: odd, so that an episode is cut in state 1 and the next starts in
+# state 0 (a target reading the wrong observation at a truncation then learns 1.2, not 2/3).
+ALTERNATION_STEPS = 3
+EPISODE_STEPS = {"truncation": TRUNCATION_STEPS, "alternation": ALTERNATION_STEPS}
 # How far a learned value may be from its closed form. The wrong targets' answers are at
 # least 0.5 away at GAMMA 0.5 (0.67 for a truncation treated as a termination).
 TOLERANCE = 0.15
@@ -102,7 +106,7 @@ PATHS = [("torch", "gym-sync"), ("torch", "jax-vmap"), ("flax", "gym-sync"), ("f
 # observations and the end flags come back, so it runs the probes that end episodes in both
 # ways (slow: a process per env).
 ASYNC_PATHS = [("torch", "gym-async"), ("flax", "gym-async")]
-ASYNC_KINDS = ("discount", "truncation")
+ASYNC_KINDS = ("discount", "truncation", "alternation")
 # Categorical observations one-hot into a network (the same code on every engine): on one
 # path per backend.
 ONE_HOT = [("dqn", "discrete", "categorical"), ("ppo", "discrete", "categorical")]
@@ -112,7 +116,7 @@ ONE_HOT_PATHS = [("torch", "gym-sync"), ("flax", "jax-vmap")]
 # 5-10 s compiling for each probe.
 FAST_PATH = ("torch", "gym-sync")
 FAST = {
-    "dqn": "truncation",
+    "dqn": "alternation",
     "td3": "discount",
     "vpg": "discount",
     "ppo": "discount",
@@ -244,6 +248,7 @@ def expected_values(kind: str) -> list[float | None]:
         "discount": [GAMMA, 1.0],
         "action": [None, None],
         "truncation": [1.0 / (1.0 - GAMMA), None],
+        "alternation": [1.0 / (1.0 + GAMMA), -1.0 / (1.0 + GAMMA)],
     }[kind]
 
 
@@ -280,7 +285,7 @@ def check(learned: Learned, kind: str, actions: str, observations_kind: str) -> 
 def test_learns_the_closed_form(
     algo, kind, actions, observations, backend, env, make_cfg, tmp_path, monkeypatch
 ):
-    steps = TRUNCATION_STEPS if kind == "truncation" else 4
+    steps = EPISODE_STEPS.get(kind, 4)
     overrides = [
         f"algo={algo}",
         "task=probe",
@@ -330,6 +335,7 @@ def test_each_probe_pays_its_closed_form_rewards():
     assert returns("constant", "discrete", lambda o: 0) == [1.0]
     assert returns("discount", "discrete", lambda o: 1) == [0.0, 1.0]
     assert returns("truncation", "discrete", lambda o: 0, max_steps=5) == [1.0] * 5
+    assert returns("alternation", "discrete", lambda o: 0, max_steps=3) == [1.0, -1.0, 1.0]
     for seed in range(4):
         first = returns("observation", "discrete", lambda o: 0, seed)
         right = returns("action", "discrete", lambda o: int(o[0] > 0), seed)
@@ -405,6 +411,8 @@ def test_the_tolerance_tells_wrong_targets_apart():
         "truncation": (1.0 / (1.0 - GAMMA * (1 - 1 / TRUNCATION_STEPS)), 1.0 / (1.0 - GAMMA)),
         # a reward of the wrong sign
         "observation": (-1.0, 1.0),
+        # the next episode's first observation in place of the final one at a truncation
+        "alternation": ((1 - GAMMA / 2) / (1 - GAMMA / 2 - GAMMA**2 / 2), 1.0 / (1.0 + GAMMA)),
     }
     for kind, (mistaken, exact) in wrong.items():
         assert abs(mistaken - exact) > 3 * TOLERANCE, kind

@@ -30,6 +30,14 @@ discount ``gamma`` (``V`` of a state under any policy, ``Q`` of a state and acti
   Targets that treat truncation as termination converge instead to ``1 / (1 - gamma (1 -
   1 / max_steps))`` (a fraction ``1 / max_steps`` of the transitions are cut), ones that
   bootstrap through the ``constant`` probe's termination to ``1 / (1 - gamma)`` there.
+- ``alternation``: states 0, 1, 0, 1, ... from state 0, reward ``+1`` in state 0 and ``-1``
+  in state 1, never terminated. Truncation-correct targets converge to ``V(0) = 1 / (1 +
+  gamma)`` and ``V(1) = -1 / (1 + gamma)`` for every ``max_steps`` >= 2. With an odd
+  ``max_steps`` an episode is cut in state 1 while the next one starts in state 0, so
+  targets that bootstrap from the wrong observation where an episode was truncated (the
+  next episode's first, or another env's or transition's final one) converge elsewhere:
+  from the next first one, at ``max_steps`` 3, to ``V(0) = (1 - gamma / 2) / (1 - gamma / 2
+  - gamma^2 / 2)`` (1.2, not 2/3, at gamma 0.5).
 
 Observations: ``continuous``, a float32 Box of shape (1,) holding ``2s - 1`` for the
 ``observation`` and ``action`` kinds and ``s`` for the others; ``categorical``, ``s`` itself
@@ -46,7 +54,7 @@ import gymnasium
 import numpy as np
 from gymnasium import spaces
 
-KINDS = ("constant", "observation", "discount", "action", "truncation")
+KINDS = ("constant", "observation", "discount", "action", "truncation", "alternation")
 ACTION_KINDS = ("discrete", "continuous")
 OBSERVATION_KINDS = ("continuous", "categorical")
 # Kinds whose episodes start in state 0 or 1 at random (the others always in state 0).
@@ -92,6 +100,8 @@ def move(kind: str, state: Any, xp: Any) -> Any:
     """The state after a step from running state ``state``."""
     if kind == "truncation":
         return state
+    if kind == "alternation":
+        return 1 - state
     if kind == "discount":
         return xp.where(state == 0, 1, 1 + TERMINATED)
     return state + TERMINATED
@@ -108,6 +118,8 @@ def reward(kind: str, actions: str, state: Any, action: Any, xp: Any) -> Any:
         value = xp.ones_like(state)
     elif kind == "observation":
         value = 2 * state - 1
+    elif kind == "alternation":
+        value = 1 - 2 * state
     elif kind == "discount":
         value = state == 1
     elif actions == "discrete":

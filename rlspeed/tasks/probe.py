@@ -16,10 +16,9 @@ from rlspeed.tasks import Policy, TabularSpec, TaskSpec, check_settings
 # Gymnasium (and NumPy) load when an env is built or scored, not when a config is checked.
 if TYPE_CHECKING:
     import gymnasium as gym
-    from omegaconf import DictConfig
 
 # Written here as well as in rlspeed/envs/probe.py, which loads Gymnasium and NumPy.
-KINDS = ("constant", "observation", "discount", "action", "truncation")
+KINDS = ("constant", "observation", "discount", "action", "truncation", "alternation")
 ACTIONS = ("discrete", "continuous")
 OBSERVATIONS = ("continuous", "categorical")
 # How a space kind is named to a user.
@@ -30,20 +29,21 @@ OBSERVATION_NAMES = {"continuous": "Box(-1, 1, (1,))", "categorical": "Discrete(
 @dataclass
 class ProbeTaskConfig(TaskConfig):
     name: str = "probe"
-    # constant, observation, discount, action or truncation (rlspeed/envs/probe.py).
+    # constant, observation, discount, action, truncation or alternation
+    # (rlspeed/envs/probe.py).
     kind: str = "constant"
     # discrete: Discrete(2); continuous: Box(-1, 1, (1,)).
     actions: str = "discrete"
     # continuous: Box(-1, 1, (1,)); categorical: Discrete(2), a tabular state.
     observations: str = "continuous"
-    # The time limit: the truncation probe's episode length; the others end sooner (the
-    # discount probe needs 2 steps).
+    # The time limit: the episode length of the truncation and alternation probes (2 or
+    # more for alternation); the others end sooner (the discount probe needs 2 steps).
     max_steps: int = 4
     # Greedy episodes behind each score (mean return, at these settings).
     eval_episodes: int = 10
 
 
-def make_env(cfg: ProbeTaskConfig | DictConfig) -> gym.Env:
+def make_env(cfg: ProbeTaskConfig) -> gym.Env:
     import gymnasium as gym
 
     import rlspeed.envs  # noqa: F401  (registers rlspeed/Probe-v0)
@@ -57,7 +57,7 @@ def make_env(cfg: ProbeTaskConfig | DictConfig) -> gym.Env:
     )
 
 
-def make_functional(cfg: ProbeTaskConfig | DictConfig) -> Any:
+def make_functional(cfg: ProbeTaskConfig) -> Any:
     from rlspeed.envs.probe_jax import ProbeFunctional
 
     return ProbeFunctional(kind=cfg.kind, actions=cfg.actions, observations=cfg.observations)
@@ -69,11 +69,12 @@ def _check_choices(cfg: Any) -> None:
             raise ConfigError(f"task.{key}", cfg[key], f"one of {', '.join(allowed)}")
 
 
-def validate(cfg: DictConfig) -> None:
+def validate(cfg: ProbeTaskConfig) -> None:
     _check_choices(cfg)
     check_settings(cfg)
-    if cfg.kind == "discount" and cfg.max_steps < 2:
-        allowed = "an integer >= 2 with task.kind=discount (its episodes last 2 steps)"
+    if cfg.kind in ("discount", "alternation") and cfg.max_steps < 2:
+        # A probe whose state 1 an episode of 1 step never reaches.
+        allowed = f"an integer >= 2 with task.kind={cfg.kind} (its episodes visit 2 states)"
         raise ConfigError("task.max_steps", cfg.max_steps, allowed)
 
 
@@ -104,7 +105,7 @@ def check_algo(cfg: Any, algo: Any) -> None:
     )
 
 
-def evaluate(cfg: ProbeTaskConfig | DictConfig, policy: Policy, seed: int) -> float:
+def evaluate(cfg: ProbeTaskConfig, policy: Policy, seed: int) -> float:
     """Mean return of the greedy policy over ``cfg.eval_episodes`` episodes at the run's own
     settings (a probe has no standard ones)."""
     from rlspeed.tasks._episodes import mean_greedy_return
@@ -112,7 +113,7 @@ def evaluate(cfg: ProbeTaskConfig | DictConfig, policy: Policy, seed: int) -> fl
     return mean_greedy_return(lambda: make_env(cfg), policy, cfg.eval_episodes, seed)
 
 
-def evaluate_on_device(cfg: ProbeTaskConfig | DictConfig, act: Any, key: Any) -> Any:
+def evaluate_on_device(cfg: ProbeTaskConfig, act: Any, key: Any) -> Any:
     """``evaluate`` on the JAX twin."""
     from rlspeed.envs.vmap import VmapEnv, mean_greedy_return
 
@@ -120,7 +121,7 @@ def evaluate_on_device(cfg: ProbeTaskConfig | DictConfig, act: Any, key: Any) ->
     return mean_greedy_return(env, act, key)
 
 
-def state_index(cfg: ProbeTaskConfig | DictConfig, obs: Any, xp: Any) -> Any:
+def state_index(cfg: ProbeTaskConfig, obs: Any, xp: Any) -> Any:
     """The categorical observation is the state already."""
     return obs.astype(xp.int32)
 

@@ -36,7 +36,7 @@ import sys
 from collections.abc import Callable, Iterable
 from functools import partial
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol, cast
 
 import numpy as np
 
@@ -122,6 +122,14 @@ def save_resume(state: dict[str, Any], path: Path) -> Path:
 # that the parts' own methods only name what they hold.
 
 
+class Stateful(Protocol):
+    """A part whose state a resume file holds (see above)."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
 def capture(part: Any) -> dict[str, Any]:
     """The state of ``part`` (a learner, a replay buffer, an engine, ...) as the resume file
     holds it: what its ``state_dict()`` says."""
@@ -135,11 +143,11 @@ def restore(part: Any, state: dict[str, Any]) -> None:
     _stateful(part).load_state_dict(state)
 
 
-def _stateful(part: Any) -> Any:
+def _stateful(part: object) -> Stateful:
     if callable(getattr(part, "state_dict", None)) and callable(
         getattr(part, "load_state_dict", None)
     ):
-        return part
+        return cast(Stateful, part)  # it has both methods (checked just above)
     name = type(part).__name__
     raise RLSpeedError(
         f"rlspeed: {name} has no state_dict()/load_state_dict(), so its state cannot be saved "
@@ -172,9 +180,10 @@ def load_array(name: str, array: Any, saved: Any) -> None:
 def tree_to_host(tree: Any) -> list[np.ndarray]:
     """A JAX pytree's leaves as NumPy arrays (typed PRNG keys as their key data)."""
     import jax
+    import jax.numpy as jnp
 
     def host(leaf: jax.Array) -> np.ndarray:
-        if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+        if jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
             leaf = jax.random.key_data(leaf)
         return np.asarray(jax.device_get(leaf))
 
@@ -191,8 +200,11 @@ def tree_from_host(template: Any, leaves: list[np.ndarray]) -> Any:
         raise ValueError(f"the saved state has {len(leaves)} arrays, this run's {len(old)}")
 
     def device(like: jax.Array, saved: np.ndarray) -> jax.Array:
-        if jax.dtypes.issubdtype(like.dtype, jax.dtypes.prng_key):
-            return jax.random.wrap_key_data(jnp.asarray(saved), impl=jax.random.key_impl(like))
+        if jnp.issubdtype(like.dtype, jax.dtypes.prng_key):
+            key: jax.Array = jax.random.wrap_key_data(
+                jnp.asarray(saved), impl=jax.random.key_impl(like)
+            )
+            return key
         if saved.shape != like.shape:
             raise ValueError(f"a saved array has shape {saved.shape}, this run's {like.shape}")
         return jnp.asarray(saved, dtype=like.dtype)

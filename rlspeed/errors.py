@@ -84,7 +84,7 @@ class ConfigError(RLSpeedError):
             shown = f"{shown[:30]}... ({len(shown)} characters)"
         super().__init__(f"rlspeed: invalid {key}={shown}: expected {allowed}")
 
-    def __reduce__(self) -> tuple:
+    def __reduce__(self) -> tuple[type[ConfigError], tuple[str, object, str]]:
         # Jobs in other processes (hydra/launcher=joblib) send their exception back pickled.
         return (type(self), (self.key, self.value, self.allowed))
 

@@ -226,8 +226,9 @@ class Registry(Generic[SpecT]):
             raise refuse(f"names {type(spec).__name__}, not a {module}.{cls}")
         if spec.name != point.name:
             raise refuse(f"names the spec of {self.group}={spec.name}, not of its own name")
-        self._loaded[point.name] = spec
-        return spec
+        checked: SpecT = spec  # its class is the registry's spec type (checked above)
+        self._loaded[point.name] = checked
+        return checked
 
     @contextlib.contextmanager
     def registered(self, spec: SpecT) -> Iterator[None]:

@@ -145,7 +145,7 @@ class _MaskedStream:
         return getattr(self._stream, name)
 
 
-def _masking_factory(make: Any) -> Any:
+def _masking_factory(make: Callable[..., logging.LogRecord]) -> Any:
     """A log record factory: ``make``'s records with their message (and traceback) masked.
 
     At the record, not a handler: Hydra replaces the handlers at every job (the console and

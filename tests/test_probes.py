@@ -179,10 +179,6 @@ class Learned:
             return lambda obs, _: saved["q_table"].numpy()[obs.astype(int)]
         learner_class = ALGOS.get(self.algo).backend_module("torch").TorchLearner
         cfg = self.cfg
-        if self.algo == "ppo":
-            from rlspeed.algos.ppo import with_defaults
-
-            cfg = with_defaults(cfg)
         learner = learner_class(self.obs_space, self.action_space, cfg, cfg.seed)
         names = {"dqn": ["q_network"], "td3": ["qf1", "qf2"]}.get(self.algo, ["value"])
         for name in names:
@@ -219,9 +215,7 @@ class Learned:
         elif self.algo == "vpg":
             fns = module.VPGFunctions(obs_space, action_space, cfg.algo)
         else:
-            from rlspeed.algos.ppo import with_defaults
-
-            fns = module.functions(with_defaults(cfg), obs_space, action_space)
+            fns = module.functions(cfg, obs_space, action_space)
         agent = load_pytree(fns.init(jax.random.key(0))._asdict(), self.path)
 
         def q(obs: np.ndarray, actions: np.ndarray | None) -> np.ndarray:

@@ -65,8 +65,9 @@ def make_functional(cfg: ProbeTaskConfig) -> Any:
 
 def _check_choices(cfg: Any) -> None:
     for key, allowed in (("kind", KINDS), ("actions", ACTIONS), ("observations", OBSERVATIONS)):
-        if cfg[key] not in allowed:
-            raise ConfigError(f"task.{key}", cfg[key], f"one of {', '.join(allowed)}")
+        value = getattr(cfg, key)
+        if value not in allowed:
+            raise ConfigError(f"task.{key}", value, f"one of {', '.join(allowed)}")
 
 
 def validate(cfg: ProbeTaskConfig) -> None:

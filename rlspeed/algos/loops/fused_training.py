@@ -161,6 +161,19 @@ class FusedTraining:
         """Run ``run``'s agents as of its last accepted chunk: the checkpoint's pytree."""
         return self.trainer.checkpoint(self._part(self._kept[run][0], run))
 
+    def policies(self, run: int) -> list[DevicePolicy]:
+        """Run ``run``'s greedy policies, one per seed, as of its last accepted chunk (NumPy
+        observations in, actions out)."""
+        params = self._policy_params(self._part(self._kept[run][0], run))
+        greedy = self.trainer.greedy
+        compiled = self._programs.setdefault("greedy", jax.jit(greedy))
+        if self.seeds == 1:
+            return [DevicePolicy(greedy, compiled, params)]
+        return [
+            DevicePolicy(greedy, compiled, jax.tree.map(lambda x, i=i: x[i], params))
+            for i in range(self.seeds)
+        ]
+
     def resume_state(self, run: int) -> dict[str, Any]:
         """Run ``run``'s whole train state as of its last accepted chunk, to resume from:
         agents, replay buffers, envs, keys."""

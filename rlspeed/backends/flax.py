@@ -21,16 +21,23 @@ def _gpus() -> int:
         return 0
 
 
+def _set(option: str, value: object) -> None:
+    """Set one of JAX's config options."""
+    import jax
+
+    jax.config.update(option, value)  # type: ignore[no-untyped-call]  # jax leaves it unannotated
+
+
 def setup(cfg: BackendConfig, seed: int) -> None:
     device = device_setting(cfg)
     if device != "auto":
         import jax
 
         if device == "cpu":  # before JAX starts a backend: it then never touches a GPU
-            jax.config.update("jax_platforms", "cpu")
+            _set("jax_platforms", "cpu")
         else:  # cuda or cuda:N (the config check has seen it)
             index = gpu_index(device) or 0
-            jax.config.update("jax_default_device", jax.devices("cuda")[index])
+            _set("jax_default_device", jax.devices("cuda")[index])
     # JAX is seeded through explicit keys. Threads must be fixed before JAX starts its CPU
     # client: XLA sizes its thread pools from NPROC when set (else from the cores it may use).
     # auto was replaced by its number before any backend is set up (resolve_threads).
@@ -42,12 +49,10 @@ def setup(cfg: BackendConfig, seed: int) -> None:
                 f"--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads={cfg.threads}"
             )
     if cfg.compilation_cache is not None:
-        import jax
-
         cache_dir = Path(cfg.compilation_cache).expanduser()
-        jax.config.update("jax_compilation_cache_dir", str(cache_dir))
+        _set("jax_compilation_cache_dir", str(cache_dir))
         # Every program, however quick to compile: a run compiles many small ones.
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+        _set("jax_persistent_cache_min_compile_time_secs", 0.0)
 
 
 def device_name(cfg: BackendConfig) -> str:

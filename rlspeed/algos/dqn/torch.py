@@ -15,6 +15,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.dlpack import from_dlpack
 
 from rlspeed.algos.dqn import DQNSchedule, learning_rate_at
 from rlspeed.algos.networks.torch import (
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
 
 @torch.no_grad()
 def greedy_actions(q_network: nn.Module, obs: np.ndarray) -> np.ndarray:
-    q = q_network(from_numpy(obs, device_of_module(q_network)))
+    q: torch.Tensor = q_network(from_numpy(obs, device_of_module(q_network)))
     return q.argmax(dim=1).cpu().numpy()
 
 
@@ -62,7 +63,7 @@ class TorchLearner(DQNSchedule, ReplayLearner):
     def act(self, obs: Any, step: int) -> torch.Tensor:
         epsilon = self.epsilon(step)
         # DLPack: NumPy arrays and JAX arrays become tensors without a copy (on one device).
-        obs = torch.from_dlpack(obs).to(self.device)
+        obs = from_dlpack(obs).to(self.device)
         greedy = self.q_network(obs).argmax(dim=1).cpu()
         n = obs.shape[0]
         # Drawn on the CPU generator: the same exploration on every device.
@@ -82,7 +83,7 @@ class TorchLearner(DQNSchedule, ReplayLearner):
         q = self.q_network(obs).gather(1, actions.long().unsqueeze(1)).squeeze(1)
         loss = F.mse_loss(q, td_target)
         self.optimizer.zero_grad()
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]  # unannotated in torch
         if self.algo.anneal_lr:
             # Set directly: LambdaLR's bookkeeping cost more than the update's arithmetic.
             lr = learning_rate_at(self.updates, self.algo, self.total_steps, self.num_envs)

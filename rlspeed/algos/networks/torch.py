@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.distributions import Categorical, Distribution, Independent, Normal
+from torch.utils.dlpack import from_dlpack
 
 from rlspeed.algos.encoding import input_size, one_hot_classes
 from rlspeed.algos.networks import HIDDEN_GAIN, POLICY_GAIN, VALUE_GAIN, ActorCriticSettings
@@ -33,8 +34,11 @@ def optimizer(name: str, params: Iterable[nn.Parameter], lr: float) -> torch.opt
     """Adam or SGD with the fused step: one kernel over all parameters, also on CPU. It
     computes the same update and takes DQN's on CartPole from 610 to 447 us ([64, 64],
     batch 64), on Doors from 1.80 to 1.51 ms."""
-    kind = {"adam": torch.optim.Adam, "sgd": torch.optim.SGD}[name]
-    return kind(params, lr=lr, fused=True)
+    kinds: dict[str, Callable[..., torch.optim.Optimizer]] = {
+        "adam": torch.optim.Adam,
+        "sgd": torch.optim.SGD,
+    }
+    return kinds[name](params, lr=lr, fused=True)
 
 
 def device_of_module(module: nn.Module) -> torch.device:
@@ -50,7 +54,8 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     """A saved ``checkpoint.pt`` (tensors only: nothing in it runs code), on the CPU,
     wherever it was saved from; a learner moves what it loads to its device."""
     check_whole(path, "agent file")
-    return torch.load(path, weights_only=True, map_location="cpu")
+    saved: dict[str, Any] = torch.load(path, weights_only=True, map_location="cpu")
+    return saved
 
 
 def orthogonal_(layer: nn.Linear, gain: float) -> nn.Linear:
@@ -93,7 +98,8 @@ class MLP(nn.Module):
             x = F.one_hot(obs.long(), self.classes).flatten(1).float()
         else:
             x = obs.flatten(1).float()
-        return self.net(x)
+        out: torch.Tensor = self.net(x)
+        return out
 
 
 class Policy(nn.Module):
@@ -153,7 +159,7 @@ class ActorCritic:
         """Sampled actions: (as sampled, as sent to the env: clipped to the bounds, their
         log-probabilities), on the CPU, where the loop stores them and engines take them."""
         # DLPack: NumPy arrays and JAX arrays become tensors without a copy (on one device).
-        dist = self.policy(torch.from_dlpack(obs).to(self.device))
+        dist = self.policy(from_dlpack(obs).to(self.device))
         # Drawn with the CPU generator: the same samples on every device.
         if self.policy.continuous:
             noise = torch.randn(dist.mean.shape, generator=self.generator).to(self.device)
@@ -184,14 +190,18 @@ class ActorCritic:
 
     @torch.no_grad()
     def values(self, obs: np.ndarray) -> np.ndarray:
-        return self.value(from_numpy(obs, self.device)).squeeze(1).cpu().numpy()
+        values: torch.Tensor = self.value(from_numpy(obs, self.device))
+        return values.squeeze(1).cpu().numpy()
 
     @torch.no_grad()
     def greedy(self, obs: np.ndarray) -> np.ndarray:
         dist = self.policy(from_numpy(obs, self.device))
+        actions: torch.Tensor
         if self.policy.continuous:
-            return dist.mean.clamp(self.low, self.high).cpu().numpy()
-        return dist.logits.argmax(dim=1).cpu().numpy()
+            actions = dist.mean.clamp(self.low, self.high)
+        else:
+            actions = dist.logits.argmax(dim=1)
+        return actions.cpu().numpy()
 
 
 def saved_greedy_policy(learner: ActorCritic, path: Path) -> list[Callable[[Any], np.ndarray]]:

@@ -105,7 +105,7 @@ class TorchLearner(ActorCritic, RolloutLearner):
         for indices in minibatches:
             loss, step_metrics = self.loss(tuple(x[indices] for x in tensors))
             self.optimizer.zero_grad()
-            loss.backward()
+            loss.backward()  # type: ignore[no-untyped-call]  # unannotated in torch
             if algo.max_grad_norm > 0:
                 nn.utils.clip_grad_norm_(self.params, algo.max_grad_norm)
             self.optimizer.step()

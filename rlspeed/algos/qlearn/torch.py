@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+from torch.utils.dlpack import from_dlpack
 
 from rlspeed.algos.networks.torch import from_numpy, load_checkpoint
 from rlspeed.algos.qlearn import QTableLearner, table_shape
@@ -95,9 +96,9 @@ class TorchQTable(QTableLearner):
             self.q,
             from_numpy(states, self.device).long(),
             actions.to(self.device).long(),
-            torch.from_dlpack(rewards).to(self.device),
+            from_dlpack(rewards).to(self.device),
             from_numpy(next_states, self.device).long(),
-            torch.from_dlpack(terminated).to(self.device),
+            from_dlpack(terminated).to(self.device),
             self.alpha,
             self.gamma,
         )
@@ -123,7 +124,7 @@ class TorchQTable(QTableLearner):
 
 def load_policies(cfg: RunConfig, path: Path, obs_space: Any, action_space: Any) -> list[Policy]:
     """The greedy policy of a saved ``checkpoint.pt`` (``mode=eval``)."""
-    q = load_checkpoint(path)["q_table"]
+    q: torch.Tensor = load_checkpoint(path)["q_table"]
     check_shape("q_table", q.shape, table_shape(cfg, action_space))
     tabular = TASKS.get(cfg.task.name).tabular
 

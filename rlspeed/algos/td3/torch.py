@@ -16,6 +16,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.dlpack import from_dlpack
 
 from rlspeed.algos.networks.torch import from_numpy, lecun_normal_, load_checkpoint, optimizer
 from rlspeed.algos.replay import Batch, ReplayLearner, replay_buffer
@@ -58,7 +59,8 @@ class Actor(nn.Module):
         self.net = mlp([obs_dim, *hidden_sizes, action_dim])
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return squash(self.net(obs.flatten(1).float()), self.bounds, torch)
+        actions: torch.Tensor = squash(self.net(obs.flatten(1).float()), self.bounds, torch)
+        return actions
 
 
 class QNetwork(nn.Module):
@@ -68,7 +70,8 @@ class QNetwork(nn.Module):
         self.net = mlp([obs_dim + action_dim, *hidden_sizes, 1])
 
     def forward(self, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
-        return self.net(torch.cat([obs.flatten(1).float(), actions.float()], dim=1)).squeeze(1)
+        q: torch.Tensor = self.net(torch.cat([obs.flatten(1).float(), actions.float()], dim=1))
+        return q.squeeze(1)
 
 
 class TorchLearner(ReplayLearner):
@@ -97,18 +100,22 @@ class TorchLearner(ReplayLearner):
     @torch.no_grad()
     def act(self, obs: Any, step: int) -> torch.Tensor:
         # DLPack: NumPy arrays and JAX arrays become tensors without a copy (on one device).
-        obs = torch.from_dlpack(obs).to(self.device)
+        obs = from_dlpack(obs).to(self.device)
         shape = (obs.shape[0], *self.bounds.low.shape)
         # Drawn on the CPU generator, explored on the CPU: the same actions on every device,
         # and where engines take them.
+        actions: torch.Tensor
         if step < self.algo.learning_starts:
-            return uniform_actions(torch.rand(shape, generator=self.generator), self.cpu_bounds)
-        normal = torch.randn(shape, generator=self.generator)
-        return explore(self.actor(obs).cpu(), normal, self.cpu_bounds, self.algo, torch)
+            actions = uniform_actions(torch.rand(shape, generator=self.generator), self.cpu_bounds)
+        else:
+            normal = torch.randn(shape, generator=self.generator)
+            actions = explore(self.actor(obs).cpu(), normal, self.cpu_bounds, self.algo, torch)
+        return actions
 
     @torch.no_grad()
     def greedy(self, obs: np.ndarray) -> np.ndarray:
-        return self.actor(from_numpy(obs, self.device)).cpu().numpy()
+        actions: torch.Tensor = self.actor(from_numpy(obs, self.device))
+        return actions.cpu().numpy()
 
     def update(self, batch: Batch[np.ndarray], target_noise: Any = None) -> dict[str, torch.Tensor]:
         """One critic update, plus the actor and target updates every ``policy_frequency``.
@@ -130,7 +137,7 @@ class TorchLearner(ReplayLearner):
         q1, q2 = self.qf1(obs, actions), self.qf2(obs, actions)
         qf1_loss, qf2_loss = F.mse_loss(q1, target), F.mse_loss(q2, target)
         self.q_optimizer.zero_grad()
-        (qf1_loss + qf2_loss).backward()
+        (qf1_loss + qf2_loss).backward()  # type: ignore[no-untyped-call]  # unannotated in torch
         self.q_optimizer.step()
         metrics = {
             "losses/qf1_loss": qf1_loss.detach(),

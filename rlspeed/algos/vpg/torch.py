@@ -33,7 +33,7 @@ class TorchLearner(ActorCritic, RolloutLearner):
 
     def _step(self, optimizer: torch.optim.Optimizer, net: nn.Module, loss: torch.Tensor) -> None:
         optimizer.zero_grad()
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]  # unannotated in torch
         if self.algo.max_grad_norm > 0:
             nn.utils.clip_grad_norm_(net.parameters(), self.algo.max_grad_norm)
         optimizer.step()

@@ -50,6 +50,7 @@ class GymVectorEngine:
     def reset(self) -> np.ndarray:
         # Env i's own stream of the run's seed (not seed + i, which seed + 1's env i - 1 shares).
         seeds: list[int | None] = [*env_seeds(self.seed, self.num_envs)]  # reset's list type
+        obs: np.ndarray
         with self._env_code("reset"):
             obs, _ = self.envs.reset(seed=seeds)
         self._returns[:] = 0.0

@@ -29,7 +29,8 @@ class GridWorldFunctional(
 
     def initial(self, rng: Any = None, params: None = None) -> jax.Array:
         """The bottom-right cell (the start is deterministic; ``rng`` is unused)."""
-        return jnp.int32(start_cell(self.size))
+        start: jax.Array = jnp.int32(start_cell(self.size))
+        return start
 
     def transition(
         self,

@@ -94,8 +94,12 @@ class HalfCheetahFunctional(
         """Forward speed of the root over the step, less 0.1 * |action|^2 (the action as
         given, before MuJoCo's clamp)."""
         x_velocity = (next_state.qpos[0] - state.qpos[0]) / self._dt
-        return self._forward_weight * x_velocity - self._ctrl_weight * jnp.sum(action * action)
+        reward: jax.Array = self._forward_weight * x_velocity - self._ctrl_weight * jnp.sum(
+            action * action
+        )
+        return reward
 
     def terminal(self, state: CheetahState, rng: Any = None, params: None = None) -> jax.Array:
         """v5 never terminates; episodes end at the time limit."""
-        return jnp.bool_(False)
+        never: jax.Array = jnp.bool_(False)
+        return never

@@ -39,7 +39,9 @@ ENV_PRNG = "philox4x32"
 def env_stream(key: jax.Array) -> jax.Array:
     """A key of the ``ENV_PRNG`` kind, derived from any JAX key."""
     data_shape = jax.random.key_data(jax.random.key(0, impl=ENV_PRNG)).shape
-    return jax.random.wrap_key_data(jax.random.bits(key, data_shape, jnp.uint32), impl=ENV_PRNG)
+    bits = jax.random.bits(key, data_shape, jnp.uint32)
+    env_key: jax.Array = jax.random.wrap_key_data(bits, impl=ENV_PRNG)
+    return env_key
 
 
 class VmapEnv:
@@ -142,6 +144,7 @@ class JaxVmapEngine:
             # where the envs are (a no-op when both are on one device).
             actions = jax.dlpack.from_dlpack(actions)
             actions = jax.device_put(actions, self._state.obs.device)
+        result: StepResult
         self._state, result = self._step(self._state, actions)
         return result
 
@@ -181,7 +184,8 @@ def greedy_episodes(
     batch = len(jax.tree.leaves(states)[0])
 
     def running(carry: tuple[Any, ...]) -> jax.Array:
-        return carry[1].any() & (carry[4] < max_steps)
+        going: jax.Array = carry[1].any() & (carry[4] < max_steps)
+        return going
 
     def step(carry: tuple[Any, ...]) -> tuple[Any, ...]:
         state, alive, returns, lengths, t = carry

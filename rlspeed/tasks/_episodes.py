@@ -45,7 +45,11 @@ def mean_greedy_return(
     return float(returns.mean())
 
 
-class FunctionalTwin(FuncEnv):
+# Gymnasium's phys2d twins, whatever their state, observation, action and params types.
+AnyFuncEnv = FuncEnv[Any, Any, Any, Any, Any, Any, Any]
+
+
+class FunctionalTwin(AnyFuncEnv):
     """A Gymnasium functional JAX env fitted to its registered env, for ``VmapEnv``.
 
     It takes the registered env's observation and action spaces (Gymnasium's ``phys2d``
@@ -57,7 +61,7 @@ class FunctionalTwin(FuncEnv):
     # The phys2d dynamics are deterministic: only the start state is random (VmapEnv).
     transition_uses_rng = False
 
-    def __init__(self, env: FuncEnv, params: Any, registered: gym.Env) -> None:
+    def __init__(self, env: AnyFuncEnv, params: Any, registered: gym.Env) -> None:
         self._env = env
         self._params = params
         self.observation_space = registered.observation_space

@@ -79,7 +79,7 @@ def _kwargs(cfg: Any) -> dict[str, Any]:
     """``task.kwargs`` as ``gym.make`` takes them: plain Python values, with the password of
     each URL in them put back (the config holds it masked, as everything stored does:
     ``rlspeed.secrets``), so that the user's env can connect."""
-    revealed = reveal_value(dict(plain(cfg.kwargs)))  # the schema's dict[str, Any]
+    revealed: dict[str, Any] = reveal_value(dict(plain(cfg.kwargs)))  # the schema's type
     for key, value in revealed.items():
         if accounts := masked_accounts(str(value)):  # a saved config's, or typed as ***
             raise ConfigError(
@@ -253,7 +253,8 @@ def evaluate(cfg: GymTaskConfig, policy: Policy, seed: int) -> float:
 
 def observation_bytes(cfg: GymTaskConfig) -> int:
     space = env_facts(cfg).observation_space
-    return _entries(space) * space.dtype.itemsize
+    itemsize: int = space.dtype.itemsize
+    return _entries(space) * itemsize
 
 
 def network_inputs(cfg: GymTaskConfig) -> int:

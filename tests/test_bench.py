@@ -199,3 +199,37 @@ def test_purejaxrl_config_maps_to_an_rlspeed_run_of_equal_work(make_cfg):
     assert (steps, total_updates(cfg.algo, cfg.total_steps, cfg.num_envs)) == purejaxrl_work()
     assert purejaxrl_work() == (500_000, 49_000)
     assert cfg.backend.threads == 1  # auto: a small network
+
+
+@pytest.mark.bench
+def test_quick_against_head_writes_one_row_per_workload_with_ratios_near_one(tmp_path):
+    """``against --rev HEAD``: the same code on both sides (the revision from a git worktree,
+    each importing its own rlspeed), so every workload did equal work and its time ratio
+    stays near 1. One pair per workload (after the warm-ups) keeps it to ~2 minutes."""
+    from rlspeed.bench.against import WORKLOADS
+
+    args = ["against", "--quick", "--rev", "HEAD", "--repeats", "1", "--out", "results"]
+    result = _bench(args, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = tmp_path / "results"
+    assert sorted(p.name for p in out.iterdir()) == ["against.csv", "against.md", "against.png"]
+    rows = _rows(out / "against.csv")
+    assert [r["workload"] for r in rows] == [w.name for w in WORKLOADS]
+    for row in rows:
+        assert row["same_work"] == "yes" and int(row["env_steps"]) > 0, row
+        assert 0.5 < float(row["ratio"]) < 2, row
+        assert float(row["ratio_min"]) <= float(row["ratio"]) <= float(row["ratio_max"]), row
+    markdown = (out / "against.md").read_text()
+    assert "rlspeed-bench-against-" in markdown  # the old side imported the worktree's rlspeed
+    for stamp in ("Machine load (uptime) before", "after", "CPU:", "## Configs"):
+        assert stamp in markdown, stamp
+    assert (out / "against.png").read_bytes().startswith(b"\x89PNG")
+    git = ["git", "-C", str(Path(__file__).parent), "worktree", "list"]
+    worktrees = subprocess.run(git, capture_output=True, text=True).stdout
+    assert "rlspeed-bench-against-" not in worktrees  # the worktree is gone
+
+
+def test_against_with_an_unknown_revision_is_one_clear_line(tmp_path):
+    result = _bench(["against", "--rev", "no-such-revision", "--out", "results"], cwd=tmp_path)
+    assert_one_line_error(result, "--rev=no-such-revision", "git revision")
+    assert not (tmp_path / "results").exists()

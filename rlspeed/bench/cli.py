@@ -40,6 +40,12 @@ EXTERNAL = {
     "purejaxrl": "whole processes: PureJaxRL's DQN script (--script, --python) against the"
     " rlspeed command with its CartPole hyperparameters",
 }
+# Benchmarks of this checkout against an earlier git revision (--rev; not run by `all`).
+REVISIONS = {
+    "against": "whole processes: this checkout against --rev (default origin/main, else"
+    " HEAD~1) in interleaved pairs: DQN and PPO on CartPole per stack, the default rlspeed,"
+    " PPO with 16 seeds (default --out docs/benchmarks/against)",
+}
 
 
 def compose_config(overrides: list[str]) -> DictConfig:
@@ -52,17 +58,30 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="rlspeed-bench",
         description="Benchmarks: "
-        + "; ".join(f"{k}: {v}" for k, v in {**BENCHMARKS, **ACCELERATOR, **EXTERNAL}.items()),
+        + "; ".join(
+            f"{k}: {v}" for k, v in {**BENCHMARKS, **ACCELERATOR, **EXTERNAL, **REVISIONS}.items()
+        ),
     )
     parser.add_argument("names", nargs="+", metavar="NAME", help="a benchmark name, or all")
     parser.add_argument("--quick", action="store_true", help="a small version (under a minute)")
-    parser.add_argument("--out", type=Path, default=Path("bench-results"), help="results folder")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="results folder (default: bench-results; against: the checkout's"
+        " docs/benchmarks/against)",
+    )
     parser.add_argument("--script", type=Path, help="purejaxrl: PureJaxRL's purejaxrl/dqn.py")
     parser.add_argument(
         "--python", help="purejaxrl: the Python that runs --script (default: this one)"
     )
+    parser.add_argument(
+        "--rev", help="against: the git revision compared (default: origin/main, else HEAD~1)"
+    )
+    parser.add_argument(
+        "--repeats", type=int, help="against: interleaved pairs per workload (default 5; quick 2)"
+    )
     args = parser.parse_args(argv)
-    known = {**BENCHMARKS, **ACCELERATOR, **EXTERNAL}
+    known = {**BENCHMARKS, **ACCELERATOR, **EXTERNAL, **REVISIONS}
     names = args.names
     if names == ["all"]:
         names = list(BENCHMARKS) + (list(EXTERNAL) if args.script else [])
@@ -80,13 +99,28 @@ def main(argv: list[str] | None = None) -> int:
         if problem:
             print(problem, file=sys.stderr)
             return 2
+    if "against" in names:
+        from rlspeed.bench.against import revision_problem
+
+        problem = revision_problem(args.rev)
+        if problem is None and args.repeats is not None and args.repeats < 1:
+            problem = f"rlspeed-bench: invalid --repeats={args.repeats}: expected 1 or more"
+        if problem:
+            print(problem, file=sys.stderr)
+            return 2
     register_configs()
     for name in names:
         print(f"== {name}: {known[name]}{' (quick)' if args.quick else ''}", flush=True)
         start = time.perf_counter()
         module = importlib.import_module(f"rlspeed.bench.{name}")
-        external = {"script": args.script, "python": args.python} if name in EXTERNAL else {}
-        paths = module.run(args.out, args.quick, compose_config, **external)
+        external: dict[str, object] = {}
+        if name in EXTERNAL:
+            external = {"script": args.script, "python": args.python}
+        if name in REVISIONS:
+            external = {"rev": args.rev, "repeats": args.repeats}
+        # against's default folder is its own (None): the checkout's docs/benchmarks/against.
+        out = args.out if name in REVISIONS else args.out or Path("bench-results")
+        paths = module.run(out, args.quick, compose_config, **external)
         print(f"   {time.perf_counter() - start:.1f} s -> " + ", ".join(map(str, paths)))
     return 0
 

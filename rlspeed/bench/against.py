@@ -61,7 +61,7 @@ WORKLOADS = (
         "dqn-torch-gym-cartpole",
         ("backend=torch", "env=gym-sync", "algo=dqn", "task=cartpole"),
         (12_000, 5_500),
-        ("none", "mlflow"),
+        ("none",),
     ),
     Workload(
         "ppo-torch-gym-cartpole",
@@ -84,7 +84,7 @@ WORKLOADS = (
         ("none", "mlflow"),
     ),
     # `rlspeed` as typed: DQN on Doors, flax + jax-vmap, default tracking (MLflow).
-    Workload("default-rlspeed", (), (20_000, 5_000), ("mlflow", "none")),
+    Workload("default-rlspeed", (), (16_000, 5_000), ("mlflow", "none")),
     Workload(
         "ppo-flax-fused-cartpole-16-seeds",
         ("backend=flax", "env=jax-vmap", "algo=ppo", "task=cartpole", "num_seeds=16"),

@@ -97,6 +97,7 @@ def batch_rows(cfg: RunConfig) -> int:
     """Rows of the largest batch one agent's network sees: an update's batch, or one row per
     env when acting on more envs than that."""
     algo = cfg.algo
+    rows: int
     if "batch_size" in algo:
         rows = algo.batch_size
     else:  # on-policy: the rollout (num_steps of every env) in num_minibatches parts

@@ -157,6 +157,7 @@ class HostNormalization:
         self.state = init_state(settings, obs_shape, num_envs, np)
 
     def observe(self, obs: Any) -> np.ndarray:
+        seen: np.ndarray
         self.state, seen = observe(self.settings, self.state, np.asarray(obs), np)
         return seen
 

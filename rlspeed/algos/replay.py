@@ -265,7 +265,7 @@ class ReplayLearner:
         (engine-native arrays in, arrays the engine takes out)."""
         raise NotImplementedError
 
-    def update(self, batch: Batch) -> dict[str, Any]:
+    def update(self, batch: Batch[np.ndarray]) -> dict[str, Any]:
         """One gradient step; its metrics as backend scalars (averaged per log interval)."""
         raise NotImplementedError
 

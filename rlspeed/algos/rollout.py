@@ -74,7 +74,7 @@ def gae(
     """GAE(gamma, lambda) advantages [T, N] in NumPy (the fused path runs the same recursion
     as a reverse ``lax.scan``: ``rollout_jax.gae_scan``)."""
     deltas, decays = advantage_terms(rewards, values, next_values, terminated, dones, gamma, lam)
-    advantages = np.zeros_like(deltas)
+    advantages: np.ndarray = np.zeros_like(deltas)
     next_advantage = np.zeros_like(advantages[0])
     for t in reversed(range(len(deltas))):
         next_advantage = deltas[t] + decays[t] * next_advantage

@@ -132,7 +132,9 @@ class OnPolicyJaxLearner(JaxLearner, RolloutLearner):
         self._update = jax.jit(fns.update)
 
     def act(self, obs: Any) -> tuple[jax.Array, jax.Array, jax.Array]:
-        return self._act(self.agent.policy_params, obs, self.next_key())
+        actions: tuple[jax.Array, jax.Array, jax.Array]
+        actions = self._act(self.agent.policy_params, obs, self.next_key())
+        return actions
 
     def values(self, obs: np.ndarray) -> np.ndarray:
         return np.asarray(self._values(self.agent.value_params, obs))
@@ -142,6 +144,7 @@ class OnPolicyJaxLearner(JaxLearner, RolloutLearner):
 
     def update(self, batch: RolloutBatch) -> dict[str, jax.Array]:
         self.update_key, key = jax.random.split(self.update_key)
+        metrics: dict[str, jax.Array]
         self.agent, metrics = self._update(self.agent, batch, key)
         return metrics
 
@@ -217,7 +220,7 @@ def normalized_greedy(
 def checkpoint_tree(agent: Any, norm: NormState | None) -> dict[str, Any]:
     """What a flax checkpoint holds: the agent's fields and, with observation
     normalisation, its statistics under ``obs_norm`` (the same on host and fused paths)."""
-    tree = agent._asdict()
+    tree: dict[str, Any] = agent._asdict()
     if norm is not None and norm.obs is not None:
         tree["obs_norm"] = norm.obs._asdict()
     return tree

@@ -80,11 +80,13 @@ class DQNFunctions:
         return jnp.where(explore, random, greedy)
 
     def greedy(self, params: Any, obs: jax.Array) -> jax.Array:
-        return apply_output(self.network, params, obs).argmax(axis=1)
+        actions: jax.Array = apply_output(self.network, params, obs).argmax(axis=1)
+        return actions
 
     def td_targets(self, target_params: Any, batch: Batch[jax.Array]) -> jax.Array:
         next_q = apply_output(self.network, target_params, batch.next_obs).max(axis=1)
-        return batch.rewards + self.algo.gamma * next_q * (1.0 - batch.dones)
+        targets: jax.Array = batch.rewards + self.algo.gamma * next_q * (1.0 - batch.dones)
+        return targets
 
     def update(
         self, agent: Agent, batch: Batch[jax.Array], td_target: jax.Array
@@ -124,7 +126,8 @@ class FlaxLearner(JaxLearner, DQNSchedule, ReplayLearner):
         self.buffer = replay_buffer(obs_space, action_space, cfg, seed)
 
     def act(self, obs: Any, step: int) -> jax.Array:
-        return self._act(self.agent.params, obs, self.next_key(), self.epsilon(step))
+        actions: jax.Array = self._act(self.agent.params, obs, self.next_key(), self.epsilon(step))
+        return actions
 
     def greedy(self, obs: np.ndarray) -> np.ndarray:
         return np.asarray(self._greedy(self.agent.params, obs))
@@ -185,7 +188,10 @@ def make_train(cfg: RunConfig, env: VmapEnv) -> FusedTrainer:
         actions = fns.act(state.agent.params, state.env.obs, act_key, epsilon)
         env_state, result, replay, step, n_updates = replay_step(env, state, actions, algo)
 
-        def update_group(group: jax.Array, carry: tuple) -> tuple:
+        # The agent, and its sums of the group's losses and mean Q-values.
+        Sums = tuple[Agent, jax.Array, jax.Array]
+
+        def update_group(group: jax.Array, carry: Sums) -> Sums:
             # The target network is fixed until the sync below, so the group's batches are
             # drawn at once and their TD targets come from one large matrix product.
             batches = jax_replay_sample(
@@ -196,7 +202,7 @@ def make_train(cfg: RunConfig, env: VmapEnv) -> FusedTrainer:
             )
             td_targets = fns.td_targets(carry[0].target_params, batches)
 
-            def one_update(batch: Batch[jax.Array], td_target: jax.Array, carry: tuple) -> tuple:
+            def one_update(batch: Batch[jax.Array], td_target: jax.Array, carry: Sums) -> Sums:
                 agent, loss_sum, q_sum = carry
                 agent, loss, q_mean = fns.update(agent, batch, td_target)
                 return agent, loss_sum + loss, q_sum + q_mean
@@ -209,11 +215,12 @@ def make_train(cfg: RunConfig, env: VmapEnv) -> FusedTrainer:
             )
             count = jnp.minimum(group_size, n_updates - group * group_size)
 
-            def update_at(i: jax.Array, carry: tuple) -> tuple:
+            def update_at(i: jax.Array, carry: Sums) -> Sums:
                 batch, td_target = jax.tree.map(lambda x: x[i], grouped)
                 return one_update(batch, td_target, carry)
 
-            return jax.lax.fori_loop(0, count, update_at, carry)
+            sums: Sums = jax.lax.fori_loop(0, count, update_at, carry)
+            return sums
 
         agent, loss_sum, q_sum = jax.lax.fori_loop(
             0,

@@ -89,7 +89,10 @@ def masked_scan(
             return new, jax.tree.map(lambda o: jnp.where(keep, o, jnp.zeros_like(o)), out)
 
         indices = jnp.arange(length)
-        return jax.lax.scan(kept, carry, (indices, xs), length=length, unroll=unroll)
+        scanned: tuple[Any, Any] = jax.lax.scan(
+            kept, carry, (indices, xs), length=length, unroll=unroll
+        )
+        return scanned
 
     outs = jax.tree.map(lambda s: jnp.zeros((length, *s.shape), s.dtype), out_shapes)
 
@@ -99,7 +102,8 @@ def masked_scan(
         carry, out = iteration(carry, x)
         return carry, jax.tree.map(lambda buf, o: buf.at[index].set(o), outs, out)
 
-    return jax.lax.fori_loop(0, valid, body, (carry, outs))
+    looped: tuple[Any, Any] = jax.lax.fori_loop(0, valid, body, (carry, outs))
+    return looped
 
 
 def scan_iterations(
@@ -179,10 +183,12 @@ def first_iterations(stats: Any, count: int) -> Any:
 def per_seed_sum(values: Any) -> np.ndarray:
     """Each seed's sum of a chunk's stat [seeds, ...] (every axis after the first), float64."""
     values = np.asarray(values, dtype=np.float64)
-    return values.reshape(len(values), -1).sum(axis=1)
+    sums: np.ndarray = values.reshape(len(values), -1).sum(axis=1)
+    return sums
 
 
 def per_seed_mean(values: Any) -> np.ndarray:
     """Each seed's mean of a chunk's stat [seeds, ...], float64."""
     values = np.asarray(values, dtype=np.float64)
-    return values.reshape(len(values), -1).mean(axis=1)
+    means: np.ndarray = values.reshape(len(values), -1).mean(axis=1)
+    return means

@@ -73,7 +73,9 @@ class FusedTraining:
         self.cfgs, self.seeds, self.batched = cfgs, seeds, len(cfgs) > 1
         self.lanes = len(cfgs) * seeds
         env = make_vmap_env(task, cfg.task, cfg.num_envs)
-        self._make = lambda values: make_train(with_hparams(cfg, values), env)
+        self._make: Callable[[Any], FusedTrainer] = lambda values: make_train(
+            with_hparams(cfg, values), env
+        )
         hparams = [traced_hparams(run.algo) for run in cfgs]
         # Sizes, the greedy policy and the summaries read no traced value: any run's will do.
         self.trainer = trainer = self._make(hparams[0])
@@ -219,7 +221,8 @@ class FusedTraining:
             vmapped = jax.vmap(run_chunk, in_axes=(0, None, 0, 0)) if self.lanes > 1 else run_chunk
             programs["chunk", length, masked] = jax.jit(vmapped)
         chunk = programs["chunk", length, masked]
-        return chunk(state, np.int32(iterations), self._hparams, self._live)
+        ran: tuple[Any, Any] = chunk(state, np.int32(iterations), self._hparams, self._live)
+        return ran
 
     def _part(self, tree: Any, run: int) -> Any:
         """Run ``run``'s part of a tree with a lane axis (a lone run's tree as it is)."""
@@ -249,7 +252,8 @@ def _scorer(
     assert evaluate is not None
 
     def score(params: Any, key: jax.Array) -> jax.Array:
-        return evaluate(task_cfg, partial(greedy, params), key)
+        scores: jax.Array = evaluate(task_cfg, partial(greedy, params), key)
+        return scores
 
     return score
 

@@ -27,6 +27,7 @@ class JaxLearner:
 
     def next_key(self) -> jax.Array:
         """A fresh key for one call's random draws."""
+        key: jax.Array
         self.key, key = jax.random.split(self.key)
         return key
 

@@ -128,7 +128,7 @@ class PPOFunctions(ActorCritic):
 
         def step(
             carry: tuple[Any, Any], minibatch: tuple[jax.Array, jax.Array]
-        ) -> tuple[tuple[Any, Any], dict]:
+        ) -> tuple[tuple[Any, Any], dict[str, jax.Array]]:
             params, opt_state = carry
             indices, minibatch_weights = minibatch
             samples = jax.tree.map(lambda x: x[indices], batch)
@@ -151,7 +151,8 @@ def optimizer(
     ``annealed_rate``'s (optax counts gradient steps: ``updates_per_batch`` a batch)."""
 
     def annealed(count: jax.Array) -> jax.Array:
-        return annealed_rate(algo, count // updates_per_batch, batches)
+        rate: jax.Array = annealed_rate(algo, count // updates_per_batch, batches)
+        return rate
 
     adam = optax.adam(annealed if algo.anneal_lr else algo.learning_rate, eps=1e-5)
     if algo.max_grad_norm > 0:

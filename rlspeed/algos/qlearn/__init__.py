@@ -76,7 +76,8 @@ class QTableLearner:
         without a copy)."""
         import numpy as np  # here: config checks read this module without NumPy
 
-        return self.tabular.state_index(self.cfg.task, np.asarray(obs), np)
+        states: np.ndarray = self.tabular.state_index(self.cfg.task, np.asarray(obs), np)
+        return states
 
     def act(self, states: np.ndarray, step: int, epsilon: float) -> Any:
         """Epsilon-greedy actions (random among tied maxima) at env step ``step``, as

@@ -118,7 +118,8 @@ class FlaxQTable(QTableLearner):
         self._update = jax.jit(update)
 
     def act(self, states: np.ndarray, step: int, epsilon: float) -> jax.Array:
-        return self._act(self.q, states, step, epsilon)
+        actions: jax.Array = self._act(self.q, states, step, epsilon)
+        return actions
 
     def greedy_states(self, states: np.ndarray) -> np.ndarray:
         return np.asarray(self._greedy(self.q, states))
@@ -131,6 +132,7 @@ class FlaxQTable(QTableLearner):
         next_states: np.ndarray,
         terminated: Any,
     ) -> dict[str, jax.Array]:
+        metrics: dict[str, jax.Array]
         self.q, metrics = self._update(self.q, states, actions, rewards, next_states, terminated)
         return metrics
 
@@ -177,7 +179,8 @@ def make_train(cfg: RunConfig, env: VmapEnv) -> FusedTrainer:
     unroll = scan_unroll(n * cfg.num_seeds)
 
     def states_of(obs: jax.Array) -> jax.Array:
-        return tabular.state_index(task_cfg, obs, jnp)
+        states: jax.Array = tabular.state_index(task_cfg, obs, jnp)
+        return states
 
     def init(keys: JaxKeys) -> TrainState:
         q = jnp.zeros(table_shape(cfg, env.single_action_space))

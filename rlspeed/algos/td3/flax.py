@@ -115,7 +115,8 @@ class TD3Functions:
 
     def actor(self, params: Any, obs: jax.Array) -> jax.Array:
         """The deterministic (greedy) actions."""
-        return squash(apply_output(self.actor_net, params, obs), self.bounds, jnp)
+        actions: jax.Array = squash(apply_output(self.actor_net, params, obs), self.bounds, jnp)
+        return actions
 
     def critics(self, params: Any, obs: jax.Array, actions: jax.Array) -> jax.Array:
         """Q1 and Q2 of each (obs, action): shape [2, B]."""
@@ -212,7 +213,8 @@ class FlaxLearner(JaxLearner, ReplayLearner):
         self.buffer = replay_buffer(obs_space, action_space, cfg, seed)
 
     def act(self, obs: Any, step: int) -> jax.Array:
-        return self._act(self.agent.actor_params, obs, self.next_key(), step)
+        actions: jax.Array = self._act(self.agent.actor_params, obs, self.next_key(), step)
+        return actions
 
     def greedy(self, obs: np.ndarray) -> np.ndarray:
         return np.asarray(self._greedy(self.agent.actor_params, obs))
@@ -225,6 +227,7 @@ class FlaxLearner(JaxLearner, ReplayLearner):
             target_noise = self._normal(self.next_key(), batch.actions.shape)
         self.updates += 1
         actor_step = bool(is_actor_step(self.updates, self.algo))
+        metrics: dict[str, jax.Array]
         self.agent, metrics = self._update(self.agent, batch, target_noise, actor_step)
         if not actor_step:
             del metrics["losses/actor_loss"]
@@ -267,7 +270,9 @@ def make_train(cfg: RunConfig, env: VmapEnv) -> FusedTrainer:
         actions = fns.act(state.agent.actor_params, state.env.obs, act_key, state.step)
         env_state, result, replay, step, n_updates = replay_step(env, state, actions, algo)
 
-        def one_update(i: jax.Array, carry: tuple) -> tuple:
+        def one_update(
+            i: jax.Array, carry: tuple[Agent, dict[str, jax.Array]]
+        ) -> tuple[Agent, dict[str, jax.Array]]:
             agent, sums = carry
             sample_key, noise_key = jax.random.split(jax.random.fold_in(update_key, i))
             batch = jax_replay_sample(replay, sample_key, algo.batch_size, env.num_envs)

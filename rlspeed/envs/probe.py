@@ -63,18 +63,18 @@ RANDOM_START = ("observation", "action")
 TERMINATED = 2
 
 
-def probe_spaces(actions: str, observations: str) -> tuple[spaces.Space, spaces.Space]:
+def probe_spaces(actions: str, observations: str) -> tuple[spaces.Space[Any], spaces.Space[Any]]:
     """(observation space, action space) of a probe."""
     if actions not in ACTION_KINDS:
         raise ValueError(f"actions must be one of {ACTION_KINDS}, got {actions!r}")
     if observations not in OBSERVATION_KINDS:
         raise ValueError(f"observations must be one of {OBSERVATION_KINDS}, got {observations!r}")
-    observation_space: spaces.Space
+    observation_space: spaces.Space[Any]
     if observations == "continuous":
         observation_space = spaces.Box(-1.0, 1.0, (1,), dtype=np.float32)
     else:  # int32: what JAX produces with x64 disabled, so both engines' buffers agree
         observation_space = spaces.Discrete(2, dtype=np.int32)
-    action_space: spaces.Space
+    action_space: spaces.Space[Any]
     if actions == "continuous":
         action_space = spaces.Box(-1.0, 1.0, (1,), dtype=np.float32)
     else:

@@ -38,9 +38,12 @@ class ProbeFunctional(FuncEnv[jax.Array, jax.Array, jax.Array, jax.Array, jax.Ar
 
     def initial(self, rng: Any = None, params: None = None) -> jax.Array:
         """State 0 or 1 drawn uniformly (observation and action probes), else state 0."""
-        if self.initial_uses_rng:
-            return jax.random.randint(rng, (), 0, 2, dtype=jnp.int32)
-        return jnp.int32(0)
+        start: jax.Array = (
+            jax.random.randint(rng, (), 0, 2, dtype=jnp.int32)
+            if self.initial_uses_rng
+            else jnp.int32(0)
+        )
+        return start
 
     def transition(
         self, state: jax.Array, action: jax.Array, rng: Any = None, params: None = None
@@ -48,7 +51,8 @@ class ProbeFunctional(FuncEnv[jax.Array, jax.Array, jax.Array, jax.Array, jax.Ar
         return jnp.asarray(move(self.kind, state, jnp), dtype=jnp.int32)
 
     def observation(self, state: jax.Array, rng: Any = None, params: None = None) -> jax.Array:
-        return observe(self.kind, self.observations, state, jnp)
+        seen: jax.Array = observe(self.kind, self.observations, state, jnp)
+        return seen
 
     def reward(
         self,
@@ -58,7 +62,9 @@ class ProbeFunctional(FuncEnv[jax.Array, jax.Array, jax.Array, jax.Array, jax.Ar
         rng: Any = None,
         params: None = None,
     ) -> jax.Array:
-        return reward(self.kind, self.actions, state, action, jnp)
+        earned: jax.Array = reward(self.kind, self.actions, state, action, jnp)
+        return earned
 
     def terminal(self, state: jax.Array, rng: Any = None, params: None = None) -> jax.Array:
-        return state >= TERMINATED
+        ended: jax.Array = state >= TERMINATED
+        return ended

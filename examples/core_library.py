@@ -14,13 +14,13 @@ from pathlib import Path
 
 import numpy as np
 
-from rlspeed.algos import import_named
-from rlspeed.algos.loops.fused_training import FusedTraining
-from rlspeed.algos.ppo import PPOConfig
 from rlspeed.checkpoint import save_pytree
 from rlspeed.config import BackendConfig, EngineConfig, RunConfig
+from rlspeed.core.algos import import_named
+from rlspeed.core.algos.loops.fused_training import FusedTraining
+from rlspeed.core.algos.ppo import PPOConfig
+from rlspeed.core.tasks.cartpole import CartPoleTaskConfig
 from rlspeed.registry import ALGOS, BACKENDS, TASKS
-from rlspeed.tasks.cartpole import CartPoleTaskConfig
 
 
 def main() -> None:

@@ -24,9 +24,9 @@ import numpy as np
 from omegaconf import DictConfig
 
 from rlspeed.config_tree import quote
+from rlspeed.core.tasks import TaskSpec
 from rlspeed.errors import ConfigError, RLSpeedError
 from rlspeed.registry import TASKS
-from rlspeed.tasks import TaskSpec
 
 # The config groups ``train`` takes by name: an option of conf/<group>/.
 GROUPS = ("algo", "task", "backend", "env", "tracking")
@@ -141,7 +141,9 @@ def _given_task(task: TaskSpec | None) -> Iterator[None]:
         yield
         return
     if not isinstance(task, TaskSpec):
-        raise ConfigError("task", repr(task)[:60], "an option's name or a rlspeed.tasks.TaskSpec")
+        raise ConfigError(
+            "task", repr(task)[:60], "an option's name or a rlspeed.core.tasks.TaskSpec"
+        )
     with TASKS.registered(task):
         yield
 

@@ -20,14 +20,14 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlspeed.checkpoint import agent_files, files_key, why
 from rlspeed.config import is_fused
+from rlspeed.core.tasks import Policy
 from rlspeed.errors import ConfigError
 from rlspeed.registry import ALGOS, BACKENDS, TASKS
 from rlspeed.saved_config import read_config
 from rlspeed.seeding import eval_seeds
-from rlspeed.tasks import Policy
 
 if TYPE_CHECKING:
-    from rlspeed.tasks import TaskSpec
+    from rlspeed.core.tasks import TaskSpec
 
 log = logging.getLogger("rlspeed")
 
@@ -92,8 +92,8 @@ def evaluate_checkpoint(cfg: DictConfig) -> float:
     on_device = task.evaluate_on_device is not None and is_fused(saved)
     for seed, policy, path in agents:
         if on_device:  # as training scored it: on the task's JAX twin
-            from rlspeed.algos.loops.fused import DevicePolicy
-            from rlspeed.algos.loops.fused_training import device_score
+            from rlspeed.core.algos.loops.fused import DevicePolicy
+            from rlspeed.core.algos.loops.fused_training import device_score
 
             assert isinstance(policy, DevicePolicy)  # what a fused run's agents load as
             scores.append(device_score(task, saved.task, policy, seed))

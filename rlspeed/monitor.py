@@ -26,7 +26,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from rlspeed.config import ROLLING_EPISODES
-from rlspeed.tasks import Policy
+from rlspeed.core.tasks import Policy
 from rlspeed.tracking import Tracker
 
 log = logging.getLogger("rlspeed")

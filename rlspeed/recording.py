@@ -21,14 +21,14 @@ from omegaconf import DictConfig
 from rich.console import Console
 from rich.table import Table
 
-from rlspeed.algos.loops import TrainResult
 from rlspeed.checkpoint import RESUME_FILE, atomic_write, save_resume, seed_file
 from rlspeed.config import RunConfig, is_fused
-from rlspeed.engines import EngineSpec
+from rlspeed.core.algos.loops import TrainResult
+from rlspeed.core.engines import EngineSpec
+from rlspeed.core.tasks import TaskSpec
 from rlspeed.monitor import RECENT_EPISODES, RunMonitor, to_log_file
 from rlspeed.registry import BACKENDS
 from rlspeed.sweep import TrialReporter
-from rlspeed.tasks import TaskSpec
 from rlspeed.tracking import Tracker, cause
 
 log = logging.getLogger("rlspeed")

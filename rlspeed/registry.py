@@ -255,8 +255,12 @@ def forget_plugins() -> None:
         registry._loaded.clear()
 
 
-ALGOS: Registry[Any] = Registry("algo", "rlspeed.algos", "rlspeed.algos:AlgoSpec", subpackages=True)
-TASKS: Registry[Any] = Registry("task", "rlspeed.tasks", "rlspeed.tasks:TaskSpec")
-ENGINES: Registry[Any] = Registry("env", "rlspeed.engines", "rlspeed.engines:EngineSpec")
-BACKENDS: Registry[Any] = Registry("backend", "rlspeed.backends", "rlspeed.backends:BackendSpec")
+ALGOS: Registry[Any] = Registry(
+    "algo", "rlspeed.core.algos", "rlspeed.core.algos:AlgoSpec", subpackages=True
+)
+TASKS: Registry[Any] = Registry("task", "rlspeed.core.tasks", "rlspeed.core.tasks:TaskSpec")
+ENGINES: Registry[Any] = Registry("env", "rlspeed.core.engines", "rlspeed.core.engines:EngineSpec")
+BACKENDS: Registry[Any] = Registry(
+    "backend", "rlspeed.core.backends", "rlspeed.core.backends:BackendSpec"
+)
 TRACKERS: Registry[Any] = Registry("tracking", "rlspeed.tracking", "rlspeed.tracking:TrackerSpec")

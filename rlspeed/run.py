@@ -1,5 +1,5 @@
 """One training run, or a sweep's batch of them: the one place with side effects. It builds
-the parts the config names, drives the training loop (``rlspeed.algos.loops``) chunk by
+the parts the config names, drives the training loop (``rlspeed.core.algos.loops``) chunk by
 chunk, and around each chunk records it (tracker, history, progress), evaluates, hands new
 scores to the Optuna trial (whose pruner may stop it), checkpoints when due and takes
 interrupts; however training ends, it writes every file (``rlspeed.recording``)."""
@@ -18,12 +18,12 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from rlspeed import slurm
-from rlspeed.algos import import_named
-from rlspeed.algos.loops import CHECKPOINT_FILES, TrainResult
-from rlspeed.algos.loops.host import HostTraining, ResumeMismatch
 from rlspeed.checkpoint import run_folder, save_pytree, training_keys, why
 from rlspeed.config import RunConfig, is_fused
 from rlspeed.config_tree import flatten, to_yaml
+from rlspeed.core.algos import import_named
+from rlspeed.core.algos.loops import CHECKPOINT_FILES, TrainResult
+from rlspeed.core.algos.loops.host import HostTraining, ResumeMismatch
 from rlspeed.errors import (
     ConfigError,
     DivergenceError,
@@ -52,7 +52,7 @@ from rlspeed.tracking import cause
 from rlspeed.validation import validate
 
 if TYPE_CHECKING:  # JAX: imported by the fused path alone
-    from rlspeed.algos.loops.fused_training import FusedTraining
+    from rlspeed.core.algos.loops.fused_training import FusedTraining
 
 log = logging.getLogger("rlspeed")
 
@@ -228,7 +228,7 @@ def _start(cfg: DictConfig, out_dir: Path, continued: bool) -> Run:
 
 
 def _env_state_saved(cfg: DictConfig) -> bool:
-    from rlspeed.engines.env_state import saves_state  # Gymnasium's: loaded for its engine
+    from rlspeed.core.engines.env_state import saves_state  # Gymnasium's: loaded for its engine
 
     return saves_state(cfg.task)
 
@@ -301,7 +301,7 @@ def _train_fused(runs: list[Run]) -> list[TrainResult | Exception]:
     not finite) ends there with that exception while the others train on; a lone run's
     exception propagates. Returns each run's result, or the exception it ended with; an
     interrupt ends them all."""
-    from rlspeed.algos.loops.fused_training import FusedTraining
+    from rlspeed.core.algos.loops.fused_training import FusedTraining
 
     first = runs[0]
     for started in runs:  # until the first chunk returns, the time goes to compiling

@@ -14,9 +14,9 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from rlspeed.algos import batch_rows, network_weights
 from rlspeed.config import MAX_SEEDS, MAX_STEPS, is_fused
 from rlspeed.config_tree import check_creatable, schema_view
+from rlspeed.core.algos import batch_rows, network_weights
 from rlspeed.errors import ConfigError, StoreUnreachable
 from rlspeed.registry import ALGOS, BACKENDS, ENGINES, TASKS, TRACKERS
 
@@ -118,7 +118,7 @@ def validate(cfg: DictConfig) -> None:
     resolve_threads(cfg)
     # Reads run folders (whole resume files): loaded only once every setting above is checked
     # (a bad setting is refused before NumPy, let alone a backend, is imported).
-    from rlspeed.engines.env_state import check_resumable
+    from rlspeed.core.engines.env_state import check_resumable
     from rlspeed.run_folders import check_modes
 
     check_resumable(

@@ -24,7 +24,7 @@ from rlspeed.checkpoint import RESUME_FILE, seed_file
 from rlspeed.cli import CONF_DIR
 from rlspeed.config import BackendConfig
 from rlspeed.config_tree import register_configs
-from rlspeed.tasks.gridworld import GridWorldTaskConfig
+from rlspeed.core.tasks.gridworld import GridWorldTaskConfig
 
 # pytest-xdist runs one worker per core: one torch thread each (in-process runs and the
 # CLI subprocesses alike) keeps them from oversubscribing the cores.

@@ -98,19 +98,27 @@ LAYERS = [
     ("recording", ["rlspeed.recording"]),
     ("checks", ["rlspeed.validation", "rlspeed.run_folders"]),
     ("mode=eval", ["rlspeed.evaluate"]),
-    # Every algorithm package (rlspeed.algos.<name>); the entries below carve out the rest.
-    ("algorithms", ["rlspeed.algos"]),
-    ("RL pieces", ["rlspeed.algos.__init__", "rlspeed.algos.networks", "rlspeed.algos.schedule"]),
-    ("RL pieces", [f"rlspeed.algos.{name}" for name in ("rollout", "rollout_jax", "replay")]),
-    ("RL pieces", ["rlspeed.algos.replay_jax", "rlspeed.algos.encoding"]),
-    ("RL pieces", ["rlspeed.algos.normalization"]),
-    ("loops", ["rlspeed.algos.loops"]),
-    ("parts", [f"rlspeed.{name}" for name in ("tasks", "engines", "envs", "backends")]),
+    # Every algorithm package (rlspeed.core.algos.<name>); the entries below carve out the rest.
+    ("algorithms", ["rlspeed.core.algos"]),
+    (
+        "RL pieces",
+        [
+            "rlspeed.core.algos.__init__",
+            "rlspeed.core.algos.networks",
+            "rlspeed.core.algos.schedule",
+        ],
+    ),
+    ("RL pieces", [f"rlspeed.core.algos.{name}" for name in ("rollout", "rollout_jax", "replay")]),
+    ("RL pieces", ["rlspeed.core.algos.replay_jax", "rlspeed.core.algos.encoding"]),
+    ("RL pieces", ["rlspeed.core.algos.normalization"]),
+    ("loops", ["rlspeed.core.algos.loops"]),
+    ("parts", [f"rlspeed.core.{name}" for name in ("tasks", "engines", "envs", "backends")]),
     ("parts", ["rlspeed.tracking", "rlspeed.monitor", "rlspeed.sweep", "rlspeed.slurm"]),
     ("files", ["rlspeed.saved_config"]),
     ("files", ["rlspeed.checkpoint", "rlspeed.statefile", "rlspeed.digests"]),
     ("base", ["rlspeed.config_tree"]),
     ("base", [f"rlspeed.{name}" for name in ("config", "registry", "errors", "secrets")]),
+    ("base", ["rlspeed.core.__init__"]),
     ("base", ["rlspeed.seeding", "rlspeed.machine", "rlspeed.user_modules"]),
 ]
 LAYER_NAMES = list(dict.fromkeys(name for name, _ in LAYERS))
@@ -152,7 +160,7 @@ def test_the_cycle_finder_sees_a_circle_through_a_function_level_import() -> Non
 # ---------------------------------------------------------------- the core apart from the shell
 
 # The RL library: what a run trains with, usable without the tool around it.
-CORE = ["rlspeed.algos", "rlspeed.envs", "rlspeed.engines", "rlspeed.tasks", "rlspeed.backends"]
+CORE = ["rlspeed.core"]
 # The plain modules the core builds on (schemas, errors, seeds, files of agents and state).
 CORE_BASE = {
     f"rlspeed.{name}"
@@ -223,7 +231,7 @@ def test_the_core_imports_nothing_of_the_shell() -> None:
 
 
 def test_the_shell_check_sees_a_shell_library_and_a_shell_module() -> None:
-    graph = {"rlspeed.algos.x": {"rlspeed.config"}, "rlspeed.config": {"rlspeed.monitor"}}
+    graph = {"rlspeed.core.algos.x": {"rlspeed.config"}, "rlspeed.config": {"rlspeed.monitor"}}
     graph["rlspeed.monitor"] = set()
     assert "rlspeed.monitor" in core_closure(graph)
     assert "hydra" in libraries_imported("rlspeed.preflight")
@@ -235,14 +243,14 @@ def test_importing_the_core_loads_no_config_tracking_or_sweep_library() -> None:
     OmegaConf, MLflow, Optuna or submitit (rich and TensorBoard are not asked of it: Flax
     imports rich itself)."""
     modules = [
-        "rlspeed.algos.ppo.flax",
-        "rlspeed.algos.dqn.torch",
-        "rlspeed.algos.loops.fused_training",
-        "rlspeed.algos.loops.host",
-        "rlspeed.tasks.gym",
-        "rlspeed.engines.gym_async",
-        "rlspeed.engines.jax_vmap",
-        "rlspeed.backends.torch",
+        "rlspeed.core.algos.ppo.flax",
+        "rlspeed.core.algos.dqn.torch",
+        "rlspeed.core.algos.loops.fused_training",
+        "rlspeed.core.algos.loops.host",
+        "rlspeed.core.tasks.gym",
+        "rlspeed.core.engines.gym_async",
+        "rlspeed.core.engines.jax_vmap",
+        "rlspeed.core.backends.torch",
     ]
     code = (
         f"import sys\nfor m in {modules!r}: __import__(m)\n"

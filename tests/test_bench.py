@@ -188,9 +188,9 @@ def test_purejaxrl_without_its_script_says_how_to_get_it_in_one_line(tmp_path):
 def test_purejaxrl_config_maps_to_an_rlspeed_run_of_equal_work(make_cfg):
     """The rlspeed command line of the purejaxrl benchmark does PureJaxRL's env steps and
     gradient updates (49,000 over 500,000 steps), on the fused path PureJaxRL's script is."""
-    from rlspeed.algos.dqn import total_updates
-    from rlspeed.algos.schedule import steps_run
     from rlspeed.bench.purejaxrl import RLSPEED_OVERRIDES, purejaxrl_work
+    from rlspeed.core.algos.dqn import total_updates
+    from rlspeed.core.algos.schedule import steps_run
     from rlspeed.validation import validate
 
     cfg = make_cfg([*RLSPEED_OVERRIDES, "tracking=none"])

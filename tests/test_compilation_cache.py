@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from rlspeed.algos.loops.fused_training import chunk_length
+from rlspeed.core.algos.loops.fused_training import chunk_length
 from tests.conftest import run_cli, without_rates
 
 FUSED_RUN = [

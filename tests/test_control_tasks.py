@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 
-from rlspeed.envs.vmap import VmapEnv
+from rlspeed.core.envs.vmap import VmapEnv
+from rlspeed.core.tasks import cartpole, halfcheetah, pendulum
 from rlspeed.registry import TASKS
 from rlspeed.seeding import eval_seeds
-from rlspeed.tasks import cartpole, halfcheetah, pendulum
 
 # ---------------------------------------------------------------- helpers
 

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-import rlspeed.envs  # noqa: F401  (registers rlspeed/Doors-v0)
-from rlspeed.envs.doors import DoorsEnv, doors_columns
-from rlspeed.envs.doors_jax import DoorsFunctional, DoorsState
+import rlspeed.core.envs  # noqa: F401  (registers rlspeed/Doors-v0)
+from rlspeed.core.envs.doors import DoorsEnv, doors_columns
+from rlspeed.core.envs.doors_jax import DoorsFunctional, DoorsState
 
 SIZE = 15
 MAX_STEPS = 32
@@ -101,7 +101,7 @@ def test_registration() -> None:
     env = gymnasium.make("rlspeed/Doors-v0")
     assert env.spec is not None and env.spec.max_episode_steps == MAX_STEPS
     assert isinstance(env.unwrapped, DoorsEnv)
-    importlib.reload(rlspeed.envs)  # must not re-register (or warn)
+    importlib.reload(rlspeed.core.envs)  # must not re-register (or warn)
     assert "rlspeed/Doors-v0" in gymnasium.registry
 
 

@@ -8,11 +8,11 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from rlspeed.algos.dqn import DQNConfig
-from rlspeed.algos.dqn.flax import FlaxLearner
-from rlspeed.algos.dqn.torch import TorchLearner
-from rlspeed.algos.replay import Batch
-from rlspeed.envs.doors import DoorsEnv
+from rlspeed.core.algos.dqn import DQNConfig
+from rlspeed.core.algos.dqn.flax import FlaxLearner
+from rlspeed.core.algos.dqn.torch import TorchLearner
+from rlspeed.core.algos.replay import Batch
+from rlspeed.core.envs.doors import DoorsEnv
 from tests.conftest import learner_cfg
 
 

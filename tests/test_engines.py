@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from rlspeed import statefile
-from rlspeed.envs.doors import AGENT
+from rlspeed.core.envs.doors import AGENT
 from rlspeed.registry import ENGINES, TASKS
 from rlspeed.seeding import env_seeds
 

@@ -1,4 +1,4 @@
-"""A Gymnasium env's state in a resume file (``rlspeed.engines.env_state``): saved exactly
+"""A Gymnasium env's state in a resume file (``rlspeed.core.engines.env_state``): saved exactly
 where its attributes are plain values (lists, tuples and dicts of them included) or its
 ``rlspeed_get_state`` / ``rlspeed_set_state`` hook hands them over; anything else makes its
 runs unresumable, which the command says in one line at start (``checkpoint_every`` other
@@ -24,7 +24,7 @@ from omegaconf import OmegaConf
 
 import tests.data.stateful_envs  # noqa: F401 - registers the stateful/ ids
 from rlspeed import statefile
-from rlspeed.engines.env_state import (
+from rlspeed.core.engines.env_state import (
     SAVED_STATE,
     env_state,
     restore_saved,

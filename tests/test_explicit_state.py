@@ -21,13 +21,13 @@ import torch
 from omegaconf import OmegaConf
 
 from rlspeed import statefile
-from rlspeed.algos import import_named
-from rlspeed.algos.qlearn.torch import TorchQTable
-from rlspeed.algos.replay import ReplayBuffer
 from rlspeed.checkpoint import RESUME_FILE, capture, restore, save_resume
+from rlspeed.core.algos import import_named
+from rlspeed.core.algos.qlearn.torch import TorchQTable
+from rlspeed.core.algos.replay import ReplayBuffer
+from rlspeed.core.tasks.gridworld import GridWorldTaskConfig
 from rlspeed.errors import RLSpeedError
 from rlspeed.registry import ALGOS, BACKENDS, ENGINES, TASKS
-from rlspeed.tasks.gridworld import GridWorldTaskConfig
 from rlspeed.validation import validate
 
 SMALL = ["num_envs=2", "total_steps=2000", "tracking=none", "progress=none"]

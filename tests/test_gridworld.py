@@ -11,19 +11,19 @@ import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-import rlspeed.envs
-from rlspeed.envs.doors import wall_mask
-from rlspeed.envs.doors_jax import DoorsFunctional, DoorsState
-from rlspeed.envs.gridworld import GridWorldEnv
-from rlspeed.envs.gridworld_jax import GridWorldFunctional
-from rlspeed.envs.vmap import VmapEnv
-from rlspeed.registry import TASKS
-from rlspeed.tasks.doors import DoorsTaskConfig
-from rlspeed.tasks.gridworld import (
+import rlspeed.core.envs
+from rlspeed.core.envs.doors import wall_mask
+from rlspeed.core.envs.doors_jax import DoorsFunctional, DoorsState
+from rlspeed.core.envs.gridworld import GridWorldEnv
+from rlspeed.core.envs.gridworld_jax import GridWorldFunctional
+from rlspeed.core.envs.vmap import VmapEnv
+from rlspeed.core.tasks.doors import DoorsTaskConfig
+from rlspeed.core.tasks.gridworld import (
     GridWorldTaskConfig,
     greedy_path,
     shortest_path_length,
 )
+from rlspeed.registry import TASKS
 
 RIGHT, DOWN, LEFT, UP = range(4)
 
@@ -48,7 +48,7 @@ def test_registration_spaces_and_render() -> None:
     env = gymnasium.make("rlspeed/GridWorld-v0", render_mode="ansi")
     assert env.spec is not None and env.spec.max_episode_steps == 50
     assert isinstance(env.unwrapped, GridWorldEnv)
-    importlib.reload(rlspeed.envs)  # must not re-register (or warn)
+    importlib.reload(rlspeed.core.envs)  # must not re-register (or warn)
     fenv = GridWorldFunctional()
     assert (
         env.observation_space

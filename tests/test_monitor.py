@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from rlspeed import statefile
-from rlspeed.algos.loops.host import IntervalMetrics
+from rlspeed.core.algos.loops.host import IntervalMetrics
 from rlspeed.monitor import RECENT_EPISODES, ROLLING_EPISODES, RunMonitor
 from rlspeed.recording import write_metrics
 from rlspeed.tracking.none import NoTracker

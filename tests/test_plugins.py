@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 
 import rlspeed
-from rlspeed.algos import AlgoSpec
-from rlspeed.algos.qlearn import QLearnConfig
-from rlspeed.algos.qlearn import validate as validate_qlearn
 from rlspeed.cli import CONF_DIR, set_up_config_tree
+from rlspeed.core.algos import AlgoSpec
+from rlspeed.core.algos.qlearn import QLearnConfig
+from rlspeed.core.algos.qlearn import validate as validate_qlearn
 from rlspeed.errors import ConfigError, RLSpeedError
 from rlspeed.preflight import check_overrides
 from rlspeed.registry import ALGOS, ENGINES, TASKS, TRACKERS, forget_plugins
@@ -51,8 +51,10 @@ def _qlearn_variant(name: str, learners: dict[str, str], fused: str | None) -> A
 
 
 # Q-learning's parts, one stack each: what entry points of a test distribution name.
-HOST_ONLY = _qlearn_variant("zq-host", {"torch": "rlspeed.algos.qlearn.torch:TorchQTable"}, None)
-FUSED_ONLY = _qlearn_variant("zq-fused", {}, "rlspeed.algos.qlearn.flax:make_train")
+HOST_ONLY = _qlearn_variant(
+    "zq-host", {"torch": "rlspeed.core.algos.qlearn.torch:TorchQTable"}, None
+)
+FUSED_ONLY = _qlearn_variant("zq-fused", {}, "rlspeed.core.algos.qlearn.flax:make_train")
 
 # An engine and a tracker under names of their own.
 ENGINE = dataclasses.replace(ENGINES.get("gym-sync"), name="my-sync")
@@ -72,7 +74,7 @@ broken = rlspeed_no_such_module:SPEC
 not-a-spec = json:dumps
 
 [rlspeed.tasks]
-cartpole = rlspeed.tasks.cartpole:SPEC
+cartpole = rlspeed.core.tasks.cartpole:SPEC
 """
 
 
@@ -138,7 +140,7 @@ def test_a_plugin_that_fails_to_load_or_takes_a_taken_name_is_one_line(plugins: 
         f"= rlspeed_no_such_module:SPEC' {where} failed to import (ModuleNotFoundError: No "
         "module named 'rlspeed_no_such_module')"
     )
-    with pytest.raises(ConfigError, match="names function, not a rlspeed.algos.AlgoSpec$"):
+    with pytest.raises(ConfigError, match="names function, not a rlspeed.core.algos.AlgoSpec$"):
         ALGOS.get("not-a-spec")
     with pytest.raises(RLSpeedError, match="^rlspeed: invalid task=cartpole: .* takes the name of"):
         check("algo=dqn", "task=cartpole")

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-from rlspeed.algos.ppo import PPOConfig
-from rlspeed.algos.ppo.flax import FlaxLearner, functions
-from rlspeed.algos.ppo.torch import TorchLearner
+from rlspeed.core.algos.ppo import PPOConfig
+from rlspeed.core.algos.ppo.flax import FlaxLearner, functions
+from rlspeed.core.algos.ppo.torch import TorchLearner
 from rlspeed.errors import ConfigError
 from rlspeed.validation import validate
 from tests.conftest import learner_cfg, run_cli, run_in, saved_agent, slow_but, vouch

@@ -19,10 +19,10 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from rlspeed.algos.networks.flax import ActorCritic as FlaxActorCritic
-from rlspeed.algos.networks.torch import ActorCritic as TorchActorCritic
-from rlspeed.algos.networks.torch import load_checkpoint
-from rlspeed.algos.normalization import (
+from rlspeed.core.algos.networks.flax import ActorCritic as FlaxActorCritic
+from rlspeed.core.algos.networks.torch import ActorCritic as TorchActorCritic
+from rlspeed.core.algos.networks.torch import load_checkpoint
+from rlspeed.core.algos.normalization import (
     EPS,
     HostNormalization,
     NormSettings,
@@ -30,9 +30,9 @@ from rlspeed.algos.normalization import (
     observe,
     scale_rewards,
 )
-from rlspeed.algos.ppo import PPOConfig
-from rlspeed.algos.ppo.flax import FlaxLearner
-from rlspeed.algos.ppo.torch import TorchLearner
+from rlspeed.core.algos.ppo import PPOConfig
+from rlspeed.core.algos.ppo.flax import FlaxLearner
+from rlspeed.core.algos.ppo.torch import TorchLearner
 from rlspeed.errors import ConfigError
 from rlspeed.validation import validate
 from tests.conftest import learner_cfg, run_cli, saved_agent, slow_but, without_rates

@@ -1,4 +1,4 @@
-"""Probe MDPs with closed-form answers (rlspeed/envs/probe.py), checked against what every
+"""Probe MDPs with closed-form answers (rlspeed/core/envs/probe.py), checked against what every
 algorithm learns on every path: its value, Q-values or greedy actions, read back from the
 run's saved agent, must be the exact ones within TOLERANCE. Comparing backends with each
 other passes a mistake they share; these catch it (a missing discount, bootstrapping
@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 from omegaconf import DictConfig
 
-from rlspeed.envs.probe import KINDS, ProbeEnv, observe, target_action
+from rlspeed.core.envs.probe import KINDS, ProbeEnv, observe, target_action
+from rlspeed.core.tasks import probe
 from rlspeed.errors import ConfigError
 from rlspeed.registry import ALGOS, TASKS
-from rlspeed.tasks import probe
 from tests.conftest import run_in
 
 GAMMA = 0.5
@@ -172,7 +172,7 @@ class Learned:
         actions (td3) or V [B] (vpg, ppo)."""
         import torch
 
-        from rlspeed.algos.networks.torch import load_checkpoint
+        from rlspeed.core.algos.networks.torch import load_checkpoint
 
         saved = load_checkpoint(self.path)
         if self.algo == "qlearn":
@@ -200,8 +200,8 @@ class Learned:
         import jax
         import jax.numpy as jnp
 
-        from rlspeed.algos.networks.flax import apply_output
         from rlspeed.checkpoint import load_pytree
+        from rlspeed.core.algos.networks.flax import apply_output
 
         module = ALGOS.get(self.algo).backend_module("flax")
         obs_space, action_space, cfg = self.obs_space, self.action_space, self.cfg
@@ -304,7 +304,7 @@ def test_learns_the_closed_form(
 
 
 def test_the_task_lists_the_env_choices():
-    from rlspeed.envs import probe as envs
+    from rlspeed.core.envs import probe as envs
 
     assert probe.KINDS == envs.KINDS
     assert probe.ACTIONS == envs.ACTION_KINDS
@@ -343,7 +343,7 @@ def test_the_jax_twin_steps_as_the_env_does():
     import jax
     import jax.numpy as jnp
 
-    from rlspeed.envs.probe_jax import ProbeFunctional
+    from rlspeed.core.envs.probe_jax import ProbeFunctional
 
     for kind in KINDS:
         for actions in ("discrete", "continuous"):

@@ -13,11 +13,11 @@ import pytest
 import torch
 from gymnasium.spaces import Discrete
 
-from rlspeed.algos.qlearn import QLearnConfig
-from rlspeed.algos.qlearn.flax import FlaxQTable
-from rlspeed.algos.qlearn.torch import TorchQTable
+from rlspeed.core.algos.qlearn import QLearnConfig
+from rlspeed.core.algos.qlearn.flax import FlaxQTable
+from rlspeed.core.algos.qlearn.torch import TorchQTable
+from rlspeed.core.tasks.gridworld import greedy_path, shortest_path_length
 from rlspeed.registry import TASKS
-from rlspeed.tasks.gridworld import greedy_path, shortest_path_length
 from tests.conftest import learner_cfg, run_in, slow_but
 
 LEARNERS = {"torch": TorchQTable, "flax": FlaxQTable}

@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rlspeed.algos.replay import ReplayBuffer, final_capacity
-from rlspeed.algos.replay_jax import jax_replay_add, jax_replay_init, jax_replay_sample
+from rlspeed.core.algos.replay import ReplayBuffer, final_capacity
+from rlspeed.core.algos.replay_jax import jax_replay_add, jax_replay_init, jax_replay_sample
 
 OBS = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
 ACTIONS = gym.spaces.Discrete(3)

@@ -23,10 +23,10 @@ from omegaconf import OmegaConf
 
 import rlspeed
 from rlspeed import statefile
-from rlspeed.algos import check_replay
-from rlspeed.algos.replay import draw_slots, replay_buffer, truncation_gap
-from rlspeed.algos.replay_jax import JaxReplay, jax_replay_add, jax_replay_init
 from rlspeed.checkpoint import RESUME_FILE, capture, restore, save_resume
+from rlspeed.core.algos import check_replay
+from rlspeed.core.algos.replay import draw_slots, replay_buffer, truncation_gap
+from rlspeed.core.algos.replay_jax import JaxReplay, jax_replay_add, jax_replay_init
 from rlspeed.errors import ConfigError
 
 OBS = gym.spaces.Box(0.0, np.inf, (2,), np.float32)
@@ -135,7 +135,7 @@ def test_a_gym_task_holds_a_final_observation_per_transition_and_the_estimate_co
     sizes = ["algo=dqn", "env=gym-sync", "num_envs=2", "algo.buffer_size=1000"]
     builtin = make_cfg(["task=cartpole", *sizes])  # 500-step episodes: 2 x (1 + 1) finals
     gym_cfg = make_cfg(["task=gym", "task.id=CartPole-v1", *sizes])
-    monkeypatch.setattr("rlspeed.algos.physical_memory", lambda: 0)
+    monkeypatch.setattr("rlspeed.core.algos.physical_memory", lambda: 0)
     for cfg, finals in ((builtin, 4), (gym_cfg, 1_002)):
         assert replay_buffer(OBS, ACTIONS, cfg, seed=0).final_obs.shape == (finals, 2)
         with pytest.raises(ConfigError, match=f"and {finals:,} final observations of 16 bytes"):

@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 
 from rlspeed import statefile
-from rlspeed.algos.loops.host import ResumePoint
 from rlspeed.checkpoint import RESUME_FILE, seed_file
+from rlspeed.core.algos.loops.host import ResumePoint
 from rlspeed.errors import ConfigError, deferred_interrupts
 from tests.conftest import (
     assert_one_line_error,

@@ -1,4 +1,4 @@
-"""Step arithmetic of the schedules (rlspeed/algos/schedule.py, DQN's learning rate) and the
+"""Step arithmetic of the schedules (rlspeed/core/algos/schedule.py, DQN's learning rate) and the
 soft target update when one iteration crosses several sync points."""
 
 from __future__ import annotations
@@ -12,19 +12,19 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from rlspeed.algos.dqn import DQNConfig, learning_rate_at, total_updates
-from rlspeed.algos.dqn.flax import FlaxLearner, make_train
-from rlspeed.algos.dqn.torch import TorchLearner
-from rlspeed.algos.replay import Batch
-from rlspeed.algos.schedule import (
+from rlspeed.core.algos.dqn import DQNConfig, learning_rate_at, total_updates
+from rlspeed.core.algos.dqn.flax import FlaxLearner, make_train
+from rlspeed.core.algos.dqn.torch import TorchLearner
+from rlspeed.core.algos.replay import Batch
+from rlspeed.core.algos.schedule import (
     epsilon_at,
     linear_schedule,
     multiples_between,
     polyak_weight,
     steps_run,
 )
-from rlspeed.envs.gridworld import GridWorldEnv
-from rlspeed.envs.vmap import make_vmap_env
+from rlspeed.core.envs.gridworld import GridWorldEnv
+from rlspeed.core.envs.vmap import make_vmap_env
 from rlspeed.registry import TASKS
 from rlspeed.run import run
 from rlspeed.seeding import jax_keys

@@ -11,9 +11,9 @@ import pytest
 from flax.serialization import msgpack_restore
 from mlflow.tracking import MlflowClient
 
+from rlspeed.core.tasks import cartpole
 from rlspeed.registry import ENGINES, TASKS
 from rlspeed.seeding import Stream, env_seeds, eval_seeds, int_seed
-from rlspeed.tasks import cartpole
 from tests.conftest import SMALL, run_cli, run_in
 
 SEEDED = [*SMALL, "task.grid_size=7", "total_steps=3000", "num_envs=8"]

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from rlspeed.algos.replay import Batch
-from rlspeed.algos.td3 import TD3Config
-from rlspeed.algos.td3.flax import FlaxLearner
-from rlspeed.algos.td3.torch import TorchLearner
+from rlspeed.core.algos.replay import Batch
+from rlspeed.core.algos.td3 import TD3Config
+from rlspeed.core.algos.td3.flax import FlaxLearner
+from rlspeed.core.algos.td3.torch import TorchLearner
 from rlspeed.errors import ConfigError
 from rlspeed.registry import TASKS
 from rlspeed.validation import validate

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from rlspeed.algos.encoding import input_size
 from rlspeed.config_tree import flatten
+from rlspeed.core.algos.encoding import input_size
 from rlspeed.registry import TASKS
 from rlspeed.validation import validate
 

@@ -14,12 +14,12 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from rlspeed.algos.rollout import RolloutBatch, gae
-from rlspeed.algos.rollout_jax import gae_scan
-from rlspeed.algos.vpg import VPGConfig
-from rlspeed.algos.vpg.flax import FlaxLearner, VPGFunctions
-from rlspeed.algos.vpg.torch import TorchLearner
-from rlspeed.envs.doors import DoorsEnv
+from rlspeed.core.algos.rollout import RolloutBatch, gae
+from rlspeed.core.algos.rollout_jax import gae_scan
+from rlspeed.core.algos.vpg import VPGConfig
+from rlspeed.core.algos.vpg.flax import FlaxLearner, VPGFunctions
+from rlspeed.core.algos.vpg.torch import TorchLearner
+from rlspeed.core.envs.doors import DoorsEnv
 from rlspeed.errors import ConfigError
 from rlspeed.registry import TASKS
 from rlspeed.validation import validate

@@ -94,7 +94,7 @@ def multiples_crossed(prev: int, step: int, every: int, start: int) -> int:
 
 
 def main(args: Args) -> dict[str, float]:
-    import rlspeed.envs  # noqa: F401  (registers rlspeed/Doors-v0 and rlspeed/GridWorld-v0)
+    import rlspeed.core.envs  # noqa: F401  (registers rlspeed/Doors-v0 and rlspeed/GridWorld-v0)
 
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)

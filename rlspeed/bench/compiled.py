@@ -24,9 +24,9 @@ def measure(overrides: list[str], budget_s: float) -> float:
     in the CLI's chunks of ``log_every`` env steps, timed after the algorithm's
     ``learning_starts`` so that off-policy updates run. Call it before JAX computes
     anything in this process."""
-    from rlspeed.algos import import_named
     from rlspeed.bench.cli import compose_config
     from rlspeed.config_tree import register_configs
+    from rlspeed.core.algos import import_named
     from rlspeed.registry import ALGOS, BACKENDS, TASKS
     from rlspeed.validation import resolve_threads
 
@@ -37,7 +37,7 @@ def measure(overrides: list[str], budget_s: float) -> float:
 
     import jax
 
-    from rlspeed.envs.vmap import make_vmap_env
+    from rlspeed.core.envs.vmap import make_vmap_env
     from rlspeed.seeding import jax_keys
 
     make_train = import_named(ALGOS.get(cfg.algo.name).fused)

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rlspeed.bench.common import Table, calls_per_second, write_results
-from rlspeed.envs.vmap import make_vmap_env
+from rlspeed.core.envs.vmap import make_vmap_env
 from rlspeed.registry import ENGINES, TASKS
 
 if TYPE_CHECKING:

@@ -21,9 +21,9 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from rlspeed.algos.replay import Batch
-from rlspeed.algos.rollout import RolloutBatch
 from rlspeed.bench.common import Table, calls_per_second, write_results
+from rlspeed.core.algos.replay import Batch
+from rlspeed.core.algos.rollout import RolloutBatch
 
 HALFCHEETAH = (
     gym.spaces.Box(-np.inf, np.inf, (17,), np.float32),
@@ -66,7 +66,7 @@ def time_update(algo: str, backend: str, run_cfg: Any, size: int, budget_s: floa
     """Seconds per update step after warm-up (which includes compilation); ``run_cfg``:
     the composed config whose ``algo``, ``backend`` (torch's device) and ``task`` (a replay
     buffer's longest episode) the learner reads."""
-    module = importlib.import_module(f"rlspeed.algos.{algo}.{backend}")
+    module = importlib.import_module(f"rlspeed.core.algos.{algo}.{backend}")
     learner_cls = module.TorchLearner if backend == "torch" else module.FlaxLearner
     cfg = OmegaConf.create(
         {

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlspeed.config import TaskConfig
-from rlspeed.tasks import Policy, TabularSpec, TaskSpec, check_settings
+from rlspeed.core.tasks import Policy, TabularSpec, TaskSpec, check_settings
 
 
 @dataclass

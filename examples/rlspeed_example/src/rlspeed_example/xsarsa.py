@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlspeed.algos import AlgoSpec
-from rlspeed.algos.qlearn import QLearnConfig
-from rlspeed.algos.qlearn import validate as validate_qlearn
+from rlspeed.core.algos import AlgoSpec
+from rlspeed.core.algos.qlearn import QLearnConfig
+from rlspeed.core.algos.qlearn import validate as validate_qlearn
 
 
 @dataclass

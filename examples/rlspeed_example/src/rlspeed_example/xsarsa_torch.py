@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlspeed.algos.networks.torch import from_numpy
-from rlspeed.algos.qlearn.torch import TorchQTable, load_policies
+from rlspeed.core.algos.networks.torch import from_numpy
+from rlspeed.core.algos.qlearn.torch import TorchQTable, load_policies
 
 __all__ = ["ExpectedSarsaTable", "load_policies"]
 

@@ -1,0 +1,140 @@
+"""DQN in PyTorch, on any engine (Gymnasium or JAX through DLPack).
+
+``TorchLearner`` runs under ``rlspeed.core.algos.loops.host.HostTraining``: each iteration
+(``ReplayLearner.iteration``, shared with TD3) collects with ``act`` into the replay buffer,
+then learns with ``update`` (TD targets from the target network, the loss, the step) as
+often as due, then syncs the target network as due (``DQNSchedule.after_env_steps``)."""
+
+from __future__ import annotations
+
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.dlpack import from_dlpack
+
+from rlspeed.checkpoint import save_torch
+from rlspeed.core.algos.dqn import DQNSchedule, learning_rate_at
+from rlspeed.core.algos.networks.torch import (
+    MLP,
+    device_of_module,
+    from_numpy,
+    load_checkpoint,
+    optimizer,
+)
+from rlspeed.core.algos.replay import Batch, ReplayLearner, replay_buffer
+from rlspeed.core.backends.torch import device_of
+from rlspeed.core.tasks import Policy
+from rlspeed.seeding import Stream, int_seed
+
+if TYPE_CHECKING:
+    from rlspeed.config import RunConfig
+
+
+@torch.no_grad()
+def greedy_actions(q_network: nn.Module, obs: np.ndarray) -> np.ndarray:
+    q: torch.Tensor = q_network(from_numpy(obs, device_of_module(q_network)))
+    return q.argmax(dim=1).cpu().numpy()
+
+
+class TorchLearner(DQNSchedule, ReplayLearner):
+    def __init__(self, obs_space: Any, action_space: Any, cfg: RunConfig, seed: int) -> None:
+        algo = cfg.algo
+        self.algo, self.total_steps, self.num_envs = algo, cfg.total_steps, cfg.num_envs
+        self.n_actions = int(action_space.n)
+        # Drawn on the CPU (the global generator), then moved: the same weights anywhere.
+        self.device = device_of(cfg.backend)
+        self.q_network = MLP(obs_space, self.n_actions, algo.hidden_sizes, nn.ReLU).to(self.device)
+        self.target_network = MLP(obs_space, self.n_actions, algo.hidden_sizes, nn.ReLU)
+        self.target_network.to(self.device)
+        self.target_network.load_state_dict(self.q_network.state_dict())
+        self.optimizer = optimizer(algo.optimizer, self.q_network.parameters(), algo.learning_rate)
+        self.updates = 0
+        self.gamma = algo.gamma
+        # The weights come from torch's global generator (seeded with the INIT stream).
+        self.generator = torch.Generator().manual_seed(int_seed(seed, Stream.ACT))
+        self.buffer = replay_buffer(obs_space, action_space, cfg, seed)
+
+    @torch.no_grad()
+    def act(self, obs: Any, step: int) -> torch.Tensor:
+        epsilon = self.epsilon(step)
+        # DLPack: NumPy arrays and JAX arrays become tensors without a copy (on one device).
+        obs = from_dlpack(obs).to(self.device)
+        greedy = self.q_network(obs).argmax(dim=1).cpu()
+        n = obs.shape[0]
+        # Drawn on the CPU generator: the same exploration on every device.
+        explore = torch.rand(n, generator=self.generator) < epsilon
+        random = torch.randint(self.n_actions, (n,), generator=self.generator)
+        # int32 is what the JAX engine takes with x64 disabled; on the CPU, as engines take.
+        return torch.where(explore, random, greedy).to(torch.int32)
+
+    def greedy(self, obs: np.ndarray) -> np.ndarray:
+        return greedy_actions(self.q_network, obs)
+
+    def update(self, batch: Batch[np.ndarray]) -> dict[str, torch.Tensor]:
+        obs, next_obs, actions, rewards, dones = (from_numpy(x, self.device) for x in batch)
+        with torch.no_grad():
+            next_q = self.target_network(next_obs).max(dim=1).values
+            td_target = rewards + self.gamma * next_q * (1.0 - dones)
+        q = self.q_network(obs).gather(1, actions.long().unsqueeze(1)).squeeze(1)
+        loss = F.mse_loss(q, td_target)
+        self.optimizer.zero_grad()
+        loss.backward()  # type: ignore[no-untyped-call]  # unannotated in torch
+        if self.algo.anneal_lr:
+            # Set directly: LambdaLR's bookkeeping cost more than the update's arithmetic.
+            lr = learning_rate_at(self.updates, self.algo, self.total_steps, self.num_envs)
+            self.optimizer.param_groups[0]["lr"] = lr
+        self.optimizer.step()
+        self.updates += 1
+        return {"losses/td_loss": loss.detach(), "losses/q_values": q.detach().mean()}
+
+    @torch.no_grad()
+    def sync_target(self, weight: float) -> None:
+        for target, online in zip(
+            self.target_network.parameters(), self.q_network.parameters(), strict=True
+        ):
+            target.lerp_(online, weight)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The resume state: networks, optimizer, update count, generator (and the run's
+        step counts, action count and discount, the config's, as resume files have always
+        held them)."""
+        return {
+            "total_steps": self.total_steps,
+            "num_envs": self.num_envs,
+            "n_actions": self.n_actions,
+            "q_network": self.q_network.state_dict(),
+            "target_network": self.target_network.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "updates": self.updates,
+            "gamma": self.gamma,
+            "generator": self.generator.get_state(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.q_network.load_state_dict(state["q_network"])
+        self.target_network.load_state_dict(state["target_network"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.updates = state["updates"]
+        self.generator.set_state(state["generator"])
+
+    def save(self, path: Path) -> Path:
+        return save_torch(
+            {
+                "q_network": self.q_network.state_dict(),
+                "target_network": self.target_network.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+            },
+            path,
+        )
+
+
+def load_policies(cfg: RunConfig, path: Path, obs_space: Any, action_space: Any) -> list[Policy]:
+    """The greedy policy of a saved ``checkpoint.pt`` (``mode=eval``)."""
+    q_network = MLP(obs_space, int(action_space.n), cfg.algo.hidden_sizes, nn.ReLU)
+    q_network.load_state_dict(load_checkpoint(path)["q_network"])
+    return [partial(greedy_actions, q_network)]

@@ -1,0 +1,354 @@
+"""A fused program trained in chunks: ``FusedTraining.chunks()`` runs an algorithm's
+``FusedTrainer`` (``fused.py``) one compiled call of about ``log_every`` env steps at a time
+and yields what each call did, per run: steps, updates, episodes, metrics and, when asked,
+scores. Every agent of every run is a lane of one vmapped train state (a run's
+``num_seeds``; a sweep's trials whose configs differ only in traced hyperparameters, which
+are inputs per lane). The run (``rlspeed.run``) records each chunk, says which runs it
+keeps (``accept``) and which stop (``stop``: a pruned trial's lanes are frozen), and saves
+what ``agents``/``resume_state`` return; nothing here records or writes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Generator
+from functools import cache, partial
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rlspeed.checkpoint import tree_from_host, tree_to_host
+from rlspeed.config import RunConfig, TrackingConfig, TrialConfig
+from rlspeed.core.algos.loops import TrainResult
+from rlspeed.core.algos.loops.fused import RUN_ONCE, DevicePolicy, FusedTrainer, first_iterations
+from rlspeed.core.envs.vmap import VmapEnv, make_vmap_env
+from rlspeed.core.tasks import TaskSpec
+from rlspeed.seeding import JaxKeys, Stream, jax_key, jax_keys
+
+if TYPE_CHECKING:
+    from rlspeed.config import TaskConfig
+
+MakeTrain = Callable[[Any, VmapEnv], FusedTrainer]
+
+
+class RunChunk(NamedTuple):
+    """One run's part of a compiled call: per agent (seed) of the run."""
+
+    steps: np.ndarray
+    updates: np.ndarray
+    # [seeds, iterations, envs]: the episodes that ended.
+    done: np.ndarray
+    episode_return: np.ndarray
+    episode_length: np.ndarray
+    # The algorithm's metrics (losses/..., charts/...), one value per seed each.
+    metrics: dict[str, np.ndarray]
+    # The seeds' greedy scores, computed when first called (one call for every run's lanes).
+    scores: Callable[[], np.ndarray]
+
+
+class FusedChunk(NamedTuple):
+    # Seconds the compiled call took (its first includes compiling the program).
+    seconds: float
+    # By run index: the runs still training.
+    runs: dict[int, RunChunk]
+
+
+class FusedTraining:
+    """Runs ``cfgs`` (one run, or a sweep's trials equal but for traced hyperparameters and
+    seeds) as one program; ``resumed`` (one run only) continues a saved ``resume_state``."""
+
+    def __init__(
+        self,
+        cfgs: list[RunConfig],
+        task: TaskSpec,
+        make_train: MakeTrain,
+        resumed: dict[str, Any] | None = None,
+    ) -> None:
+        cfg, seeds = cfgs[0], cfgs[0].num_seeds
+        assert not (len(cfgs) > 1 and resumed is not None), "a batch of runs starts fresh"
+        self.cfgs, self.seeds, self.batched = cfgs, seeds, len(cfgs) > 1
+        self.lanes = len(cfgs) * seeds
+        env = make_vmap_env(task, cfg.task, cfg.num_envs)
+        self._make: Callable[[Any], FusedTrainer] = lambda values: make_train(
+            with_hparams(cfg, values), env
+        )
+        hparams = [traced_hparams(run.algo) for run in cfgs]
+        # Sizes, the greedy policy and the summaries read no traced value: any run's will do.
+        self.trainer = trainer = self._make(hparams[0])
+        self._hparams: Any = (
+            {name: np.repeat([h[name] for h in hparams], seeds) for name in hparams[0]}
+            if self.lanes > 1
+            else hparams[0]
+        )
+        self._programs = programs = _programs(make_train, cfg, self.lanes)
+        self._policy_params = programs.setdefault("policy_params", jax.jit(trainer.policy_params))
+        # XLA:CPU compiles a loop with a traced bound (masked_scan) as fast as a
+        # fixed-length scan, so there one program runs every chunk, a shorter last one
+        # included (a second program for it cost 0.4-6 s of compilation). XLA:GPU took 3x
+        # as long over it (PPO's chunk on an H200: 27.9 s against 8.6 s), more than a
+        # second program costs: there the chunk divides the run where it can, else a
+        # shorter last chunk gets a fixed-length program of its own.
+        self._masked = jax.default_backend() == "cpu"
+        target = math.ceil(cfg.log_every / trainer.steps_per_iteration)
+        self._chunk = chunk_length(target, trainer.total_iterations, self._masked)
+        # Per lane: whether its run still trains (a batch's frozen lanes keep their state).
+        self._live = np.ones(self.lanes, dtype=bool)
+        lane_seeds = [run.seed + i for run in cfgs for i in range(seeds)]
+        lane_tasks = [run.task for run in cfgs for _ in range(seeds)]
+        self._scores_of = _lane_scores(task, lane_tasks, lane_seeds, trainer, programs)
+        self._resumed = resumed
+        self.iterations = resumed["iterations"] if resumed is not None else 0
+        self._state: Any = None
+        # Per run: the state after its last accepted chunk, and its iteration count.
+        self._kept: list[tuple[Any, int]] = []
+
+    @property
+    def step(self) -> int:
+        """Env steps per agent so far (where the training starts, before its chunks)."""
+        return self.iterations * self.trainer.steps_per_iteration
+
+    def chunks(self) -> Generator[FusedChunk, None, None]:
+        """Train, yielding after each compiled call, until the runs end or all are stopped."""
+        trainer, seeds = self.trainer, self.seeds
+        self._state = self._init()
+        self._kept = [(self._state, self.iterations) for _ in self.cfgs]
+        lanes_of = [slice(t * seeds, (t + 1) * seeds) for t in range(len(self.cfgs))]
+        while self.iterations < trainer.total_iterations and self._live.any():
+            iterations = min(self._chunk, trainer.total_iterations - self.iterations)
+            called = time.perf_counter()
+            self._state, stats = self._run(self._state, iterations)
+            self.iterations += iterations
+            # One transfer; from here on every lane is a row of the same arrays.
+            fetched = jax.device_get((stats, self._state.step, self._state.updates))
+            if self.lanes == 1:
+                fetched = jax.tree.map(lambda x: np.asarray(x)[None], fetched)
+            stats, steps, updates = fetched
+            seconds = time.perf_counter() - called
+            if self._masked and iterations < self._chunk:
+                stats = first_iterations(stats, iterations)
+            # Evaluated once for every lane, when the first run asks (all are due at once).
+            scores = cache(partial(self._scores_at, self._state))
+            runs = {}
+            for t, mine in enumerate(lanes_of):
+                if not self._live[mine].any():
+                    continue
+                run_stats = jax.tree.map(lambda x, mine=mine: x[mine], stats)
+                runs[t] = RunChunk(
+                    steps[mine],
+                    updates[mine],
+                    run_stats.done,
+                    run_stats.episode_return,
+                    run_stats.episode_length,
+                    trainer.summarize(run_stats),
+                    partial(_lanes_of, scores, mine),
+                )
+            yield FusedChunk(seconds, runs)
+
+    def accept(self, run: int) -> None:
+        """Run ``run`` has recorded the last chunk: its agents as of then are what it keeps."""
+        self._kept[run] = (self._state, self.iterations)
+
+    def stop(self, run: int) -> None:
+        """Run ``run`` ends here, keeping its last accepted chunk; its lanes are frozen and
+        its results no longer read, while the batch's other runs train on. Lanes run in
+        lockstep, so a frozen lane's work is still done: it is neither refilled nor
+        repacked (a new lane count is a new program to compile)."""
+        self._live[run * self.seeds : (run + 1) * self.seeds] = False
+
+    def agents(self, run: int) -> Any:
+        """Run ``run``'s agents as of its last accepted chunk: the checkpoint's pytree."""
+        return self.trainer.checkpoint(self._part(self._kept[run][0], run))
+
+    def policies(self, run: int) -> list[DevicePolicy]:
+        """Run ``run``'s greedy policies, one per seed, as of its last accepted chunk (NumPy
+        observations in, actions out)."""
+        params = self._policy_params(self._part(self._kept[run][0], run))
+        greedy = self.trainer.greedy
+        compiled = self._programs.setdefault("greedy", jax.jit(greedy))
+        if self.seeds == 1:
+            return [DevicePolicy(greedy, compiled, params)]
+        return [
+            DevicePolicy(greedy, compiled, jax.tree.map(lambda x, i=i: x[i], params))
+            for i in range(self.seeds)
+        ]
+
+    def resume_state(self, run: int) -> dict[str, Any]:
+        """Run ``run``'s whole train state as of its last accepted chunk, to resume from:
+        agents, replay buffers, envs, keys."""
+        state, iterations = self._kept[run]
+        return {"state": tree_to_host(self._part(state, run)), "iterations": iterations}
+
+    def result(self, run: int) -> TrainResult:
+        """Run ``run``'s env steps and updates, summed over its agents."""
+        state = self._part(self._kept[run][0], run)
+        steps, updates = (int(np.sum(x)) for x in jax.device_get((state.step, state.updates)))
+        return TrainResult(steps=steps, updates=updates)
+
+    def _init(self) -> Any:
+        programs = self._programs
+
+        def init(keys: JaxKeys, values: Any) -> Any:
+            return self._make(values).init(keys)
+
+        if "init" not in programs:
+            programs["init"] = jax.jit(
+                init if self.lanes == 1 else jax.vmap(init), compiler_options=RUN_ONCE
+            )
+        # Lane t * seeds + i gets the keys of a single run with run t's seed + i.
+        seeds = [run.seed + i for run in self.cfgs for i in range(self.seeds)]
+        keys = jax_keys(seeds[0] if self.lanes == 1 else seeds)
+        state = programs["init"](keys, self._hparams)
+        if self._resumed is not None:
+            state = tree_from_host(state, self._resumed["state"])
+        return state
+
+    def _run(self, state: Any, iterations: int) -> tuple[Any, Any]:
+        masked, programs = self._masked, self._programs
+        length = self._chunk if masked else iterations
+        if ("chunk", length, masked) not in programs:
+            batched, make = self.batched, self._make
+
+            def run_chunk(state: Any, valid: jax.Array, values: Any, live: Any) -> Any:
+                new, stats = make(values).run(state, length, valid if masked else None)
+                if batched:  # a stopped run's lanes keep their state
+                    new = jax.tree.map(lambda n, o: jnp.where(live, n, o), new, state)
+                return new, stats
+
+            vmapped = jax.vmap(run_chunk, in_axes=(0, None, 0, 0)) if self.lanes > 1 else run_chunk
+            programs["chunk", length, masked] = jax.jit(vmapped)
+        chunk = programs["chunk", length, masked]
+        ran: tuple[Any, Any] = chunk(state, np.int32(iterations), self._hparams, self._live)
+        return ran
+
+    def _part(self, tree: Any, run: int) -> Any:
+        """Run ``run``'s part of a tree with a lane axis (a lone run's tree as it is)."""
+        if not self.batched:
+            return tree
+        # The start as an array: an index that is a new constant compiles a program each.
+        start = jnp.int32(run * self.seeds)
+        if self.seeds == 1:
+            return jax.tree.map(lambda x: x[start], tree)
+        return jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(x, start, self.seeds), tree)
+
+    def _scores_at(self, state: Any) -> np.ndarray:
+        """Every lane's score with the policy parameters of train state ``state``."""
+        return self._scores_of(self._policy_params(state))
+
+
+def _lanes_of(values: Callable[[], np.ndarray], lanes: slice) -> np.ndarray:
+    """The ``lanes`` of ``values()``."""
+    return values()[lanes]
+
+
+def _scorer(
+    task: TaskSpec, task_cfg: TaskConfig, greedy: Callable[[Any, jax.Array], jax.Array]
+) -> Callable[[Any, jax.Array], jax.Array]:
+    """(policy params, evaluation key) -> the agent's score on the task's JAX twin."""
+    evaluate = task.evaluate_on_device
+    assert evaluate is not None
+
+    def score(params: Any, key: jax.Array) -> jax.Array:
+        scores: jax.Array = evaluate(task_cfg, partial(greedy, params), key)
+        return scores
+
+    return score
+
+
+def device_score(task: TaskSpec, task_cfg: TaskConfig, policy: DevicePolicy, seed: int) -> float:
+    """The score ``FusedTraining`` gives the agent of seed ``seed`` (mode=eval of a fused run)."""
+    score = jax.jit(_scorer(task, task_cfg, policy.greedy))
+    return float(score(policy.params, jax_key(seed, Stream.EVAL)))
+
+
+def _lane_scores(
+    task: TaskSpec,
+    lane_tasks: list[TaskConfig],
+    lane_seeds: list[int],
+    trainer: FusedTrainer,
+    programs: dict[Any, Any],
+) -> Callable[[Any], np.ndarray]:
+    """(every lane's policy params, stacked where there are several) -> every lane's score
+    (lane ``t * num_seeds + i``: seed ``i`` of run ``t``): on the task's JAX twin in one
+    compiled call (vmapped over lanes); on the host, for a task with no device evaluation,
+    one evaluation per lane."""
+    if task.evaluate_on_device is None:
+        greedy = programs.setdefault("greedy", jax.jit(trainer.greedy))
+
+        def on_host(params: Any) -> np.ndarray:
+            def policy(index: int) -> Callable[[Any], np.ndarray]:
+                agent = params if len(lane_seeds) == 1 else jax.tree.map(lambda x: x[index], params)
+                return lambda obs: np.asarray(greedy(agent, obs))
+
+            return np.array(
+                [
+                    task.evaluate(task_cfg, policy(i), seed)
+                    for i, (task_cfg, seed) in enumerate(zip(lane_tasks, lane_seeds, strict=True))
+                ]
+            )
+
+        return on_host
+    score = _scorer(task, lane_tasks[0], trainer.greedy)
+    if len(lane_seeds) == 1:  # as mode=eval scores it (device_score)
+        one = programs.setdefault("score", jax.jit(score))
+        key = jax_key(lane_seeds[0], Stream.EVAL)
+        return lambda params: np.atleast_1d(np.asarray(one(params, key)))
+    every = programs.setdefault("score", jax.jit(jax.vmap(score)))
+    keys = jax_key(lane_seeds, Stream.EVAL)
+    return lambda params: np.asarray(every(params, keys))
+
+
+def chunk_length(target: int, total: int, masked: bool) -> int:
+    """Iterations per compiled call: ``target`` (``log_every``'s), at most the run's
+    ``total``. Where a shorter last chunk would need a program of its own (not ``masked``),
+    the largest divisor of ``total`` above ``target / 2`` if there is one: every chunk is
+    then one program, logged at most twice as often as asked."""
+    chunk = min(max(1, target), total)
+    if masked:
+        return chunk
+    return next((d for d in range(chunk, chunk // 2, -1) if total % d == 0), chunk)
+
+
+def traced_hparams(algo: Any) -> dict[str, Any]:
+    """The values of the algorithm's traced hyperparameters (its config class's ``TRACED``
+    names): inputs of the fused program, not constants compiled into it, so runs that differ
+    only in them share one program, and a sweep's trials can be lanes of one."""
+    return {name: np.float32(getattr(algo, name)) for name in type(algo).TRACED}
+
+
+def with_hparams(cfg: RunConfig, values: dict[str, Any]) -> RunConfig:
+    """``cfg`` with the algorithm's traced hyperparameters set to ``values`` (tracers, where
+    ``make_train`` is called inside a jitted function)."""
+    return dataclasses.replace(cfg, algo=dataclasses.replace(cfg.algo, **values))
+
+
+# Compiled programs of earlier runs in this process, by what they are a function of: a
+# sweep's next trial or batch with the same static config reuses them instead of tracing
+# its program again (~3 s for tabular Q-learning's 16 lanes). The latest few are kept.
+_PROGRAMS: dict[str, dict[Any, Any]] = {}
+_KEPT_PROGRAMS = 4
+
+
+def _programs(make_train: Callable[..., Any], cfg: RunConfig, lanes: int) -> dict[Any, Any]:
+    """The cache of programs of runs like ``cfg`` with ``lanes`` lanes: configs equal but
+    for traced hyperparameters and what no program reads (seed: keys are inputs; the
+    trial, tracking, progress, outputs)."""
+    algo = dataclasses.replace(cfg.algo, **dict.fromkeys(type(cfg.algo).TRACED, 0.0))
+    static = dataclasses.replace(
+        cfg,
+        algo=algo,
+        seed=0,
+        trial=TrialConfig(),
+        tracking=TrackingConfig(),
+        progress="",
+        checkpoint_every=0,
+    )
+    key = f"{make_train.__module__}.{make_train.__qualname__}/{lanes}/{static!r}"
+    if key not in _PROGRAMS:
+        while len(_PROGRAMS) >= _KEPT_PROGRAMS:
+            _PROGRAMS.pop(next(iter(_PROGRAMS)))
+        _PROGRAMS[key] = {}
+    return _PROGRAMS[key]

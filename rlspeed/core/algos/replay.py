@@ -1,0 +1,296 @@
+"""The replay buffer on the host, and what DQN and TD3 do with it there: what both share on
+every pairing but ``flax`` + ``jax-vmap`` (their JAX twin, for the fused programs:
+``replay_jax.py``, which writes and draws by this module's ``write_plan`` and ``draw_slots``).
+
+``ReplayBuffer`` is a NumPy ring buffer; ``ReplayLearner`` is the iteration both algorithms'
+learners run under ``rlspeed.core.algos.loops.host.HostTraining`` (act, step, store, the updates
+due).
+
+Each observation is stored once. The envs add one transition each per step, in lockstep,
+so env ``e``'s next transition sits ``num_envs`` slots after its last one and holds the
+next observation. The buffer writes that observation there as soon as it is known (one
+spare row of ``num_envs`` slots past ``capacity`` keeps it from overwriting a transition
+still in use); the next step's write keeps it, or replaces it with a reset observation
+where the episode ended. An episode that ended leaves no next observation in the next
+slot: where it terminated, none is needed (the target does not bootstrap); where it was
+truncated, its final observation goes to a ring of its own, sized by how many truncated
+transitions the buffer can hold (``final_capacity``): a few where episodes end only at the
+task's time limit, one per transition where the env may truncate them itself (``task=gym``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar
+
+import numpy as np
+
+from rlspeed.checkpoint import load_array, load_rng_state, rng_state
+from rlspeed.core.algos.loops.host import Iteration
+from rlspeed.core.algos.schedule import multiples_between
+from rlspeed.registry import TASKS
+from rlspeed.seeding import Stream, numpy_rng
+
+if TYPE_CHECKING:
+    from rlspeed.config import RunConfig
+    from rlspeed.core.algos.loops.host import EpisodeSink
+    from rlspeed.core.engines import Engine
+
+
+ArrayT = TypeVar("ArrayT")
+
+
+class Batch(NamedTuple, Generic[ArrayT]):
+    """Sampled transitions: NumPy arrays from ``ReplayBuffer``, JAX arrays from
+    ``jax_replay_sample``."""
+
+    obs: ArrayT
+    next_obs: ArrayT
+    actions: ArrayT
+    rewards: ArrayT
+    dones: ArrayT  # 1.0 where the episode terminated (not merely truncated)
+
+
+def final_capacity(capacity: int, num_envs: int, truncation_gap: int) -> int:
+    """Room for the final observations of the truncated episodes among ``capacity``
+    transitions, where an env is truncated at most once every ``truncation_gap`` steps:
+    those transitions are at most ``ceil(capacity / num_envs)`` steps of each env, each
+    env truncated at most once per gap, plus once for an episode the window cuts.
+
+    The ring overwrites its oldest final observation first, so none still in use is lost
+    while the ring holds every truncation the newest ``capacity`` transitions can have:
+    with ``truncation_gap=1`` that is at least ``capacity``, whatever the pattern."""
+    steps = -(-capacity // num_envs)
+    return num_envs * (-(-steps // truncation_gap) + 1)
+
+
+def truncation_gap(cfg: RunConfig) -> int:
+    """The fewest steps between two truncations of one env of the run's task: its time
+    limit where nothing else truncates an episode (the built-in tasks), else 1 (an env of
+    ``task=gym`` may truncate at any step)."""
+    return cfg.task.max_steps if TASKS.get(cfg.task.name).truncates_only_at_time_limit else 1
+
+
+class WritePlan(NamedTuple):
+    """Where one step's transitions go (NumPy or JAX integer arrays)."""
+
+    slots: Any  # each env's transition
+    pending: Any  # the slot after each: its next observation, until the next step's write
+    final_slots: Any  # each truncated env's final observation in the final ring, else past it
+    final_index: Any  # per transition: that index, or -1 (its next slot holds it)
+    position: Any  # the buffer's positions and size after the write
+    final_position: Any
+    size: Any
+
+
+def write_plan(
+    position: Any,
+    final_position: Any,
+    size: Any,
+    truncated: Any,
+    capacity: int,
+    finals: int,
+    xp: Any,
+) -> WritePlan:
+    """The write of one step; ``truncated``: the envs whose final observation must be kept
+    (truncated and not terminated)."""
+    n = truncated.shape[0]
+    total = capacity + n
+    slots = (position + xp.arange(n)) % total
+    final = (final_position + xp.cumsum(truncated) - 1) % finals
+    return WritePlan(
+        slots,
+        (slots + n) % total,
+        xp.where(truncated, final, finals),
+        xp.where(truncated, final, -1),
+        (position + n) % total,
+        (final_position + truncated.sum()) % finals,
+        xp.minimum(size + n, capacity),
+    )
+
+
+def draw_slots(
+    obs: Any,
+    final_obs: Any,
+    final_index: Any,
+    position: Any,
+    size: Any,
+    draws: Any,
+    num_envs: int,
+    xp: Any,
+) -> tuple[Any, Any]:
+    """The slots of ``draws`` (integers in [0, size), oldest first among the ``size``
+    newest transitions) and their next observations."""
+    total = obs.shape[0]
+    slots = (position - size + draws) % total
+    index = final_index[slots]
+    kept = (index >= 0).reshape(index.shape + (1,) * (obs.ndim - 1))
+    return slots, xp.where(kept, final_obs[index], obs[(slots + num_envs) % total])
+
+
+class ReplayBuffer:
+    """The host-driven learners' buffer of the last ``capacity`` transitions of
+    ``num_envs`` envs, each truncated at most once every ``truncation_gap`` steps."""
+
+    # Its arrays, as its resume state names them.
+    ARRAYS = ("obs", "final_obs", "final_index", "actions", "rewards", "dones")
+
+    def __init__(
+        self,
+        capacity: int,
+        obs_space: Any,
+        action_space: Any,
+        rng: np.random.Generator,
+        num_envs: int,
+        truncation_gap: int,
+    ) -> None:
+        self.capacity, self.num_envs = capacity, num_envs
+        slots = capacity + num_envs
+        self.obs = np.zeros((slots, *obs_space.shape), dtype=obs_space.dtype)
+        finals = final_capacity(capacity, num_envs, truncation_gap)
+        self.final_obs = np.zeros((finals, *obs_space.shape), dtype=obs_space.dtype)
+        self.final_index = np.full(slots, -1, dtype=np.int64)
+        self.actions = np.zeros((slots, *action_space.shape), dtype=action_space.dtype)
+        self.rewards = np.zeros(slots, dtype=np.float32)
+        self.dones = np.zeros(slots, dtype=np.float32)
+        self.size = self.position = self.final_position = 0
+        self._rng = rng
+
+    def add(
+        self,
+        obs: Any,
+        next_obs: Any,
+        actions: Any,
+        rewards: Any,
+        terminated: Any,
+        truncated: Any,
+    ) -> None:
+        """Store a step's transitions, one per env (arrays of any CPU library);
+        ``next_obs``: the observation each step ended in (the final one at an episode's
+        end)."""
+        terminated, next_obs = np.asarray(terminated), np.asarray(next_obs)
+        kept = np.asarray(truncated) & ~terminated
+        plan = write_plan(
+            self.position,
+            self.final_position,
+            self.size,
+            kept,
+            self.capacity,
+            len(self.final_obs),
+            np,
+        )
+        self.obs[plan.slots] = np.asarray(obs)
+        self.obs[plan.pending] = next_obs
+        self.final_obs[plan.final_slots[kept]] = next_obs[kept]
+        self.final_index[plan.slots] = plan.final_index
+        self.actions[plan.slots] = np.asarray(actions)
+        self.rewards[plan.slots] = np.asarray(rewards)
+        self.dones[plan.slots] = terminated
+        self.position, self.final_position, self.size = (
+            int(x) for x in (plan.position, plan.final_position, plan.size)
+        )
+
+    def sample(self, batch_size: int) -> Batch[np.ndarray]:
+        draws = self._rng.integers(0, self.size, size=batch_size)
+        slots, next_obs = draw_slots(
+            self.obs,
+            self.final_obs,
+            self.final_index,
+            self.position,
+            self.size,
+            draws,
+            self.num_envs,
+            np,
+        )
+        return Batch(
+            self.obs[slots], next_obs, self.actions[slots], self.rewards[slots], self.dones[slots]
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        """The resume state: the arrays, the positions in them, the generator batches are
+        drawn with (and the capacity and number of envs, the config's, as resume files have
+        always held them)."""
+        return {
+            "capacity": self.capacity,
+            "num_envs": self.num_envs,
+            **{name: getattr(self, name).copy() for name in self.ARRAYS},
+            "size": self.size,
+            "position": self.position,
+            "final_position": self.final_position,
+            "_rng": rng_state(self._rng),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for name in self.ARRAYS:
+            load_array(name, getattr(self, name), state[name])
+        self.size, self.position, self.final_position = (
+            int(state[name]) for name in ("size", "position", "final_position")
+        )
+        load_rng_state(self._rng, state["_rng"])
+
+
+def replay_buffer(obs_space: Any, action_space: Any, cfg: RunConfig, seed: int) -> ReplayBuffer:
+    """A host-driven learner's buffer: the last ``algo.buffer_size`` transitions of the
+    run's envs, its batches drawn from the seed's own stream (``Stream.REPLAY``)."""
+    return ReplayBuffer(
+        cfg.algo.buffer_size,
+        obs_space,
+        action_space,
+        numpy_rng(seed, Stream.REPLAY),
+        cfg.num_envs,
+        truncation_gap(cfg),
+    )
+
+
+class ReplayLearner:
+    """What DQN's and TD3's learners share on the host: a replay buffer, which a resume
+    continues from (``carried``), and the iteration ``HostTraining`` runs, CleanRL's: act,
+    step every env once, store the transitions, then one gradient update every
+    ``train_frequency`` env steps after ``learning_starts``, each on a batch drawn from
+    the buffer. Step counts are env steps, whatever ``num_envs`` is.
+
+    A learner sets ``algo`` and ``buffer`` (``replay_buffer``) and defines, in its
+    algorithm's file, ``act`` (collect) and ``update`` (targets, loss, gradient step), and
+    may define ``after_env_steps`` (DQN: its target syncs and exploration rate)."""
+
+    algo: Any
+    buffer: ReplayBuffer
+
+    @property
+    def carried(self) -> dict[str, Any]:
+        """The parts of a resume besides the learner (named as resume files name them)."""
+        return {"buffer": self.buffer}
+
+    def act(self, obs: Any, step: int) -> Any:
+        """Exploratory actions at env step ``step`` for a batch of observations
+        (engine-native arrays in, arrays the engine takes out)."""
+        raise NotImplementedError
+
+    def update(self, batch: Batch[np.ndarray]) -> dict[str, Any]:
+        """One gradient step; its metrics as backend scalars (averaged per log interval)."""
+        raise NotImplementedError
+
+    def after_env_steps(self, prev_step: int, step: int) -> dict[str, float]:
+        """Bookkeeping once the env steps ``prev_step`` -> ``step`` are stored and learned
+        from (e.g. a periodic target-network sync); returns schedule values to log."""
+        return {}
+
+    def iteration(self, engine: Engine, obs: Any, step: int, episodes: EpisodeSink) -> Iteration:
+        """One env step of every env from env step ``step``, and what is due after it."""
+        algo = self.algo
+        # Collect: act, step, store the transitions (the final observation where one ended).
+        actions = self.act(obs, step)
+        result = engine.step(actions)
+        self.buffer.add(
+            obs, result.final_obs, actions, result.reward, result.terminated, result.truncated
+        )
+        episodes.episodes(
+            np.asarray(result.terminated) | np.asarray(result.truncated),
+            result.episode_return,
+            result.episode_length,
+        )
+        # Learn: the updates due, each on a fresh batch from the buffer.
+        end = step + engine.num_envs
+        due = int(multiples_between(step, end, algo.train_frequency, algo.learning_starts))
+        metrics = [self.update(self.buffer.sample(algo.batch_size)) for _ in range(due)]
+        latest = self.after_env_steps(step, end)
+        return Iteration(result.obs, engine.num_envs, due, metrics, latest)

@@ -1,0 +1,329 @@
+"""TD3 in Flax + Optax.
+
+``TD3Functions`` holds the pure functions. With a Gymnasium engine ``FlaxLearner`` calls
+them jitted, under ``rlspeed.core.algos.loops.host.HostTraining``: each iteration
+(``ReplayLearner.iteration``, shared with DQN) collects with ``act`` into the replay buffer,
+then learns with ``update`` as often as due. With ``env=jax-vmap`` everything is fused:
+``make_train`` builds pure functions in which acting, stepping, storing and updating run
+inside one ``lax.scan`` with the replay buffer in JAX arrays (driven by
+``rlspeed/core/algos/loops/fused.py``).
+The twin critics are one parameter pytree stacked on a leading axis of 2, evaluated
+with ``jax.vmap``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from rlspeed.core.algos.loops.fused import (
+    FusedTrainer,
+    per_seed_sum,
+    saved_agent_policies,
+    scan_iterations,
+)
+from rlspeed.core.algos.loops.jax_learner import JaxLearner
+from rlspeed.core.algos.networks.flax import apply_output
+from rlspeed.core.algos.replay import Batch, ReplayLearner, replay_buffer
+from rlspeed.core.algos.replay_jax import (
+    ReplayState,
+    init_replay_state,
+    jax_replay_sample,
+    replay_step,
+)
+from rlspeed.core.algos.td3 import (
+    TD3Config,
+    action_bounds,
+    explore,
+    is_actor_step,
+    smoothed_target_actions,
+    squash,
+    uniform_actions,
+)
+from rlspeed.core.envs.vmap import VmapEnv
+from rlspeed.core.tasks import Policy
+from rlspeed.seeding import JaxKeys
+
+if TYPE_CHECKING:
+    from rlspeed.config import RunConfig
+
+
+def _flat(obs: jax.Array) -> jax.Array:
+    return obs.reshape(obs.shape[0], -1).astype(jnp.float32)
+
+
+class Actor(nn.Module):
+    """Deterministic policy before the tanh squashing (see ``TD3Functions.actor``)."""
+
+    action_dim: int
+    hidden_sizes: Sequence[int]
+
+    @nn.compact
+    def __call__(self, obs: jax.Array) -> jax.Array:
+        x = _flat(obs)
+        for size in self.hidden_sizes:
+            x = nn.relu(nn.Dense(size)(x))
+        return nn.Dense(self.action_dim)(x)
+
+
+class QNetwork(nn.Module):
+    hidden_sizes: Sequence[int]
+
+    @nn.compact
+    def __call__(self, obs: jax.Array, actions: jax.Array) -> jax.Array:
+        x = jnp.concatenate([_flat(obs), actions.astype(jnp.float32)], axis=1)
+        for size in self.hidden_sizes:
+            x = nn.relu(nn.Dense(size)(x))
+        return nn.Dense(1)(x)[:, 0]
+
+
+class Agent(NamedTuple):
+    actor_params: Any
+    critic_params: Any  # Q1 and Q2, stacked on a leading axis of 2
+    actor_target: Any
+    critic_target: Any
+    actor_opt_state: Any
+    critic_opt_state: Any
+
+
+class TD3Functions:
+    """Pure functions of one TD3 configuration: init, act, and the update."""
+
+    def __init__(self, obs_space: Any, action_space: Any, algo: TD3Config) -> None:
+        self.algo = algo
+        self.bounds = action_bounds(action_space, jnp.asarray)
+        self.action_shape = tuple(action_space.shape)
+        hidden = tuple(algo.hidden_sizes)
+        self.actor_net = Actor(int(np.prod(action_space.shape)), hidden)
+        self.critic_net = QNetwork(hidden)
+        self.optimizer = optax.adam(algo.learning_rate)
+        self._dummy_obs = jnp.zeros((1, *obs_space.shape), jnp.float32)
+        self._dummy_actions = jnp.zeros((1, *action_space.shape), jnp.float32)
+
+    def init(self, key: jax.Array) -> Agent:
+        actor_key, critic_key = jax.random.split(key)
+        actor = self.actor_net.init(actor_key, self._dummy_obs)
+        critics = jax.vmap(self.critic_net.init, in_axes=(0, None, None))(
+            jax.random.split(critic_key), self._dummy_obs, self._dummy_actions
+        )
+        opt = self.optimizer
+        return Agent(actor, critics, actor, critics, opt.init(actor), opt.init(critics))
+
+    def actor(self, params: Any, obs: jax.Array) -> jax.Array:
+        """The deterministic (greedy) actions."""
+        actions: jax.Array = squash(apply_output(self.actor_net, params, obs), self.bounds, jnp)
+        return actions
+
+    def critics(self, params: Any, obs: jax.Array, actions: jax.Array) -> jax.Array:
+        """Q1 and Q2 of each (obs, action): shape [2, B]."""
+        critic = partial(apply_output, self.critic_net)
+        return jax.vmap(critic, in_axes=(0, None, None))(params, obs, actions)
+
+    def act(self, params: Any, obs: jax.Array, key: jax.Array, step: jax.Array) -> jax.Array:
+        """Uniformly random actions before ``learning_starts``, then the actor's plus noise."""
+        noise_key, random_key = jax.random.split(key)
+        actions = self.actor(params, obs)
+        noisy = explore(
+            actions, jax.random.normal(noise_key, actions.shape), self.bounds, self.algo, jnp
+        )
+        random = uniform_actions(jax.random.uniform(random_key, actions.shape), self.bounds)
+        return jnp.where(step < self.algo.learning_starts, random, noisy)
+
+    def update_critics(
+        self, agent: Agent, batch: Batch[jax.Array], target_noise: jax.Array
+    ) -> tuple[Agent, dict[str, jax.Array]]:
+        algo = self.algo
+        next_actions = smoothed_target_actions(
+            self.actor(agent.actor_target, batch.next_obs), target_noise, self.bounds, algo, jnp
+        )
+        next_q = self.critics(agent.critic_target, batch.next_obs, next_actions).min(axis=0)
+        target = batch.rewards + algo.gamma * (1.0 - batch.dones) * next_q
+
+        def loss_fn(params: Any) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+            q = self.critics(params, batch.obs, batch.actions)
+            losses = jnp.mean((q - target) ** 2, axis=1)
+            return losses.sum(), (losses, q[0].mean())
+
+        (_, (losses, q1_mean)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+            agent.critic_params
+        )
+        updates, opt_state = self.optimizer.update(
+            grads, agent.critic_opt_state, agent.critic_params
+        )
+        agent = agent._replace(
+            critic_params=optax.apply_updates(agent.critic_params, updates),
+            critic_opt_state=opt_state,
+        )
+        metrics = {
+            "losses/qf1_loss": losses[0],
+            "losses/qf2_loss": losses[1],
+            "losses/qf1_values": q1_mean,
+        }
+        return agent, metrics
+
+    def update_actor(self, agent: Agent, batch: Batch[jax.Array]) -> tuple[Agent, jax.Array]:
+        """The delayed step: the actor ascends Q1, then every target moves by ``tau``."""
+        q1_params = jax.tree.map(lambda x: x[0], agent.critic_params)
+
+        def loss_fn(params: Any) -> jax.Array:
+            actions = self.actor(params, batch.obs)
+            return -apply_output(self.critic_net, q1_params, batch.obs, actions).mean()
+
+        loss, grads = jax.value_and_grad(loss_fn)(agent.actor_params)
+        updates, opt_state = self.optimizer.update(grads, agent.actor_opt_state, agent.actor_params)
+        actor = optax.apply_updates(agent.actor_params, updates)
+        tau = self.algo.tau
+        agent = Agent(
+            actor,
+            agent.critic_params,
+            optax.incremental_update(actor, agent.actor_target, tau),
+            optax.incremental_update(agent.critic_params, agent.critic_target, tau),
+            opt_state,
+            agent.critic_opt_state,
+        )
+        return agent, loss
+
+    def update(
+        self, agent: Agent, batch: Batch[jax.Array], target_noise: jax.Array, actor_step: jax.Array
+    ) -> tuple[Agent, dict[str, jax.Array]]:
+        """One critic update, and the actor's where ``actor_step`` (actor_loss 0 elsewhere)."""
+        agent, metrics = self.update_critics(agent, batch, target_noise)
+        agent, metrics["losses/actor_loss"] = jax.lax.cond(
+            actor_step, self.update_actor, lambda a, b: (a, jnp.float32(0.0)), agent, batch
+        )
+        return agent, metrics
+
+
+class FlaxLearner(JaxLearner, ReplayLearner):
+    """Jitted act/update for the Python-driven loop (Gymnasium engines)."""
+
+    def __init__(self, obs_space: Any, action_space: Any, cfg: RunConfig, seed: int) -> None:
+        self.algo = cfg.algo
+        self.fns = TD3Functions(obs_space, action_space, cfg.algo)
+        super().__init__(self.fns.init, seed)
+        self.updates = 0
+        self._act = jax.jit(self.fns.act)
+        self._greedy = jax.jit(self.fns.actor)
+        self._update = jax.jit(self.fns.update)
+        self._normal = jax.jit(jax.random.normal, static_argnums=1)
+        self.buffer = replay_buffer(obs_space, action_space, cfg, seed)
+
+    def act(self, obs: Any, step: int) -> jax.Array:
+        actions: jax.Array = self._act(self.agent.actor_params, obs, self.next_key(), step)
+        return actions
+
+    def greedy(self, obs: np.ndarray) -> np.ndarray:
+        return np.asarray(self._greedy(self.agent.actor_params, obs))
+
+    def update(self, batch: Batch[np.ndarray], target_noise: Any = None) -> dict[str, jax.Array]:
+        """One critic update, plus the actor and target updates every ``policy_frequency``.
+        ``target_noise``: the standard-normal draws of target policy smoothing (drawn
+        here unless given)."""
+        if target_noise is None:
+            target_noise = self._normal(self.next_key(), batch.actions.shape)
+        self.updates += 1
+        actor_step = bool(is_actor_step(self.updates, self.algo))
+        metrics: dict[str, jax.Array]
+        self.agent, metrics = self._update(self.agent, batch, target_noise, actor_step)
+        if not actor_step:
+            del metrics["losses/actor_loss"]
+        return metrics
+
+    def state_dict(self) -> dict[str, Any]:
+        """The resume state: the agent, its key and the update count (which says when the
+        actor learns)."""
+        return {**self.agent_state(), "updates": self.updates}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.load_agent_state(state)
+        self.updates = state["updates"]
+
+
+# ---------------------------------------------------------------- fused jax-vmap path
+
+
+class ChunkStats(NamedTuple):
+    """Per iteration of a chunk: finished episodes [iters, num_envs] and update stats [iters]."""
+
+    done: jax.Array
+    episode_return: jax.Array
+    episode_length: jax.Array
+    loss_sums: dict[str, jax.Array]  # each metric summed over the iteration's updates
+    n_updates: jax.Array
+    n_actor_updates: jax.Array
+
+
+def make_train(cfg: RunConfig, env: VmapEnv) -> FusedTrainer:
+    algo, n = cfg.algo, env.num_envs
+    fns = TD3Functions(env.single_observation_space, env.single_action_space, algo)
+    total_iterations = math.ceil(cfg.total_steps / n)
+
+    def init(keys: JaxKeys) -> ReplayState:
+        return init_replay_state(fns.init(keys.init), keys, env, algo.buffer_size)
+
+    def iteration(state: ReplayState, _: None) -> tuple[ReplayState, ChunkStats]:
+        key, act_key, update_key = jax.random.split(state.key, 3)
+        actions = fns.act(state.agent.actor_params, state.env.obs, act_key, state.step)
+        env_state, result, replay, step, n_updates = replay_step(env, state, actions, algo)
+
+        def one_update(
+            i: jax.Array, carry: tuple[Agent, dict[str, jax.Array]]
+        ) -> tuple[Agent, dict[str, jax.Array]]:
+            agent, sums = carry
+            sample_key, noise_key = jax.random.split(jax.random.fold_in(update_key, i))
+            batch = jax_replay_sample(replay, sample_key, algo.batch_size, env.num_envs)
+            noise = jax.random.normal(noise_key, batch.actions.shape)
+            actor_step = is_actor_step(state.updates + i + 1, algo)
+            agent, metrics = fns.update(agent, batch, noise, actor_step)
+            return agent, jax.tree.map(jnp.add, sums, metrics)
+
+        zeros = dict.fromkeys(
+            ("losses/qf1_loss", "losses/qf2_loss", "losses/qf1_values", "losses/actor_loss"),
+            jnp.float32(0.0),
+        )
+        agent, sums = jax.lax.fori_loop(0, n_updates, one_update, (state.agent, zeros))
+        updates = state.updates + n_updates
+        stats = ChunkStats(
+            result.terminated | result.truncated,
+            result.episode_return,
+            result.episode_length,
+            sums,
+            n_updates,
+            updates // algo.policy_frequency - state.updates // algo.policy_frequency,
+        )
+        return ReplayState(agent, replay, env_state, key, step, updates), stats
+
+    def summarize(stats: ChunkStats) -> dict[str, np.ndarray]:
+        # Every seed follows the same update schedule: the counts are equal across seeds.
+        metrics = {}
+        counts = {"losses/actor_loss": per_seed_sum(stats.n_actor_updates)}
+        for name, values in stats.loss_sums.items():
+            count = counts.get(name, per_seed_sum(stats.n_updates))
+            if count.min() > 0:
+                metrics[name] = per_seed_sum(values) / count
+        return metrics
+
+    return FusedTrainer(
+        init=init,
+        run=scan_iterations(iteration),
+        total_iterations=total_iterations,
+        steps_per_iteration=n,
+        policy_params=lambda state: state.agent.actor_params,
+        greedy=fns.actor,
+        summarize=summarize,
+    )
+
+
+def load_policies(cfg: RunConfig, path: Path, obs_space: Any, action_space: Any) -> list[Policy]:
+    """The deterministic policies of a saved ``checkpoint.msgpack`` (``mode=eval``)."""
+    fns = TD3Functions(obs_space, action_space, cfg.algo)
+    return saved_agent_policies(cfg, path, fns.init, "actor_params", fns.actor)

@@ -1,0 +1,71 @@
+"""``backend=flax`` (JAX + Flax + Optax)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rlspeed.core.backends import BackendSpec, check_device, device_setting, gpu_index
+
+if TYPE_CHECKING:
+    from rlspeed.config import BackendConfig
+
+
+def _gpus() -> int:
+    import jax
+
+    try:
+        return len(jax.devices("cuda"))
+    except RuntimeError:  # no CUDA backend in this jax (a CPU install)
+        return 0
+
+
+def _set(option: str, value: object) -> None:
+    """Set one of JAX's config options."""
+    import jax
+
+    jax.config.update(option, value)  # type: ignore[no-untyped-call]  # jax leaves it unannotated
+
+
+def setup(cfg: BackendConfig, seed: int) -> None:
+    device = device_setting(cfg)
+    if device != "auto":
+        import jax
+
+        if device == "cpu":  # before JAX starts a backend: it then never touches a GPU
+            _set("jax_platforms", "cpu")
+        else:  # cuda or cuda:N (the config check has seen it)
+            index = gpu_index(device) or 0
+            _set("jax_default_device", jax.devices("cuda")[index])
+    # JAX is seeded through explicit keys. Threads must be fixed before JAX starts its CPU
+    # client: XLA sizes its thread pools from NPROC when set (else from the cores it may use).
+    # auto was replaced by its number before any backend is set up (resolve_threads).
+    assert isinstance(cfg.threads, int)
+    if cfg.threads > 0:
+        os.environ.setdefault("NPROC", str(cfg.threads))
+        if "XLA_FLAGS" not in os.environ:
+            os.environ["XLA_FLAGS"] = (
+                f"--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads={cfg.threads}"
+            )
+    if cfg.compilation_cache is not None:
+        cache_dir = Path(cfg.compilation_cache).expanduser()
+        _set("jax_compilation_cache_dir", str(cache_dir))
+        # Every program, however quick to compile: a run compiles many small ones.
+        _set("jax_persistent_cache_min_compile_time_secs", 0.0)
+
+
+def device_name(cfg: BackendConfig) -> str:
+    import jax
+
+    # A config option that jax sets as an attribute at runtime (unknown to type checkers).
+    device = jax.config.jax_default_device or jax.devices()[0]  # type: ignore[attr-defined]
+    return f"{device.platform}:{device.id}"
+
+
+SPEC = BackendSpec(
+    name="flax",
+    setup=setup,
+    check=lambda cfg: check_device(cfg, _gpus),
+    device_name=device_name,
+)

@@ -1,0 +1,312 @@
+"""Any registered Gymnasium env: ``task.id``, with ``task.kwargs`` for ``gym.make``, after
+``task.import`` has imported a user's module (which may register its own envs).
+
+Unlike the built-in tasks', what fits this task depends on its settings: the env's spaces.
+They are read once per (import, id, kwargs) by making the env (``env_facts``), and every
+answer the spec gives (which algorithms fit, observation bytes, network inputs, the tabular
+state) comes from them. There is no JAX twin: it runs on the Gymnasium engines.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from rlspeed.config import MAX_EPISODE_STEPS, MISSING, TaskConfig, plain
+from rlspeed.core.tasks import Policy, TabularSpec, TaskSpec, check_settings
+from rlspeed.errors import ConfigError, one_line
+from rlspeed.registry import ALGOS
+from rlspeed.secrets import masked_accounts, reveal_value
+from rlspeed.user_modules import import_user_module
+
+# Gymnasium (and NumPy) load when an env is built or checked, not when the task is chosen.
+if TYPE_CHECKING:
+    import gymnasium as gym
+
+# ``AlgoSpec.observation_kinds`` by observation space, and how each kind is named to a user.
+OBSERVATION_KINDS = {"Box": "continuous", "Discrete": "categorical", "MultiDiscrete": "categorical"}
+OBSERVATION_NAMES = {"continuous": "Box", "categorical": "Discrete or MultiDiscrete"}
+ACTION_NAMES = {"discrete": "Discrete", "continuous": "bounded 1-D Box"}
+# The render modes task.kwargs may make an env with: frames drawn only when asked for
+# (mode=eval's video= picks its own), never a window (human: a display and pygame, and a
+# frame drawn at every step).
+RENDER_MODES = (None, "rgb_array", "ansi")
+
+
+class GymTaskConfig(TaskConfig):
+    name: str = "gym"
+    # A registered Gymnasium id, e.g. Acrobot-v1 (``gymnasium.pprint_registry()`` lists them).
+    id: str = MISSING
+    # Keyword arguments for ``gym.make``; Hydra adds a key to a dict with +, e.g.
+    # +task.kwargs.is_slippery=false.
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    # Training episode length; null: the id's registered max_episode_steps, the standard
+    # length the score is always measured at (set in its place when the config is checked).
+    max_steps: int | None = None  # type: ignore[assignment]
+    # Greedy episodes behind each score (mean episodic return).
+    eval_episodes: int = 10
+
+
+# task.import: a module imported before the env is made. `import` is a Python keyword, so no
+# class body can declare it: the field is added here, kept out of the generated __init__,
+# __repr__ and __eq__ (whose source would not parse); OmegaConf sets it after building the
+# object. Read it with getattr(cfg, "import").
+GymTaskConfig.__annotations__["import"] = "str | None"
+setattr(GymTaskConfig, "import", field(default=None, init=False, repr=False, compare=False))
+dataclass(GymTaskConfig)
+
+
+class EnvFacts(NamedTuple):
+    """What the checks and the networks need to know of one env."""
+
+    observation_space: Any
+    action_space: Any
+    # The id's registered episode limit (None where it registers none).
+    max_episode_steps: int | None
+
+
+def _describe(space: Any) -> str:
+    """A space on one line: as Gymnasium prints it, or its type, shape and dtype where that
+    is long (a Box's bounds print entry by entry where they differ)."""
+    shown = " ".join(str(space).split())
+    return shown if len(shown) <= 100 else f"{type(space).__name__}({space.shape}, {space.dtype})"
+
+
+def _kwargs(cfg: Any) -> dict[str, Any]:
+    """``task.kwargs`` as ``gym.make`` takes them: plain Python values, with the password of
+    each URL in them put back (the config holds it masked, as everything stored does:
+    ``rlspeed.secrets``), so that the user's env can connect."""
+    revealed: dict[str, Any] = reveal_value(dict(plain(cfg.kwargs)))  # the schema's type
+    for key, value in revealed.items():
+        if accounts := masked_accounts(str(value)):  # a saved config's, or typed as ***
+            raise ConfigError(
+                f"task.kwargs.{key}",
+                value,
+                f"a URL with {accounts[0]}'s password, which rlspeed keeps only as *** (in "
+                "config.yaml too): give it again on the command line or in "
+                "RLSPEED_URL_PASSWORDS (README, Passwords)",
+            )
+    return revealed
+
+
+def _check_keywords(kwargs: dict[str, Any]) -> None:
+    """Keywords for ``gym.make`` that rlspeed sets itself or cannot run with."""
+    if "max_episode_steps" in kwargs:  # gym.make would get it twice (a TypeError)
+        raise ConfigError(
+            "task.kwargs.max_episode_steps",
+            kwargs["max_episode_steps"],
+            "no such key: rlspeed makes the env with task.max_steps as its time limit (use "
+            "task.max_steps=N)",
+        )
+    if kwargs.get("render_mode") not in RENDER_MODES:
+        raise ConfigError(
+            "task.kwargs.render_mode",
+            kwargs["render_mode"],
+            "null, rgb_array or ansi (rlspeed opens no window; mode=eval video=FILE films "
+            "the env in a mode of its own)",
+        )
+
+
+def _import_user_modules(module: str | None, env_id: str) -> None:
+    """``task.import``, then the module of an id written ``module:Env-v0`` (which Gymnasium
+    would import itself, with nothing to stop one that ends the process)."""
+    if module:
+        import_user_module("task.import", module)
+    if ":" in env_id:
+        import_user_module("task.id", env_id.split(":")[0])
+
+
+def env_facts(cfg: Any) -> EnvFacts:
+    """The env's spaces and registered episode limit, read once per settings."""
+    kwargs = _kwargs(cfg)
+    _check_keywords(kwargs)
+    return _read_env(getattr(cfg, "import"), str(cfg.id), json.dumps(kwargs, sort_keys=True))
+
+
+@functools.cache
+def _read_env(module: str | None, env_id: str, kwargs_json: str) -> EnvFacts:
+    import gymnasium as gym
+
+    _import_user_modules(module, env_id)
+    try:
+        spec = gym.spec(env_id)
+    except gym.error.Error as error:
+        allowed = f"a registered Gymnasium id ({one_line(error)})"
+        raise ConfigError("task.id", env_id, allowed) from None
+    kwargs = json.loads(kwargs_json)
+    try:
+        env = gym.make(env_id, **kwargs)
+    except Exception as error:  # a keyword the env does not take, a missing dependency
+        if kwargs:
+            allowed = f"keyword arguments {env_id} takes ({one_line(error)})"
+            raise ConfigError("task.kwargs", kwargs, allowed) from None
+        allowed = f"an env Gymnasium can make ({one_line(error)})"
+        raise ConfigError("task.id", env_id, allowed) from None
+    facts = EnvFacts(env.observation_space, env.action_space, spec.max_episode_steps)
+    try:
+        env.close()
+    except Exception as error:  # it would fail so at the end of every run
+        allowed = f"an env that closes ({one_line(error)} in its close())"
+        raise ConfigError("task.id", env_id, allowed) from None
+    observations = facts.observation_space
+    if _observation_kind(observations) is None or _entries(observations) == 0:
+        kinds = "Box, Discrete or MultiDiscrete (from 0)"
+        shown = _describe(observations)
+        allowed = f"an env with {kinds} observations of 1 entry or more, not {shown}"
+        raise ConfigError("task.id", env_id, allowed)
+    return facts
+
+
+def _from_zero(space: Any) -> bool:
+    """Categorical values from 0: one-hot classes, table rows and network outputs index them."""
+    import numpy as np
+
+    return not np.any(getattr(space, "start", 0))
+
+
+def _observation_kind(space: Any) -> str | None:
+    kind = OBSERVATION_KINDS.get(type(space).__name__)
+    return None if kind == "categorical" and not _from_zero(space) else kind
+
+
+def _action_kind(space: Any) -> str | None:
+    """``AlgoSpec.action_kinds``' name for the space, None where no algorithm takes it."""
+    name = type(space).__name__
+    if name == "Discrete" and _from_zero(space):
+        return "discrete"
+    if name == "Box" and len(space.shape) == 1 and space.shape[0] >= 1 and space.is_bounded():
+        return "continuous"
+    return None
+
+
+def check_algo(cfg: Any, algo: Any) -> None:
+    """Refuse an algorithm that cannot work with the env's spaces, naming the space."""
+    facts = env_facts(cfg)
+    actions, observations = facts.action_space, facts.observation_space
+    kinds = (_action_kind(actions), _observation_kind(observations))
+    fits = [
+        other.name
+        for other in ALGOS
+        if kinds[0] in other.action_kinds
+        and kinds[1] in other.observation_kinds
+        and (other.tasks is None or "gym" in other.tasks)
+    ]
+    if kinds[0] not in algo.action_kinds:
+        what, space, needs = "actions", actions, [ACTION_NAMES[k] for k in algo.action_kinds]
+    elif kinds[1] not in algo.observation_kinds:
+        what, space = "observations", observations
+        needs = [OBSERVATION_NAMES[k] for k in algo.observation_kinds]
+    else:
+        return
+    raise ConfigError(
+        "algo",
+        algo.name,
+        f"an algorithm for task.id={cfg.id}'s {what}, {_describe(space)} ({algo.name} needs "
+        f"{' or '.join(needs)} {what}): {', '.join(fits) or 'none fits this env'}",
+    )
+
+
+def validate(cfg: GymTaskConfig) -> None:
+    """An env that can be made; ``max_steps: null`` set to its registered limit (a run
+    records the number it trained with). The length evaluation episodes play to (the
+    registered limit, else ``max_steps``) is at most MAX_EPISODE_STEPS: a score waits for
+    every one of its episodes to end."""
+    registered = env_facts(cfg).max_episode_steps
+    if registered is not None and not 1 <= registered <= MAX_EPISODE_STEPS:
+        allowed = (
+            f"an env whose registered max_episode_steps is in [1, {MAX_EPISODE_STEPS:,}] (it "
+            f"registers {registered:,}, the length of its evaluation episodes)"
+        )
+        raise ConfigError("task.id", cfg.id, allowed)
+    standard = f"an integer in [1, {MAX_EPISODE_STEPS:,}] ({cfg.id} registers no episode limit"
+    if cfg.max_steps is None:
+        if registered is None:
+            raise ConfigError("task.max_steps", None, standard + ")")
+        cfg.max_steps = registered
+    check_settings(cfg)
+    if registered is None and cfg.max_steps > MAX_EPISODE_STEPS:
+        allowed = standard + ": evaluation episodes last task.max_steps)"
+        raise ConfigError("task.max_steps", cfg.max_steps, allowed)
+
+
+def make_env(cfg: GymTaskConfig, max_steps: int | None = None) -> gym.Env:
+    """The env with ``max_steps`` (the config's by default) as its time limit."""
+    import gymnasium as gym
+
+    # In every gym-async worker too: a spawned process has only the envs its imports register.
+    _import_user_modules(getattr(cfg, "import"), str(cfg.id))
+    steps = cfg.max_steps if max_steps is None else max_steps
+    return gym.make(cfg.id, max_episode_steps=steps, **_kwargs(cfg))
+
+
+def evaluate(cfg: GymTaskConfig, policy: Policy, seed: int) -> float:
+    """Mean return of the greedy policy over ``cfg.eval_episodes`` episodes at the standard
+    length: the id's registered limit, or ``max_steps`` where it registers none."""
+    from rlspeed.core.tasks._episodes import mean_greedy_return
+
+    standard = env_facts(cfg).max_episode_steps or cfg.max_steps
+    return mean_greedy_return(lambda: make_env(cfg, standard), policy, cfg.eval_episodes, seed)
+
+
+def observation_bytes(cfg: GymTaskConfig) -> int:
+    space = env_facts(cfg).observation_space
+    itemsize: int = space.dtype.itemsize
+    return _entries(space) * itemsize
+
+
+def network_inputs(cfg: GymTaskConfig) -> int:
+    """The observation's entries, times the most classes of one where they are categorical
+    (``rlspeed.core.algos.encoding.input_size``, which the networks are built with)."""
+    space = env_facts(cfg).observation_space
+    if _observation_kind(space) == "continuous":
+        return _entries(space)
+    counts = _class_counts(space)
+    return len(counts) * max(counts)
+
+
+def _entries(space: Any) -> int:
+    import numpy as np
+
+    return int(np.prod(space.shape))
+
+
+def _class_counts(space: Any) -> list[int]:
+    """Classes of each entry of a categorical observation, row-major."""
+    import numpy as np
+
+    return [int(n) for n in np.ravel(space.nvec)] if hasattr(space, "nvec") else [int(space.n)]
+
+
+def num_states(cfg: GymTaskConfig) -> int:
+    return math.prod(_class_counts(env_facts(cfg).observation_space))
+
+
+def num_actions(cfg: GymTaskConfig) -> int:
+    return int(env_facts(cfg).action_space.n)
+
+
+def state_index(cfg: GymTaskConfig, obs: Any, xp: Any) -> Any:
+    """A categorical observation's entries read as one mixed-radix number (row-major)."""
+    counts = _class_counts(env_facts(cfg).observation_space)
+    places = [math.prod(counts[i + 1 :]) for i in range(len(counts))]
+    flat = obs.reshape(obs.shape[0], -1).astype(xp.int32)
+    return (flat * xp.asarray(places, dtype=xp.int32)).sum(axis=-1).astype(xp.int32)
+
+
+SPEC = TaskSpec(
+    name="gym",
+    schema=GymTaskConfig,
+    # Per env: check_algo judges each algorithm against the env's spaces.
+    action_kind="the env's",
+    make_env=make_env,
+    make_functional=None,
+    evaluate=evaluate,
+    observation_bytes=observation_bytes,
+    network_inputs=network_inputs,
+    tabular=TabularSpec(num_states=num_states, state_index=state_index, num_actions=num_actions),
+    validate=validate,
+    check_algo=check_algo,
+)

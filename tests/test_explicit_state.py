@@ -150,7 +150,13 @@ def resumed_like_uninterrupted(
         assert_same(capture(whole[name]), capture(resumed[name]), name)
 
 
-@pytest.mark.parametrize("pairing", list(PAIRINGS))
+# The jitted flax learners (5-8 s each, most of it compiling) run in the slow selection: the
+# default one keeps the torch pairings, whose parts are the same kinds (replay, rollouts,
+# normalisation, tables, engines).
+@pytest.mark.parametrize(
+    "pairing",
+    [p if p.startswith("torch") else pytest.param(p, marks=pytest.mark.slow) for p in PAIRINGS],
+)
 @pytest.mark.parametrize("algo", list(RUNS))
 def test_parts_put_back_from_a_resume_file_continue_like_the_uninterrupted_ones(
     algo, pairing, make_cfg, tmp_path

@@ -9,6 +9,7 @@ reader, who still has to hold both modules in mind to follow either.
 from __future__ import annotations
 
 import ast
+import functools
 import subprocess
 import sys
 from pathlib import Path
@@ -22,10 +23,16 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+@functools.cache
+def project_files() -> dict[str, Path]:
+    """Module name -> its file, for every module of ``PACKAGES``."""
+    return {module_name(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
+
+
 def import_graph() -> dict[str, set[str]]:
     """Module -> the project modules it imports. ``from a.b import c`` is an edge to
     ``a.b.c`` when that is a module, else to ``a.b``."""
-    files = {module_name(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
+    files = project_files()
     graph: dict[str, set[str]] = {name: set() for name in files}
     for name, path in files.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
@@ -190,7 +197,7 @@ def libraries_imported(module: str) -> set[str]:
     """The top-level names of every library ``module`` imports, wherever the import is
     written (``TYPE_CHECKING`` included: a reader of the core needs the shell's types
     otherwise)."""
-    files = {module_name(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
+    files = project_files()
     names: set[str] = set()
     for node in ast.walk(ast.parse(files[module].read_text())):
         if isinstance(node, ast.Import):

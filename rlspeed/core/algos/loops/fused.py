@@ -155,7 +155,14 @@ def saved_policies(
     (every seed of a fused run, stacked). ``template``: a checkpoint tree of one agent."""
     agents = cfg.num_seeds if is_fused(cfg) else 1
     params = params_of(load_pytree(template, path, agents))
-    compiled = jax.jit(greedy)
+    return list(device_policies(greedy, jax.jit(greedy), params, agents))
+
+
+def device_policies(
+    greedy: Callable[[Any, jax.Array], jax.Array], compiled: Any, params: Any, agents: int
+) -> list[DevicePolicy]:
+    """One ``DevicePolicy`` per agent of ``params`` (stacked on a leading axis where
+    ``agents`` > 1), sharing ``compiled``, the jitted ``greedy``."""
     if agents == 1:
         return [DevicePolicy(greedy, compiled, params)]
     return [

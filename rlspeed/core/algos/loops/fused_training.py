@@ -24,7 +24,13 @@ import numpy as np
 from rlspeed.checkpoint import tree_from_host, tree_to_host
 from rlspeed.config import RunConfig, TrackingConfig, TrialConfig
 from rlspeed.core.algos.loops import TrainResult
-from rlspeed.core.algos.loops.fused import RUN_ONCE, DevicePolicy, FusedTrainer, first_iterations
+from rlspeed.core.algos.loops.fused import (
+    RUN_ONCE,
+    DevicePolicy,
+    FusedTrainer,
+    device_policies,
+    first_iterations,
+)
 from rlspeed.core.envs.vmap import VmapEnv, make_vmap_env
 from rlspeed.core.tasks import TaskSpec
 from rlspeed.seeding import JaxKeys, Stream, jax_key, jax_keys
@@ -169,12 +175,7 @@ class FusedTraining:
         params = self._policy_params(self._part(self._kept[run][0], run))
         greedy = self.trainer.greedy
         compiled = self._programs.setdefault("greedy", jax.jit(greedy))
-        if self.seeds == 1:
-            return [DevicePolicy(greedy, compiled, params)]
-        return [
-            DevicePolicy(greedy, compiled, jax.tree.map(lambda x, i=i: x[i], params))
-            for i in range(self.seeds)
-        ]
+        return device_policies(greedy, compiled, params, self.seeds)
 
     def resume_state(self, run: int) -> dict[str, Any]:
         """Run ``run``'s whole train state as of its last accepted chunk, to resume from:

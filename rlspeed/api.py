@@ -18,15 +18,18 @@ import contextlib
 from collections.abc import Iterator, Mapping, Sequence
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from omegaconf import DictConfig
 
 from rlspeed.config_tree import quote
 from rlspeed.core.tasks import TaskSpec
 from rlspeed.errors import ConfigError, RLSpeedError
 from rlspeed.registry import TASKS
+
+if TYPE_CHECKING:
+    from rlspeed.config import RunConfig
+    from rlspeed.validation import CheckedRun
 
 # The config groups ``train`` takes by name: an option of conf/<group>/.
 GROUPS = ("algo", "task", "backend", "env", "tracking")
@@ -36,7 +39,7 @@ class Agent:
     """A saved agent's greedy policy: ``act`` one observation, ``act_batch`` many. A run of
     several seeds saved one agent per seed; ``seed`` picks one (the first by default)."""
 
-    def __init__(self, config: DictConfig, policies: dict[int, Any], seed: int) -> None:
+    def __init__(self, config: RunConfig, policies: dict[int, Any], seed: int) -> None:
         # The config of the run that trained it (its folder's config.yaml).
         self.config = config
         self.seeds = sorted(policies)
@@ -168,13 +171,14 @@ def _train(
     secrets.install(streams=False)  # the caller's streams stay theirs
     arguments = secrets.hide_in_arguments(arguments)
     set_up_config_tree()
-    check_overrides(arguments, hydra_arguments, CONF_DIR)
-    return _run_job(CONF_DIR, [*arguments, *hydra_arguments])
+    checked = check_overrides(arguments, hydra_arguments, CONF_DIR)
+    return _run_job(CONF_DIR, [*arguments, *hydra_arguments], checked)
 
 
-def _run_job(conf_dir: str, arguments: list[str]) -> tuple[float, Path]:
+def _run_job(conf_dir: str, arguments: list[str], checked: CheckedRun) -> tuple[float, Path]:
     """Run one Hydra job of the composed config, as ``hydra.main`` runs one: its folder,
-    ``.hydra/`` files and log file, then ``rlspeed.run.run`` inside it."""
+    ``.hydra/`` files and log file, then ``rlspeed.run.run`` inside it (with ``checked``,
+    the check of its config)."""
     from hydra import compose, initialize_config_dir
     from hydra._internal.callbacks import Callbacks
     from hydra.core.global_hydra import GlobalHydra
@@ -190,7 +194,9 @@ def _run_job(conf_dir: str, arguments: list[str]) -> tuple[float, Path]:
         with open_dict(cfg):
             cfg.hydra.mode = RunMode.RUN
         context = HydraContext(GlobalHydra.instance().config_loader(), Callbacks(cfg))
-        job = run_job(run, cfg, "hydra.run.dir", None, context)
+        job = run_job(
+            lambda job_cfg: run(job_cfg, checked.of(job_cfg)), cfg, "hydra.run.dir", None, context
+        )
     score = job.return_value  # raises what the run raised
     assert job.hydra_cfg is not None  # run_job sets it before it runs the job
     out_dir = Path(job.hydra_cfg.hydra.runtime.output_dir)

@@ -33,7 +33,7 @@ import contextlib
 import json
 import os
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import IO, Any, Protocol, cast
@@ -279,50 +279,30 @@ def why(error: Exception) -> str:
 WHY_LENGTH = 160
 
 
-# The states ``read_states`` read last, by (file, modification time, size): the CLI checks the
-# config, then the run checks it again and loads the files, all in one process.
-_last_read: dict[tuple[Any, ...], dict[int, dict[str, Any]]] = {}
-
-
-def files_key(paths: Iterable[Path]) -> tuple[Any, ...]:
-    """Which files these are and in which version (path, modification time, size): what a
-    read made once while the command line was checked is kept under it for the run."""
-    return tuple((p.resolve(), p.stat().st_mtime_ns, p.stat().st_size) for p in paths)
-
-
 def read_states(value: str, paths: dict[int, Path]) -> dict[int, dict[str, Any]]:
-    """Seed index -> the state saved in that path (read once while the files are unchanged);
-    one ConfigError line for a file that is damaged or of another format."""
-    key = files_key(paths.values())
-    if key not in _last_read:
-        states = {}
-        for index, path in paths.items():
-            try:
-                check_whole(path, "resume file")
-                state = statefile.load(path)
-            except Exception as error:  # truncated, corrupt, a pickle, an object array
-                reason = f"a readable {path.name} ({why(error)})"
-                raise ConfigError("resume", value, reason) from None
-            if not (isinstance(state, dict) and state.get("format") == FORMAT):
-                got = state.get("format") if isinstance(state, dict) else None
-                older = (
-                    f" (it has format {got}: an earlier rlspeed's, whose state this one does "
-                    "not read; start that run anew)"
-                    if isinstance(got, int) and 0 < got < FORMAT
-                    else ""
-                )
-                raise ConfigError("resume", value, f"a {path.name} of format {FORMAT}{older}")
-            if not isinstance(state.get("config"), dict):
-                raise ConfigError("resume", value, f"a {path.name} with its run's config")
-            states[index] = state
-        _last_read.clear()
-        _last_read[key] = states
-    return _last_read[key]
-
-
-def forget_read_states() -> None:
-    """Drop the states ``read_states`` keeps: the run holds them from here on."""
-    _last_read.clear()
+    """Seed index -> the state saved in that path; one ConfigError line for a file that is
+    damaged or of another format."""
+    states = {}
+    for index, path in paths.items():
+        try:
+            check_whole(path, "resume file")
+            state = statefile.load(path)
+        except Exception as error:  # truncated, corrupt, a pickle, an object array
+            reason = f"a readable {path.name} ({why(error)})"
+            raise ConfigError("resume", value, reason) from None
+        if not (isinstance(state, dict) and state.get("format") == FORMAT):
+            got = state.get("format") if isinstance(state, dict) else None
+            older = (
+                f" (it has format {got}: an earlier rlspeed's, whose state this one does "
+                "not read; start that run anew)"
+                if isinstance(got, int) and 0 < got < FORMAT
+                else ""
+            )
+            raise ConfigError("resume", value, f"a {path.name} of format {FORMAT}{older}")
+        if not isinstance(state.get("config"), dict):
+            raise ConfigError("resume", value, f"a {path.name} with its run's config")
+        states[index] = state
+    return states
 
 
 def agent_files(value: str) -> list[Path]:

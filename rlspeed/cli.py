@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
+    from rlspeed.validation import CheckedRun
+
 
 def _conf_dir() -> str:
     packaged = Path(__file__).parent / "conf"  # installed wheel: rlspeed/conf
@@ -28,8 +30,9 @@ CONF_DIR = _conf_dir()
 _finished: list[bool] = []
 
 
-def _task(cfg: DictConfig) -> float:
-    """One Hydra job: the run ``cfg`` describes."""
+def _task(cfg: DictConfig, first: CheckedRun | None) -> float:
+    """One Hydra job: the run ``cfg`` describes (``first``: the command line's check of its
+    first job, which a single run's job is)."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
@@ -43,7 +46,8 @@ def _task(cfg: DictConfig) -> float:
     if HydraConfig.get().mode == RunMode.MULTIRUN:
         stop_with_sweep()
     try:
-        score = run(cfg)
+        single = HydraConfig.get().mode == RunMode.RUN
+        score = run(cfg, first.of(cfg) if first is not None and single else None)
         if HydraConfig.get().mode == RunMode.RUN:
             _finished.append(True)
         return score
@@ -117,25 +121,27 @@ def set_up_config_tree(showing_help: bool = False) -> None:
 INTERNAL_KEYS = ("trial", "tracking.parent_run_id")
 
 
-def check_command_line(argv: list[str]) -> None:
+def check_command_line(argv: list[str]) -> CheckedRun | None:
     """What the command does before Hydra starts: set up the config tree, then exit with
     code 2 and one line naming key, value and what is allowed if ``argv`` cannot run.
-    ``--cfg job`` prints the job's config here, without rlspeed's internal keys."""
+    ``--cfg job`` prints the job's config here, without rlspeed's internal keys. Returns
+    the check of the command's first job (the run of a single-run command)."""
     from omegaconf import OmegaConf
 
     from rlspeed.preflight import preflight
     from rlspeed.secrets import mask
 
     set_up_config_tree(showing_help=not {"--help", "-h"}.isdisjoint(argv))
-    job = preflight(argv, CONF_DIR)
-    if job is not None:
-        shown = OmegaConf.to_container(job, resolve="--resolve" in argv)
+    first, printing = preflight(argv, CONF_DIR)
+    if printing and first is not None and first.composed is not None:
+        shown = OmegaConf.to_container(first.composed, resolve="--resolve" in argv)
         assert isinstance(shown, dict)
         for key in INTERNAL_KEYS:
             parent, _, name = key.rpartition(".")
             (shown[parent] if parent else shown).pop(name)
         print(mask(OmegaConf.to_yaml(shown)), end="")
         sys.exit(0)
+    return first
 
 
 def main() -> None:
@@ -160,8 +166,12 @@ def main() -> None:
             signal.signal(signal.SIGTERM, interrupt)
         import hydra
 
-        check_command_line(sys.argv[1:])
-        hydra.main(version_base=None, config_path=CONF_DIR, config_name="config")(_task)()
+        first = check_command_line(sys.argv[1:])
+
+        def job(cfg: DictConfig) -> float:
+            return _task(cfg, first)
+
+        hydra.main(version_base=None, config_path=CONF_DIR, config_name="config")(job)()
         if _finished:
             _exit_at_once()
     except KeyboardInterrupt as stop:

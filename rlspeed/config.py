@@ -1,6 +1,7 @@
 """Typed schemas of the config tree (what a run is: its backend, engine, task, algorithm
-and run-level settings) and the bounds every size has. Plain dataclasses: Hydra builds
-its config tree on them (``rlspeed.config_tree``), a run trains with them."""
+and run-level settings) and the bounds every size has. Frozen dataclasses: Hydra builds
+its config tree on them (``rlspeed.config_tree``, whose nodes of them take overrides); the
+checked config of a run is made of them and never changes (``rlspeed.validation.check``)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Any
 MISSING: Any = "???"
 
 
-@dataclass
+@dataclass(frozen=True)
 class BackendConfig:
     name: str = MISSING
     # Deterministic kernels and seeded RNGs, so the same seed gives the same run.
@@ -30,7 +31,7 @@ class BackendConfig:
     compilation_cache: str | None = None
 
 
-@dataclass
+@dataclass(frozen=True)
 class EngineConfig:
     name: str = MISSING
     # AsyncVectorEnv only: observations travel through shared memory.
@@ -40,7 +41,7 @@ class EngineConfig:
     step_timeout_s: float = 600.0
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrackingConfig:
     name: str = MISSING
     # MLflow tracking URI; None means MLFLOW_TRACKING_URI or MLflow's default local store.
@@ -52,7 +53,7 @@ class TrackingConfig:
     log_dir: str | None = None
 
 
-@dataclass
+@dataclass(frozen=True)
 class TaskConfig:
     """Fields every task has; each task's schema extends it."""
 
@@ -61,7 +62,7 @@ class TaskConfig:
     max_steps: int = MISSING
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrialConfig:
     """The Optuna trial a run belongs to; set only by the Optuna sweeper, per job."""
 
@@ -74,7 +75,7 @@ class TrialConfig:
     keep_resume: bool = False
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunConfig:
     backend: BackendConfig = field(default_factory=BackendConfig)
     env: EngineConfig = field(default_factory=EngineConfig)
@@ -107,9 +108,13 @@ class RunConfig:
     video: str | None = None
 
 
+# The (backend, engine) of a fused run: one program, flax on the functional jax-vmap engine.
+FUSED_STACK = ("flax", "jax-vmap")
+
+
 def is_fused(cfg: RunConfig) -> bool:
-    """Whether the run is one fused program (flax on the functional jax-vmap engine)."""
-    return cfg.backend.name == "flax" and cfg.env.name == "jax-vmap"
+    """Whether the run is one fused program."""
+    return (cfg.backend.name, cfg.env.name) == FUSED_STACK
 
 
 # Env steps are counted in int32 on the fused path (at most 2,147,483,647); this leaves

@@ -8,24 +8,42 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from rlspeed.config import RunConfig
+from rlspeed.config import RunConfig, plain
 from rlspeed.errors import ConfigError
 from rlspeed.registry import ALGOS, TASKS
 from rlspeed.secrets import mask, mask_value, reveal
 
 
+def schema_node(schema: type) -> DictConfig:
+    """A schema as a node of the config tree: its dataclasses are frozen (a run's checked
+    config never changes), the node of them takes values (overrides, a YAML option's)."""
+    node = OmegaConf.structured(schema)
+
+    def writable(container: DictConfig) -> None:
+        OmegaConf.set_readonly(container, None)
+        for key in container:
+            child = container._get_node(key)
+            if isinstance(child, DictConfig):
+                writable(child)
+
+    writable(node)
+    return node
+
+
 def register_configs() -> None:
     """Store the schemas in Hydra's ConfigStore; YAML options build on them."""
     store = ConfigStore.instance()
-    store.store(name="rlspeed_schema", node=RunConfig)
+    store.store(name="rlspeed_schema", node=schema_node(RunConfig))
     for registry in (ALGOS, TASKS):
         for spec in registry.builtins():
-            store.store(group=f"schema/{registry.group}", name=spec.name, node=spec.schema)
+            store.store(
+                group=f"schema/{registry.group}", name=spec.name, node=schema_node(spec.schema)
+            )
 
 
 def quote(text: str) -> str:
@@ -34,21 +52,15 @@ def quote(text: str) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def schema_view(cfg: DictConfig) -> RunConfig:
-    """A composed config as the parts' checks read it: a DictConfig of the ``RunConfig``
-    schema answers the same attributes, so they run on it before it is converted
-    (``OmegaConf.to_object``) for the run."""
-    return cast(RunConfig, cfg)
-
-
-def to_yaml(cfg: DictConfig) -> str:
+def to_yaml(cfg: RunConfig) -> str:
     """The run's config.yaml, passwords in URLs masked."""
-    return mask(OmegaConf.to_yaml(cfg, resolve=True))
+    return mask(OmegaConf.to_yaml(plain(cfg)))
 
 
-def flatten(cfg: DictConfig) -> dict[str, Any]:
+def flatten(cfg: RunConfig | DictConfig) -> dict[str, Any]:
     """Dotted keys to leaf values, as MLflow params; passwords in URLs masked, as in the
-    saved config.yaml this is compared with (resume=)."""
+    saved config.yaml this is compared with (resume=). ``cfg``: a run's checked config, or
+    a config.yaml read back."""
     flat: dict[str, Any] = {}
 
     def walk(node: Any, prefix: str) -> None:
@@ -58,7 +70,8 @@ def flatten(cfg: DictConfig) -> dict[str, Any]:
         else:
             flat[prefix[:-1]] = mask_value(node)
 
-    walk(OmegaConf.to_container(cfg, resolve=True), "")
+    tree = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else plain(cfg)
+    walk(tree, "")
     return flat
 
 

@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from rlspeed.checkpoint import agent_files, files_key, why
-from rlspeed.config import is_fused
+from rlspeed.checkpoint import agent_files, why
+from rlspeed.config import RunConfig, is_fused
+from rlspeed.config_tree import schema_node
 from rlspeed.core.tasks import Policy
 from rlspeed.errors import ConfigError
 from rlspeed.registry import ALGOS, BACKENDS, TASKS
@@ -46,25 +47,22 @@ ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 # (seed, greedy policy, file) of each agent a checkpoint holds.
 Agents = list[tuple[int, Policy, Path]]
-# What load_agents read last, by (file, modification time, size): the CLI checks the config,
-# then the run checks it again and scores the agents, all in one process.
-_last_loaded: dict[tuple[Any, ...], tuple[Any, Agents]] = {}
+# A checkpoint read back: the config its run trained with, and its agents.
+SavedAgents = tuple[RunConfig, Agents]
 
 
-def load_agents(value: str) -> tuple[Any, Agents]:
+def load_agents(value: str) -> SavedAgents:
     """The saved config of ``checkpoint=value`` (a run folder or an agent file in one) and
     its agents, each with the evaluation seed training gave it; one ConfigError line for
     files that cannot be read back (checked before anything is created)."""
     paths = agent_files(value)  # not empty, and config.yaml readable: check_modes
-    key = files_key(paths)
-    if key in _last_loaded:
-        return _last_loaded[key]
-    saved = read_config("checkpoint", value, paths[0].parent)
+    read = read_config("checkpoint", value, paths[0].parent)
+    run = f"algo={read.algo.name} backend={read.backend.name} task={read.task.name}"
     try:
         with warnings.catch_warnings():
             # A file that is not what it should be can make a loader warn before it fails.
             warnings.simplefilter("ignore")
-            saved = with_schema_defaults(saved)
+            saved = saved_run_config(read)
             task = TASKS.get(saved.task.name)
             BACKENDS.get(saved.backend.name).setup(saved.backend, saved.seed)
             env = task.make_env(saved.task)
@@ -75,18 +73,16 @@ def load_agents(value: str) -> tuple[Any, Agents]:
                 agents += [(first + i, policy, path) for i, policy in enumerate(policies)]
             env.close()
     except Exception as error:  # damaged, cut short, of another run, of another version
-        run = f"algo={saved.algo.name} backend={saved.backend.name} task={saved.task.name}"
         raise ConfigError(
             "checkpoint", value, f"agent files that a run of its {run} wrote, whole ({why(error)})"
         ) from None
-    _last_loaded.clear()
-    _last_loaded[key] = (saved, agents)
     return saved, agents
 
 
-def evaluate_checkpoint(cfg: DictConfig) -> float:
-    """Score every agent of the checkpoint; print and return their mean score."""
-    saved, agents = load_agents(cfg.checkpoint)
+def evaluate_checkpoint(cfg: RunConfig, evaluated: SavedAgents) -> float:
+    """Score every agent of the checkpoint (``evaluated``: as ``load_agents`` read it);
+    print and return their mean score."""
+    saved, agents = evaluated
     task = TASKS.get(saved.task.name)
     scores = []
     on_device = task.evaluate_on_device is not None and is_fused(saved)
@@ -108,16 +104,19 @@ def evaluate_checkpoint(cfg: DictConfig) -> float:
     return float(np.mean(scores))
 
 
-def with_schema_defaults(saved: DictConfig) -> DictConfig:
-    """A run folder's config as it is, with the algorithm's keys it lacks at their schema's
-    defaults: an agent saved before an option existed loads with it at its default (off)."""
-    algo = OmegaConf.merge(OmegaConf.structured(ALGOS.get(saved.algo.name).schema), saved.algo)
-    merged = OmegaConf.merge(saved, {"algo": algo})
-    assert isinstance(merged, DictConfig)  # a mapping merged with a mapping
-    return merged
+def saved_run_config(saved: DictConfig) -> RunConfig:
+    """A run folder's config as the typed config its run trained with; keys it lacks at
+    their schema's defaults (an agent saved before an option existed loads with it at its
+    default, off)."""
+    tree = schema_node(RunConfig)
+    tree.algo = schema_node(ALGOS.get(saved.algo.name).schema)
+    tree.task = schema_node(TASKS.get(saved.task.name).schema)
+    typed = OmegaConf.to_object(OmegaConf.merge(tree, saved))
+    assert isinstance(typed, RunConfig)  # the schema the tree is built on
+    return typed
 
 
-def _load_policies(saved: Any, path: Path, obs_space: Any, action_space: Any) -> list[Policy]:
+def _load_policies(saved: RunConfig, path: Path, obs_space: Any, action_space: Any) -> list[Policy]:
     module = ALGOS.get(saved.algo.name).backend_module(saved.backend.name)
     return module.load_policies(saved, path, obs_space, action_space)
 
@@ -127,7 +126,9 @@ def _seed_index(path: Path) -> int:
     return int(index) if index.isdigit() else 0
 
 
-def film(task: TaskSpec, saved: Any, policy: Policy, seed: int) -> tuple[list[np.ndarray], int]:
+def film(
+    task: TaskSpec, saved: RunConfig, policy: Policy, seed: int
+) -> tuple[list[np.ndarray], int]:
     """RGB frames of one greedy episode, reset with the run's first evaluation seed, and
     the env's frame rate."""
     env = task.make_env(saved.task)

@@ -36,7 +36,7 @@ from hydra_plugins.rlspeed_optuna_sweeper.config import SWEEPER_TARGET
 from rlspeed.config_tree import check_creatable
 from rlspeed.errors import ConfigError, RLSpeedError
 from rlspeed.sweep import MAX_NAME_CHARS, overlong_name
-from rlspeed.validation import validate
+from rlspeed.validation import CheckedRun, check
 
 EXIT_BAD_INPUT = 2
 
@@ -331,12 +331,13 @@ def _check_sweep(full: DictConfig, arguments: list[str], compose_job: Callable) 
     setup = build(full.hydra.sweeper, full, arguments)
     sweep_storage(full)  # raises if trials cannot be recorded in hydra.sweeper.storage
     for overrides in setup.space.extremes():
-        validate(compose_job(overrides))
+        check(compose_job(overrides))
 
 
-def preflight(argv: list[str], conf_dir: str) -> DictConfig | None:
-    """Exit with one clear line and code 2 if the command line cannot run. Returns the
-    job's config where the command only prints it (``--cfg job``, no ``--package``)."""
+def preflight(argv: list[str], conf_dir: str) -> tuple[CheckedRun | None, bool]:
+    """Exit with one clear line and code 2 if the command line cannot run. Returns its
+    first job's check (None where it has none: --help, --info) and whether the command
+    only prints that job's config (``--cfg job``, no ``--package``)."""
     parser = get_args_parser()
     parser.exit_on_error = False  # argparse's usage block would come before its line
     try:
@@ -346,7 +347,7 @@ def preflight(argv: list[str], conf_dir: str) -> DictConfig | None:
     if options := [x for x in unknown if x.startswith("-")]:
         _fail(f"rlspeed: invalid command line: unknown option {options[0]} (see rlspeed --help)")
     if args.help or args.hydra_help:
-        return None
+        return None, False
     showing = args.cfg is not None  # --cfg prints the config: no job, no folder, no -m
     commands = (args.run, args.multirun, showing, args.info is not None, args.shell_completion)
     if sum(map(bool, commands)) > 1:
@@ -355,7 +356,7 @@ def preflight(argv: list[str], conf_dir: str) -> DictConfig | None:
             "--cfg, --info and --shell-completion"
         )
     if args.info or args.shell_completion:
-        return None
+        return None, False
     overrides = [o for o in args.overrides if not _is_hydra(o)]
     hydra_overrides = [o for o in args.overrides if _is_hydra(o)]
     if args.config_dir and not os.path.isdir(args.config_dir):
@@ -365,7 +366,7 @@ def preflight(argv: list[str], conf_dir: str) -> DictConfig | None:
         path = "file://" + os.path.abspath(args.config_dir)
         hydra_overrides.append(f"hydra.searchpath=['{path}']")
     try:
-        job = check_overrides(
+        first = check_overrides(
             overrides,
             hydra_overrides,
             conf_dir,
@@ -375,7 +376,7 @@ def preflight(argv: list[str], conf_dir: str) -> DictConfig | None:
         )
     except RLSpeedError as error:
         _fail(str(error))
-    return job if args.cfg == "job" and not args.package else None
+    return first, args.cfg == "job" and not args.package
 
 
 def check_overrides(
@@ -385,10 +386,10 @@ def check_overrides(
     config_name: str = "config",
     multirun: bool = False,
     showing: bool = False,
-) -> DictConfig:
+) -> CheckedRun:
     """Raise RLSpeedError with one line naming key, value and what is allowed if the run
     (or every job of the sweep) these overrides describe cannot run; else return the first
-    job's config. ``showing``: the config is only printed (--cfg), so no job runs and no
+    job's check. ``showing``: the config is only printed (--cfg), so no job runs and no
     folder is made."""
     searchpath = [o for o in hydra_overrides if o.startswith("hydra.searchpath")]
     try:
@@ -427,9 +428,9 @@ def check_overrides(
                 )
             if multirun:
                 _check_launcher(full)
-            first = compose_job(variants[0])
-            for variant in variants:
-                validate(compose_job(variant) if variant is not variants[0] else first)
+            first = check(compose_job(variants[0]))
+            for variant in variants[1:]:
+                check(compose_job(variant))
             if not showing:
                 if optuna:
                     _check_sweep(full, overrides, compose_job)

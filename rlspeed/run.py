@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from rlspeed import slurm
 from rlspeed.checkpoint import run_folder, save_pytree, training_keys, why
-from rlspeed.config import RunConfig, is_fused
+from rlspeed.config import is_fused
 from rlspeed.config_tree import flatten, to_yaml
 from rlspeed.core.algos import import_named
 from rlspeed.core.algos.loops import CHECKPOINT_FILES, TrainResult
@@ -46,10 +46,9 @@ from rlspeed.recording import (
     write_text,
 )
 from rlspeed.registry import ALGOS, BACKENDS, ENGINES, TASKS, TRACKERS
-from rlspeed.run_folders import load_resume
 from rlspeed.sweep import TrialReporter
 from rlspeed.tracking import cause
-from rlspeed.validation import validate
+from rlspeed.validation import CheckedRun, check
 
 if TYPE_CHECKING:  # JAX: imported by the fused path alone
     from rlspeed.core.algos.loops.fused_training import FusedTraining
@@ -63,25 +62,29 @@ def _output_dir() -> Path:
     return Path.cwd()
 
 
-def run(cfg: DictConfig) -> float:
-    """Train as configured; returns the task's score (greedy evaluation)."""
+def run(cfg: DictConfig, checked: CheckedRun | None = None) -> float:
+    """Train as configured; returns the task's score (greedy evaluation). ``checked``: the
+    command line's check of this config, where it made one (else it is checked here)."""
     out_dir = _output_dir()
     # A requeued SLURM job continues the run its earlier attempt saved in this folder.
     continued = slurm.continued_folder(out_dir) if not cfg.resume else None
     if continued is not None:
+        cfg = cfg.copy()
         cfg.resume = str(continued)
+        checked = None  # another config than the one checked: this one goes on from a folder
         log.info(
             "rlspeed: SLURM job %s, attempt %d: continuing the run saved in %s",
             slurm.job_id(),
             slurm.restarts() + 1,
             continued,
         )
-    validate(cfg)
-    if cfg.mode == "eval":
+    if checked is None:
+        checked = check(cfg)
+    if checked.evaluated is not None:  # mode=eval
         from rlspeed.evaluate import evaluate_checkpoint
 
-        return evaluate_checkpoint(cfg)
-    started = _start(cfg, out_dir, continued is not None)
+        return evaluate_checkpoint(checked.cfg, checked.evaluated)
+    started = _start(checked, out_dir, continued is not None)
     status, failure = "FAILED", None
     # A scheduler's SIGTERM (preemption, `timeout`), or SLURM's SIGUSR2, ends the run like
     # Ctrl-C: KILLED, checkpointed (and after SIGUSR2 the SLURM job is requeued).
@@ -120,8 +123,7 @@ def run_trials(cfgs: list[DictConfig], out_dirs: list[Path]) -> list[float | Exc
     started: dict[int, Run] = {}
     for index, (cfg, out_dir) in enumerate(zip(cfgs, out_dirs, strict=True)):
         try:
-            validate(cfg)
-            started[index] = _start(cfg, out_dir, continued=False)
+            started[index] = _start(check(cfg), out_dir, continued=False)
         except Exception as error:  # noqa: BLE001 - this trial's failure, not the batch's
             outcomes[index] = error
     if not started:
@@ -162,9 +164,11 @@ def run_trials(cfgs: list[DictConfig], out_dirs: list[Path]) -> list[float | Exc
 # ---------------------------------------------------------------- setting a run up
 
 
-def _start(cfg: DictConfig, out_dir: Path, continued: bool) -> Run:
-    """Set up a validated run: its folder and config file, its tracked run and monitor."""
-    resumed = load_resume(cfg) if cfg.resume else {}  # as validate read it: nothing new
+def _start(checked: CheckedRun, out_dir: Path, continued: bool) -> Run:
+    """Set up a checked run: its folder and config file, its tracked run and monitor."""
+    cfg, resumed = checked.cfg, checked.resumed
+    if checked.unresumable is not None:
+        log.info(checked.unresumable)
     task, engine = TASKS.get(cfg.task.name), ENGINES.get(cfg.env.name)
     BACKENDS.get(cfg.backend.name).setup(cfg.backend, cfg.seed)
 
@@ -191,18 +195,14 @@ def _start(cfg: DictConfig, out_dir: Path, continued: bool) -> Run:
         tags["rlspeed.slurm_restarts"] = str(slurm.restarts())
         tracked_run = resumed[min(resumed)].get("tracked_run_id")
     elif resumed:
-        tags["rlspeed.resumed_from"] = str(run_folder(cfg.resume).resolve())
+        tags["rlspeed.resumed_from"] = str(run_folder(str(cfg.resume)).resolve())
     tracker = TRACKERS.get(cfg.tracking.name).make(cfg.tracking, out_dir)
     tracker.start(run_name=run_name, params=flatten(cfg), tags=tags, run_id=tracked_run)
-    plain_cfg = OmegaConf.to_object(cfg)
-    assert isinstance(plain_cfg, RunConfig)  # the schema rlspeed's config is built on
     monitor = RunMonitor(
         tracker,
         cfg.total_steps,
         cfg.eval_every,
-        evaluate=lambda policy, index: task.evaluate(
-            plain_cfg.task, policy, plain_cfg.seed + index
-        ),
+        evaluate=lambda policy, index: task.evaluate(cfg.task, policy, cfg.seed + index),
         # A sweep's console shows one line per trial: a trial's progress goes to its log file.
         progress="none" if reporter is not None else cfg.progress,
         step_reward=task.step_reward,
@@ -212,8 +212,7 @@ def _start(cfg: DictConfig, out_dir: Path, continued: bool) -> Run:
         # (seeds train in order, each one's files written before the next starts)
         monitor.load_state_dict(resumed[max(resumed)]["monitor"])
     return Run(
-        composed=cfg,
-        cfg=plain_cfg,
+        cfg=cfg,
         task=task,
         engine=engine,
         monitor=monitor,
@@ -223,14 +222,8 @@ def _start(cfg: DictConfig, out_dir: Path, continued: bool) -> Run:
         reporter=reporter,
         resumed=resumed,
         training_config=training_keys(flatten(cfg)),
-        resumable=engine.needs_functional_env or _env_state_saved(cfg),
+        resumable=checked.unresumable is None,
     )
-
-
-def _env_state_saved(cfg: DictConfig) -> bool:
-    from rlspeed.core.engines.env_state import saves_state  # Gymnasium's: loaded for its engine
-
-    return saves_state(cfg.task)
 
 
 # ---------------------------------------------------------------- the driver loops

@@ -2,36 +2,32 @@
 (a run of this config whose resume files are whole) and ``checkpoint=`` / ``video=`` of
 ``mode=eval`` (agent files and a config.yaml that read back). Each refusal is one
 ConfigError line; the files themselves are read by ``rlspeed.checkpoint`` and
-``rlspeed.evaluate``, once, and kept for the run.
+``rlspeed.evaluate``, once: what the check reads goes to the run.
 """
 
 from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rlspeed.checkpoint import (
     CONFIG_FILE,
     PICKLED_RESUME_FILES,
     RESUME_FILE,
     agent_files,
-    forget_read_states,
     read_states,
     resume_files,
     run_folder,
     seed_file,
     training_keys,
 )
-from rlspeed.config import is_fused
-from rlspeed.config_tree import check_creatable, flatten, schema_view
+from rlspeed.config import RunConfig, is_fused
+from rlspeed.config_tree import check_creatable, flatten
 from rlspeed.errors import ConfigError
-from rlspeed.evaluate import load_agents, render_mode
+from rlspeed.evaluate import SavedAgents, load_agents, render_mode
 from rlspeed.registry import ALGOS, TASKS
 from rlspeed.saved_config import read_config
-
-if TYPE_CHECKING:
-    from omegaconf import DictConfig
 
 MODES = ("train", "eval")
 # What a host-driven (False) and a fused (True) run's resume files hold beside the format,
@@ -39,18 +35,18 @@ MODES = ("train", "eval")
 STATE_KEYS = {False: ("step", "updates", "obs", "parts"), True: ("state", "iterations")}
 
 
-def check_modes(cfg: DictConfig) -> None:
+def check_modes(cfg: RunConfig) -> tuple[dict[int, dict[str, Any]], SavedAgents | None]:
     """``mode``, ``resume``, ``checkpoint`` and ``video``: one ConfigError line for a value
-    that cannot work (called by ``validate``)."""
+    that cannot work (called by ``check``). Returns what the run takes from the folders it
+    names: resume=: seed index -> saved state; mode=eval: the checkpoint's saved config and
+    agents."""
     if cfg.mode not in MODES:
         raise ConfigError("mode", cfg.mode, f"one of {', '.join(MODES)}")
     if cfg.mode == "train":
         for key in ("checkpoint", "video"):
-            if cfg[key] is not None:
-                raise ConfigError(key, cfg[key], "null unless mode=eval")
-        if cfg.resume is not None:
-            check_resume(cfg)
-        return
+            if (value := getattr(cfg, key)) is not None:
+                raise ConfigError(key, value, "null unless mode=eval")
+        return (check_resume(cfg) if cfg.resume is not None else {}), None
     if cfg.resume is not None:
         raise ConfigError("resume", cfg.resume, "null with mode=eval (use checkpoint=PATH)")
     paths = agent_files(cfg.checkpoint) if cfg.checkpoint is not None else []
@@ -61,13 +57,14 @@ def check_modes(cfg: DictConfig) -> None:
             "a run folder or a checkpoint file in one (checkpoint.pt, checkpoint.msgpack, "
             f"checkpoint_seed<i>.*) with its {CONFIG_FILE}",
         )
-    saved = read_config("checkpoint", cfg.checkpoint, paths[0].parent)
+    assert cfg.checkpoint is not None  # it names agent files
+    evaluated = load_agents(cfg.checkpoint)  # every agent read back now: a damaged file is one line
     if cfg.video is not None:
-        check_video(cfg.video, saved)
-    load_agents(cfg.checkpoint)  # every agent read back now: a damaged file is one line
+        check_video(cfg.video, evaluated[0])
+    return {}, evaluated
 
 
-def check_video(value: str, saved: Any) -> None:
+def check_video(value: str, saved: RunConfig) -> None:
     suffixes = [".gif"] + ([".mp4"] if importlib.util.find_spec("imageio_ffmpeg") else [])
     path = Path(value).expanduser()
     # Path drops a trailing slash: x.gif/ names a folder, as does an existing folder x.gif.
@@ -92,22 +89,14 @@ def check_video(value: str, saved: Any) -> None:
         )
 
 
-def load_resume(cfg: DictConfig) -> dict[int, dict[str, Any]]:
-    """Seed index -> that agent's saved state, from ``cfg.resume``'s folder, checked as
-    ``check_resume`` does (which has read the files already when the config was checked in
-    this process: they are not read again)."""
-    states = check_resume(cfg)
-    forget_read_states()
-    return states
-
-
-def check_resume(cfg: DictConfig) -> dict[int, dict[str, Any]]:
+def check_resume(cfg: RunConfig) -> dict[int, dict[str, Any]]:
     """``resume=PATH``: a run folder (or a file in one) whose ``config.yaml`` and resume
     files a run of this config wrote, whole. Returns seed index -> that agent's saved state;
     one ConfigError line otherwise. Only the files a run of ``cfg`` writes are read:
     ``resume.npz`` (one seed, or every seed of a fused run), else ``resume_seed<i>.npz`` for
     the seeds it reached."""
     value = cfg.resume
+    assert value is not None  # resume= is set
     folder = run_folder(value)
     if not Path(value).expanduser().exists():
         raise ConfigError("resume", value, "an existing run folder or checkpoint file")
@@ -131,7 +120,7 @@ def check_resume(cfg: DictConfig) -> dict[int, dict[str, Any]]:
     saved = training_keys(flatten(read_config("resume", value, folder)))
     _same_config(value, saved, current, "it ran with")
     _added_keys_at_default(value, cfg, saved, current)
-    fused = is_fused(schema_view(cfg))
+    fused = is_fused(cfg)
     resume = folder / RESUME_FILE
     if cfg.num_seeds == 1 or fused:
         wanted = {0: resume}
@@ -166,7 +155,7 @@ def _same_config(value: str, saved: dict[str, Any], current: dict[str, Any], ran
 
 
 def _added_keys_at_default(
-    value: str, cfg: DictConfig, saved: dict[str, Any], current: dict[str, Any]
+    value: str, cfg: RunConfig, saved: dict[str, Any], current: dict[str, Any]
 ) -> None:
     """A run saved before rlspeed had a setting ran as its default does: continuing it with
     another value (an algorithm's option that a task's defaults turn on, say) would change

@@ -32,7 +32,7 @@ from rlspeed.errors import ConfigError, RLSpeedError
 from rlspeed.secrets import reveal
 
 if TYPE_CHECKING:
-    from omegaconf import DictConfig
+    from rlspeed.config import RunConfig
 
 log = logging.getLogger("rlspeed")
 
@@ -352,7 +352,7 @@ class TrialReporter:
         self.unrecorded = False
 
     @classmethod
-    def attach(cls, cfg: DictConfig) -> TrialReporter | None:
+    def attach(cls, cfg: RunConfig) -> TrialReporter | None:
         """The reporter of the trial ``cfg.trial`` names, or None for a run outside a study."""
         spec = cfg.trial
         if spec.number is None:

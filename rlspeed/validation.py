@@ -1,24 +1,34 @@
-"""The checks a run's config passes before any work starts: one ConfigError line (the key,
-its value, what is allowed) for a value that cannot work, before any folder is created.
+"""The one check of a run's config: one ConfigError line (the key, its value, what is
+allowed) for a value that cannot work, before any folder is created; else the frozen, typed
+``RunConfig`` the run is built from, which is all the core sees.
 
-``validate`` checks the settings, then the algorithm's, task's, engine's and tracker's own
+``check`` checks the settings, then the algorithm's, task's, engine's and tracker's own
 checks, then what ``resume=`` and ``checkpoint=`` name (``rlspeed.run_folders``), so a
-damaged or foreign run folder is refused in one line too.
+damaged or foreign run folder is refused in one line too. What it reads there (resume
+states, saved agents) goes to the run with the config: nothing is read twice.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from rlspeed.config import MAX_SEEDS, MAX_STEPS, is_fused
-from rlspeed.config_tree import check_creatable, schema_view
+from rlspeed.config import MAX_SEEDS, MAX_STEPS, RunConfig, is_fused
+from rlspeed.config_tree import check_creatable
 from rlspeed.core.algos import batch_rows, network_weights
 from rlspeed.errors import ConfigError, StoreUnreachable
 from rlspeed.registry import ALGOS, BACKENDS, ENGINES, TASKS, TRACKERS
+
+if TYPE_CHECKING:
+    from rlspeed.evaluate import SavedAgents
+
+log = logging.getLogger("rlspeed")
 
 # What a key that has no default (MISSING) takes.
 MISSING_HINTS = {"task.id": "a registered Gymnasium id, e.g. task.id=Acrobot-v1"}
@@ -26,17 +36,68 @@ MISSING_HINTS = {"task.id": "a registered Gymnasium id, e.g. task.id=Acrobot-v1"
 MAX_STEP_TIMEOUT_S = 86_400
 
 
-def validate(cfg: DictConfig) -> None:
-    """Reject bad or incompatible values with one clear line before any work starts."""
-    for key in sorted(OmegaConf.missing_keys(cfg)):  # a value the config tree cannot give
+@dataclass(frozen=True)
+class CheckedRun:
+    """A run's config once checked, and what the check read for it."""
+
+    # Typed and frozen; what the config left open is settled: backend.threads=auto as its
+    # number, a task's settings the env fills in (task=gym's max_steps), checkpoint_every 0
+    # for an env whose runs cannot resume.
+    cfg: RunConfig
+    # Why the run cannot resume exactly (an env keeping state rlspeed cannot save), as the
+    # line its log gives; None where it can.
+    unresumable: str | None = None
+    # resume=: seed index -> the state that seed's resume file holds.
+    resumed: dict[int, dict[str, Any]] = field(default_factory=dict)
+    # mode=eval: the checkpoint's saved config and its agents, read back.
+    evaluated: SavedAgents | None = None
+    # The composed config it was checked from.
+    composed: DictConfig | None = None
+
+    def of(self, composed: DictConfig) -> CheckedRun | None:
+        """This check, if ``composed`` is the config it checked (Hydra composes a command's
+        config again to run its job); else None."""
+        if self.composed is None:
+            return None
+        same = OmegaConf.to_container(composed, resolve=True) == OmegaConf.to_container(
+            self.composed, resolve=True
+        )
+        return self if same else None
+
+
+def check(composed: DictConfig) -> CheckedRun:
+    """The run ``composed`` describes, checked: one ConfigError line for the first value
+    that cannot work."""
+    for key in sorted(OmegaConf.missing_keys(composed)):  # a value the tree cannot give
         raise ConfigError(key, "???", MISSING_HINTS.get(key, "a value (it has no default)"))
+    cfg = OmegaConf.to_object(composed)
+    assert isinstance(cfg, RunConfig)  # the schema rlspeed's config tree is built on
+    cfg = _check_parts(cfg)
+    # After the sizes it reads are checked; before resume= compares the config with the
+    # saved one, which holds the number its run picked.
+    cfg = resolve_threads(cfg)
+    # Reads run folders (whole resume files): loaded only once every setting above is checked
+    # (a bad setting is refused before NumPy, let alone a backend, is imported).
+    from rlspeed.core.engines.env_state import check_resumable
+    from rlspeed.run_folders import check_modes
+
+    unresumable = check_resumable(cfg)  # builds the env: what it keeps decides resume=
+    if unresumable is not None:  # auto: writing state no run can resume from gains nothing
+        cfg = dataclasses.replace(cfg, checkpoint_every=0)
+    resumed, evaluated = check_modes(cfg)
+    return CheckedRun(cfg, unresumable, resumed, evaluated, composed)
+
+
+def _check_parts(cfg: RunConfig) -> RunConfig:
+    """The settings, then each part's own checks; returns ``cfg`` with the task's settings
+    settled (``TaskSpec.settle``)."""
     if cfg.num_envs < 1:
         raise ConfigError("num_envs", cfg.num_envs, "an integer >= 1")
     if not 1 <= cfg.num_seeds <= MAX_SEEDS:
         raise ConfigError("num_seeds", cfg.num_seeds, f"an integer in [1, {MAX_SEEDS:,}]")
     for key in ("total_steps", "log_every", "eval_every"):
-        if not 1 <= cfg[key] <= MAX_STEPS:
-            raise ConfigError(key, cfg[key], f"an integer in [1, {MAX_STEPS:,}]")
+        if not 1 <= (value := getattr(cfg, key)) <= MAX_STEPS:
+            raise ConfigError(key, value, f"an integer in [1, {MAX_STEPS:,}]")
     every = cfg.checkpoint_every
     if every != "auto" and (isinstance(every, str) or not 0 <= every <= MAX_STEPS):
         allowed = f"auto, 0 (off) or an integer in [1, {MAX_STEPS:,}] (env steps)"
@@ -99,6 +160,7 @@ def validate(cfg: DictConfig) -> None:
             f"at most {most:,} on env={engine.name} (a process each: as many as this "
             "machine's memory and its open-file and process limits allow)",
         )
+    cfg = dataclasses.replace(cfg, task=task.settle(cfg.task))
     task.validate(cfg.task)
     algo.validate(cfg.algo, cfg)
     try:
@@ -108,23 +170,12 @@ def validate(cfg: DictConfig) -> None:
             raise
         # A trial of a sweep whose store answered when the sweep started: losing the
         # store's copy beats losing the trial; the writer keeps trying to reach it.
-        logging.getLogger("rlspeed").warning(
+        log.warning(
             "%s; trial %d trains anyway and keeps its records in its folder",
             error,
             cfg.trial.number,
         )
-    # After the sizes it reads are checked; before resume= compares the config with the
-    # saved one, which holds the number its run picked.
-    resolve_threads(cfg)
-    # Reads run folders (whole resume files): loaded only once every setting above is checked
-    # (a bad setting is refused before NumPy, let alone a backend, is imported).
-    from rlspeed.core.engines.env_state import check_resumable
-    from rlspeed.run_folders import check_modes
-
-    check_resumable(
-        schema_view(cfg)
-    )  # builds the env: what it keeps decides checkpoint_every and resume=
-    check_modes(cfg)
+    return cfg
 
 
 # backend.threads=auto: below this many multiply-adds in the run's largest matrix product,
@@ -138,7 +189,7 @@ def validate(cfg: DictConfig) -> None:
 ONE_THREAD_BELOW_MACS = 4_000_000
 
 
-def auto_threads(cfg: DictConfig) -> int:
+def auto_threads(cfg: RunConfig) -> int:
     """The ``backend.threads`` that ``auto`` stands for: 1 for small networks, whose ops cost
     more to hand between cores than they gain, else 0 (the library's default, one per core).
 
@@ -149,23 +200,24 @@ def auto_threads(cfg: DictConfig) -> int:
     the default (30 Q-learning agents: 5.7-5.8 M agent-steps/s with 2 threads, 5.5-5.7 M
     with 1).
     """
-    if not cfg.algo.get("hidden_sizes"):
+    if not getattr(cfg.algo, "hidden_sizes", None):
         return 0
-    typed = schema_view(cfg)
-    rows = batch_rows(typed) * (cfg.num_seeds if is_fused(typed) else 1)
-    macs = rows * network_weights(typed)
+    rows = batch_rows(cfg) * (cfg.num_seeds if is_fused(cfg) else 1)
+    macs = rows * network_weights(cfg)
     return 1 if macs < ONE_THREAD_BELOW_MACS else 0
 
 
-def resolve_threads(cfg: DictConfig) -> None:
-    """Check ``backend.threads`` and replace ``auto`` with the number it stands for, so the
-    backend is set up with it and the run records it."""
+def resolve_threads(cfg: RunConfig) -> RunConfig:
+    """Check ``backend.threads``; returns ``cfg`` with ``auto`` as the number it stands
+    for, so the backend is set up with it and the run records it."""
     threads, cores = cfg.backend.threads, os.cpu_count() or 1
     if threads == "auto":
-        cfg.backend.threads = auto_threads(cfg)
-    elif isinstance(threads, str) or not 0 <= threads <= cores:
+        backend = dataclasses.replace(cfg.backend, threads=auto_threads(cfg))
+        return dataclasses.replace(cfg, backend=backend)
+    if isinstance(threads, str) or not 0 <= threads <= cores:
         allowed = (
             f"auto, or an integer in [0, {cores}] (0: the library's default, one thread per "
             f"core; this machine has {cores})"
         )
         raise ConfigError("backend.threads", threads, allowed)
+    return cfg

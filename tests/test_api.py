@@ -97,3 +97,22 @@ def test_bad_values_raise_the_command_line_before_anything_is_created(tmp_path: 
     assert not out_dir.exists()
     with pytest.raises(ConfigError, match=r"invalid folder=.*: expected a run folder holding"):
         rlspeed.load(tmp_path)
+
+
+def test_a_run_is_checked_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check before anything is created is the run's: the job does not check (nor read
+    the folders its config names) a second time."""
+    from rlspeed import run_folders
+
+    checked = []
+    check_modes = run_folders.check_modes
+    monkeypatch.setattr(
+        run_folders, "check_modes", lambda cfg: checked.append(cfg) or check_modes(cfg)
+    )
+    overrides = {"total_steps": 200, "log_every": 100, "eval_every": 200, "num_envs": 2}
+    result = rlspeed.train(
+        algo="qlearn", task="gridworld", backend="torch", env="gym-sync", tracking="none",
+        out_dir=tmp_path / "run", **overrides,
+    )  # fmt: skip
+    assert result.metrics["status"] == "FINISHED"
+    assert len(checked) == 1

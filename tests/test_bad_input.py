@@ -27,7 +27,7 @@ from hydra_plugins.rlspeed_optuna_sweeper._sweep import study_name
 from rlspeed.cli import CONF_DIR, check_command_line
 from rlspeed.errors import ConfigError
 from rlspeed.tracking.mlflow import check as check_tracking
-from rlspeed.validation import validate
+from rlspeed.validation import check
 from tests.conftest import assert_one_line_error, cli_env, free_port, run_cli
 
 # A budget long enough for DQN on Doors to reach its first update (learning_starts 5000).
@@ -468,7 +468,7 @@ def test_a_config_error_loads_neither_jax_nor_torch(tmp_path):
     ],
 )
 def test_inputs_on_the_edge_are_accepted(make_cfg, overrides):
-    validate(make_cfg([*overrides, "tracking=none"]))
+    check(make_cfg([*overrides, "tracking=none"]))
 
 
 @pytest.mark.parametrize(
@@ -481,7 +481,7 @@ def test_inputs_on_the_edge_are_accepted(make_cfg, overrides):
 )
 def test_one_past_the_edge_is_refused(make_cfg, overrides, line):
     with pytest.raises(ConfigError) as error:
-        validate(make_cfg([*overrides, "tracking=none"]))
+        check(make_cfg([*overrides, "tracking=none"]))
     assert line in str(error.value)
 
 
@@ -498,7 +498,7 @@ def test_one_past_the_edge_is_refused(make_cfg, overrides, line):
 )
 def test_settings_that_would_run_silently_wrong_are_refused(make_cfg, overrides, line):
     with pytest.raises(ConfigError) as error:
-        validate(make_cfg(overrides))
+        check(make_cfg(overrides))
     assert line in str(error.value)
 
 

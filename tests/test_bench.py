@@ -191,10 +191,10 @@ def test_purejaxrl_config_maps_to_an_rlspeed_run_of_equal_work(make_cfg):
     from rlspeed.bench.purejaxrl import RLSPEED_OVERRIDES, purejaxrl_work
     from rlspeed.core.algos.dqn import total_updates
     from rlspeed.core.algos.schedule import steps_run
-    from rlspeed.validation import validate
+    from rlspeed.validation import check
 
     cfg = make_cfg([*RLSPEED_OVERRIDES, "tracking=none"])
-    validate(cfg)
+    cfg = check(cfg).cfg
     steps = steps_run(cfg.total_steps, cfg.num_envs)
     assert (steps, total_updates(cfg.algo, cfg.total_steps, cfg.num_envs)) == purejaxrl_work()
     assert purejaxrl_work() == (500_000, 49_000)

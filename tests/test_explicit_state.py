@@ -18,7 +18,6 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from rlspeed import statefile
 from rlspeed.checkpoint import RESUME_FILE, capture, restore, save_resume
@@ -28,7 +27,7 @@ from rlspeed.core.algos.replay import ReplayBuffer
 from rlspeed.core.tasks.gridworld import GridWorldTaskConfig
 from rlspeed.errors import RLSpeedError
 from rlspeed.registry import ALGOS, BACKENDS, ENGINES, TASKS
-from rlspeed.validation import validate
+from rlspeed.validation import check
 
 SMALL = ["num_envs=2", "total_steps=2000", "tracking=none", "progress=none"]
 # Per algorithm: its run (small networks, updates from the first iterations on) and the
@@ -71,8 +70,7 @@ class Episodes:
 
 def _config(make_cfg, algo: str, pairing: str) -> Any:
     cfg = make_cfg([*RUNS[algo][0], *PAIRINGS[pairing], *SMALL])
-    validate(cfg)
-    return OmegaConf.to_object(cfg)
+    return check(cfg).cfg
 
 
 def _build(cfg: Any, seed: int, learner_class: Any = None) -> tuple[dict[str, Any], Any]:

@@ -18,7 +18,7 @@ import yaml
 from rlspeed.cli import check_command_line
 from rlspeed.errors import ConfigError
 from rlspeed.registry import TASKS
-from rlspeed.validation import validate
+from rlspeed.validation import check
 from tests.conftest import assert_one_line_error, cli_env, run_cli
 
 # A user's package registering its own envs: a corridor walked right to its last cell, -1
@@ -148,7 +148,7 @@ def test_the_spec_answers_from_the_envs_spaces(make_cfg, user_module):
     user = ["task.import=usertask_envs", "task.id=usertask/Corridor-v0"]
     cfg = make_cfg(["task=gym", "env=gym-sync", "algo=qlearn", *user])
     cfg.task.kwargs = {"length": 5}
-    validate(cfg)
+    cfg = check(cfg).cfg
     assert cfg.task.max_steps == 20  # the registered limit
     # (cell, parity) as two int64 entries; each one-hot over the most classes (5).
     assert task.observation_bytes(cfg.task) == 16
@@ -161,7 +161,7 @@ def test_the_spec_answers_from_the_envs_spaces(make_cfg, user_module):
         index = tabular.state_index(cfg.task, xp.asarray(every), xp)
         assert sorted(np.asarray(index).tolist()) == list(range(10))
     acrobot = make_cfg(["task=gym", "task.id=Acrobot-v1", "env=gym-sync"])
-    validate(acrobot)
+    acrobot = check(acrobot).cfg
     assert acrobot.task.max_steps == 500
     assert task.observation_bytes(acrobot.task) == 6 * 4 and task.network_inputs(acrobot.task) == 6
 
@@ -169,10 +169,9 @@ def test_the_spec_answers_from_the_envs_spaces(make_cfg, user_module):
 def test_an_id_without_an_episode_limit_needs_max_steps(make_cfg, user_module):
     base = ["task=gym", "env=gym-sync", "task.import=usertask_envs", "task.id=usertask/Endless-v0"]
     with pytest.raises(ConfigError, match="task.max_steps=None.*registers no episode limit"):
-        validate(make_cfg(base))
+        check(make_cfg(base))
     cfg = make_cfg([*base, "task.max_steps=30"])
-    validate(cfg)
-    assert cfg.task.max_steps == 30
+    assert check(cfg).cfg.task.max_steps == 30
 
 
 @pytest.fixture
@@ -246,7 +245,7 @@ def test_what_cannot_work_is_one_line_naming_the_key_and_space(refuse, args, fra
 def test_a_q_table_that_cannot_fit_is_refused(make_cfg, user_module):
     cfg = make_cfg([*GYM, "task.import=usertask_envs", "task.id=usertask/Huge-v0", "algo=qlearn"])
     with pytest.raises(ConfigError, match="invalid task=gym: expected a task whose Q-table fits"):
-        validate(cfg)
+        check(cfg)
 
 
 def test_keyword_arguments_only_go_to_task_gym(refuse):

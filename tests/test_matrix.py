@@ -10,7 +10,7 @@ import pytest
 
 from rlspeed.errors import ConfigError
 from rlspeed.run import run
-from rlspeed.validation import validate
+from rlspeed.validation import check
 from tests.conftest import logged_rows, run_cli, saved_agent, slow_but
 
 # (algo, task, engine) -> (the key the error names, words of what would work).
@@ -34,7 +34,7 @@ def test_invalid_cell_is_rejected_before_any_work(
 ):
     cfg = make_cfg([f"algo={algo}", f"task={task}", f"env={engine}", f"backend={backend}"])
     with pytest.raises(ConfigError) as error:
-        validate(cfg)
+        check(cfg)
     assert error.value.key == key
     message = str(error.value)
     assert "\n" not in message

@@ -22,6 +22,7 @@ import pytest
 
 import rlspeed
 from rlspeed.cli import CONF_DIR, set_up_config_tree
+from rlspeed.config import RunConfig
 from rlspeed.core.algos import AlgoSpec
 from rlspeed.core.algos.qlearn import QLearnConfig
 from rlspeed.core.algos.qlearn import validate as validate_qlearn
@@ -33,7 +34,7 @@ from tests.conftest import REPO_ROOT, assert_one_line_error, cli_env, run_cli
 EXAMPLE = Path(REPO_ROOT) / "examples" / "rlspeed_example"
 
 
-@dataclass
+@dataclass(frozen=True)
 class TableConfig(QLearnConfig):
     name: str = "zq"
 
@@ -100,8 +101,8 @@ def plugins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     forget_plugins()
 
 
-def check(*overrides: str) -> object:
-    return check_overrides([*overrides, "tracking=none"], [], CONF_DIR, showing=True)
+def check(*overrides: str) -> RunConfig:
+    return check_overrides([*overrides, "tracking=none"], [], CONF_DIR, showing=True).cfg
 
 
 def test_a_plugin_algorithm_composes_and_refuses_the_stacks_it_lacks(plugins: Path) -> None:
@@ -126,7 +127,7 @@ def test_a_plugin_engine_and_tracker_compose(plugins: Path) -> None:
         [],
         CONF_DIR,
         showing=True,
-    )
+    ).cfg
     assert (cfg.env.name, cfg.num_envs, cfg.tracking.name) == ("my-sync", 8, "my-none")
     assert ENGINES.get("my-sync") is ENGINE and TRACKERS.get("my-none") is TRACKER
 

@@ -19,7 +19,7 @@ from rlspeed.core.algos.ppo import PPOConfig
 from rlspeed.core.algos.ppo.flax import FlaxLearner, functions
 from rlspeed.core.algos.ppo.torch import TorchLearner
 from rlspeed.errors import ConfigError
-from rlspeed.validation import validate
+from rlspeed.validation import check
 from tests.conftest import learner_cfg, run_cli, run_in, saved_agent, slow_but, vouch
 from tests.test_resume import _cut_after_first_log
 from tests.test_vpg import (
@@ -207,7 +207,7 @@ def test_a_short_last_batch_updates_alike_on_every_path(size):
 def test_bad_hyperparameter_is_one_clear_line(make_cfg, override, message):
     cfg = make_cfg(["algo=ppo", "task=cartpole", override])
     with pytest.raises(ConfigError, match=message.replace("*", r"\*")):
-        validate(cfg)
+        check(cfg)
 
 
 # ---------------------------------------------------------------- learning

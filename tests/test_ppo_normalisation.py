@@ -34,7 +34,7 @@ from rlspeed.core.algos.ppo import PPOConfig
 from rlspeed.core.algos.ppo.flax import FlaxLearner
 from rlspeed.core.algos.ppo.torch import TorchLearner
 from rlspeed.errors import ConfigError
-from rlspeed.validation import validate
+from rlspeed.validation import check
 from tests.conftest import learner_cfg, run_cli, saved_agent, slow_but, without_rates
 from tests.test_resume import _cut_after_first_log
 from tests.test_vpg import _copy_flax_to_torch
@@ -133,8 +133,9 @@ def test_orthogonal_init_has_orthonormal_weights_with_cleanrls_gains_on_both_bac
 def test_torch_and_flax_learners_normalise_and_act_alike():
     """The same weights (flax's copied to torch) and the same observations: both backends'
     learners count them alike and take the same greedy actions on them."""
-    algo = PPOConfig(hidden_sizes=[32], normalize_obs=True, scale_rewards=True)
-    algo.orthogonal_init = True
+    algo = PPOConfig(
+        hidden_sizes=[32], normalize_obs=True, scale_rewards=True, orthogonal_init=True
+    )
     cfg = learner_cfg(OmegaConf.structured(algo), total_steps=256, num_envs=4)
     obs_space, action_space = _spaces()
     flax_learner = FlaxLearner(obs_space, action_space, cfg, seed=0)
@@ -166,7 +167,7 @@ def test_torch_and_flax_learners_normalise_and_act_alike():
 )
 def test_bad_option_is_one_clear_line(make_cfg, overrides, message):
     with pytest.raises(ConfigError, match=message):
-        validate(make_cfg(["algo=ppo", *overrides]))
+        check(make_cfg(["algo=ppo", *overrides]))
 
 
 # ---------------------------------------------------------------- runs: checkpoint, resume

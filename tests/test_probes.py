@@ -385,11 +385,11 @@ def test_the_jax_twin_steps_as_the_env_does():
     ],
 )
 def test_a_probe_an_algorithm_cannot_run_is_one_line(make_cfg, overrides, key, fragment):
-    from rlspeed.validation import validate
+    from rlspeed.validation import check
 
     cfg = make_cfg(["task=probe", "tracking=none", *overrides])
     with pytest.raises(ConfigError) as raised:
-        validate(cfg)
+        check(cfg)
     assert raised.value.key == key and fragment in str(raised.value), str(raised.value)
 
 

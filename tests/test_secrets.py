@@ -33,7 +33,7 @@ from rlspeed.secrets import (
 from rlspeed.sweep import open_storage
 from rlspeed.tracking._writer import WriterZygote
 from rlspeed.tracking.mlflow import make_tracker, server_credentials
-from rlspeed.validation import validate
+from rlspeed.validation import check
 from tests.conftest import SMALL, assert_one_line_error, free_port, run_cli
 from tests.test_tracking import mlflow_server
 
@@ -305,15 +305,14 @@ def test_a_masked_password_in_task_kwargs_is_refused_unless_given(make_cfg, monk
     given = [arg for arg in URL_ENV if not arg.startswith("+task.kwargs.url")]
     masked = make_cfg([*given, "+task.kwargs.url=https://user:***@host/x"])
     with pytest.raises(ConfigError) as refused:
-        validate(masked)
+        check(masked)
     assert str(refused.value) == (
         "rlspeed: invalid task.kwargs.url=https://user:***@host/x: expected a URL with "
         "user@host's password, which rlspeed keeps only as *** (in config.yaml too): give it "
         "again on the command line or in RLSPEED_URL_PASSWORDS (README, Passwords)"
     )
     monkeypatch.setenv(PASSWORDS_VARIABLE, json.dumps({"user@host": PASSWORD}))
-    validate(masked)
-    env = TASKS.get("gym").make_env(masked.task)
+    env = TASKS.get("gym").make_env(check(masked).cfg.task)
     assert env.unwrapped.url == f"https://user:{PASSWORD}@host/x"
     env.close()
 

@@ -25,7 +25,7 @@ from hydra_plugins.rlspeed_optuna_sweeper._seeding import TrialSeededSampler
 from hydra_plugins.rlspeed_optuna_sweeper._space import build
 from rlspeed.cli import CONF_DIR
 from rlspeed.sweep import open_storage
-from rlspeed.validation import validate
+from rlspeed.validation import check
 from tests.conftest import run_cli, script_sources, slow_but, start_cli, wait_for_log
 
 # Tiny trials: torch on 4 synchronous envs, 3000 env steps, a report every 1000 steps.
@@ -378,7 +378,7 @@ def test_every_shipped_search_space_names_keys_of_the_run_it_selects(option, mak
     """A search space whose keys drifted from the configs would fail only at sweep time."""
     cfg = make_cfg([f"hparams={option}"])
     assert cfg.algo.name == option.split("_")[0]  # <algo>[_variant]_search
-    validate(cfg)
+    check(cfg)
     space = OmegaConf.load(Path(CONF_DIR) / "hparams" / f"{option}.yaml").hydra.sweeper.params
     for key in space:
         assert OmegaConf.select(cfg, key) is not None, f"{option}: {key} is not a config key"

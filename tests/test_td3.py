@@ -15,7 +15,7 @@ from rlspeed.core.algos.td3.flax import FlaxLearner
 from rlspeed.core.algos.td3.torch import TorchLearner
 from rlspeed.errors import ConfigError
 from rlspeed.registry import TASKS
-from rlspeed.validation import validate
+from rlspeed.validation import check
 from tests.conftest import learner_cfg, run_in
 
 # A deliberately lopsided action box: the tanh scaling must map onto [low, high] exactly.
@@ -192,7 +192,7 @@ def test_fused_stack_learns_pendulum_with_seeds_in_one_program(make_cfg, tmp_pat
 def test_bad_hyperparameters_are_named(override, fragments, make_cfg):
     cfg = make_cfg(["algo=td3", "task=pendulum", "algo.buffer_size=1000", override])
     with pytest.raises(ConfigError) as error:
-        validate(cfg)
+        check(cfg)
     for fragment in fragments:
         assert fragment in str(error.value)
 

@@ -8,7 +8,7 @@ import pytest
 from rlspeed.config_tree import flatten
 from rlspeed.core.algos.encoding import input_size
 from rlspeed.registry import TASKS
-from rlspeed.validation import validate
+from rlspeed.validation import check
 
 # PureJaxRL's DQN on CartPole: [120, 84] at batch 128 with 10 envs.
 CARTPOLE_DQN = ["task=cartpole", "num_envs=10", "algo.hidden_sizes=[120,84]"]
@@ -30,7 +30,7 @@ CARTPOLE_DQN = ["task=cartpole", "num_envs=10", "algo.hidden_sizes=[120,84]"]
 def test_auto_picks_one_thread_for_small_networks(make_cfg, backend, overrides, threads):
     cfg = make_cfg([f"backend={backend}", "env=gym-sync", *overrides, "tracking=none"])
     assert cfg.backend.threads == "auto"
-    validate(cfg)
+    cfg = check(cfg).cfg
     assert cfg.backend.threads == threads
     assert flatten(cfg)["backend.threads"] == threads  # the MLflow param
 
@@ -38,15 +38,14 @@ def test_auto_picks_one_thread_for_small_networks(make_cfg, backend, overrides, 
 def test_vmapped_seeds_count_as_one_larger_product(make_cfg):
     """On the fused path the seeds share each matrix product, so enough of them make it large."""
     one, many = (make_cfg(["task=cartpole", f"num_seeds={n}", "tracking=none"]) for n in (1, 8))
-    validate(one), validate(many)
+    one, many = check(one).cfg, check(many).cfg
     assert (one.backend.threads, many.backend.threads) == (1, 0)
 
 
 @pytest.mark.parametrize("threads", [0, 1, 2])
 def test_an_explicit_number_is_kept(make_cfg, threads):
     cfg = make_cfg([*CARTPOLE_DQN, f"backend.threads={threads}", "tracking=none"])
-    validate(cfg)
-    assert cfg.backend.threads == threads
+    assert check(cfg).cfg.backend.threads == threads
 
 
 @pytest.mark.parametrize(

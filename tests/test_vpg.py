@@ -22,7 +22,7 @@ from rlspeed.core.algos.vpg.torch import TorchLearner
 from rlspeed.core.envs.doors import DoorsEnv
 from rlspeed.errors import ConfigError
 from rlspeed.registry import TASKS
-from rlspeed.validation import validate
+from rlspeed.validation import check
 from tests.conftest import learner_cfg, run_in, slow_but
 
 # ---------------------------------------------------------------- torch == flax
@@ -228,7 +228,7 @@ def test_bad_hyperparameter_is_one_clear_line(make_cfg):
     with pytest.raises(
         ConfigError, match=r"algo.value_iterations=0: expected an integer in \[1, 1,000\]"
     ):
-        validate(cfg)
+        check(cfg)
 
 
 # ---------------------------------------------------------------- learning

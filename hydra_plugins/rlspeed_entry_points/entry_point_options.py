@@ -70,12 +70,14 @@ class EntryPointOptions(ConfigSource):
         return _names(path) if results_filter in (None, ObjectType.CONFIG) else []
 
     def load_config(self, config_path: str) -> ConfigResult:
+        from rlspeed.config_tree import schema_node
+
         group, name = self._split(config_path)
         spec = _registries()[group].get(name)  # one ConfigError line if it cannot load
         package = None
         config: DictConfig
         if group in ("algo", "task"):
-            config = OmegaConf.structured(spec.schema)
+            config = schema_node(spec.schema)
             config.name = name
         elif group == "env":
             package = "_global_"

@@ -31,8 +31,7 @@ from hydra.errors import HydraException
 from hydra.types import HydraContext
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from rlspeed.config import is_fused
-from rlspeed.config_tree import schema_view
+from rlspeed.config import FUSED_STACK
 from rlspeed.errors import ConfigError
 from rlspeed.registry import ALGOS
 
@@ -46,7 +45,7 @@ def batches_trials(config: DictConfig, launcher: Any, batch_size: int) -> bool:
     return (
         batch_size > 1
         and "trial" in config
-        and is_fused(schema_view(config))
+        and (config.backend.name, config.env.name) == FUSED_STACK
         and type(launcher).__name__ == "BasicLauncher"
     )
 
@@ -114,14 +113,14 @@ def _batch_log(sweep_dir: Path, numbers: list[int]) -> Iterator[None]:
 def _fitting(group: list[int], cfg: DictConfig) -> list[list[int]]:
     """``group`` split into as few parts as fit in memory together: a program holds every
     lane's state (``check_memory`` of the run with that many seeds)."""
-    from rlspeed.validation import validate
+    from rlspeed.validation import check
 
     size = len(group)
     while size > 1:
         lanes = copy.deepcopy(cfg)
         lanes.num_seeds = cfg.num_seeds * size
         try:
-            validate(lanes)
+            check(lanes)
             break
         except ConfigError:
             size = (size + 1) // 2

@@ -28,11 +28,11 @@ def measure(overrides: list[str], budget_s: float) -> float:
     from rlspeed.config_tree import register_configs
     from rlspeed.core.algos import import_named
     from rlspeed.registry import ALGOS, BACKENDS, TASKS
-    from rlspeed.validation import resolve_threads
+    from rlspeed.validation import check
 
     register_configs()
-    cfg = compose_config(["backend=flax", "env=jax-vmap", *overrides])
-    resolve_threads(cfg)  # backend.threads=auto, as the CLI resolves it
+    # Checked as the CLI checks it (backend.threads=auto resolved).
+    cfg = check(compose_config(["backend=flax", "env=jax-vmap", *overrides])).cfg
     BACKENDS.get(cfg.backend.name).setup(cfg.backend, cfg.seed)
 
     import jax
@@ -49,7 +49,7 @@ def measure(overrides: list[str], budget_s: float) -> float:
     compiled_run = jax.jit(run, static_argnums=1)
     seeds = range(cfg.seed, cfg.seed + agents)
     state = jax.jit(init)(jax_keys(seeds if agents > 1 else cfg.seed))
-    learning_starts = cfg.algo.get("learning_starts", 0)
+    learning_starts = getattr(cfg.algo, "learning_starts", 0)
     if learning_starts:
         warm_up = math.ceil(learning_starts / trainer.steps_per_iteration)
         state, _ = compiled_run(state, warm_up, warm_up)

@@ -57,8 +57,8 @@ def check_ranges(algo: Any, **keys_by_range: tuple[str, ...]) -> None:
     for range_name, keys in keys_by_range.items():
         test, allowed = RANGES[range_name]
         for key in keys:
-            if not test(algo[key]):
-                raise ConfigError(f"algo.{key}", algo[key], allowed)
+            if not test(value := getattr(algo, key)):
+                raise ConfigError(f"algo.{key}", value, allowed)
 
 
 def _setting(cfg: RunConfig, key: str) -> int:
@@ -98,10 +98,10 @@ def batch_rows(cfg: RunConfig) -> int:
     env when acting on more envs than that."""
     algo = cfg.algo
     rows: int
-    if "batch_size" in algo:
+    if hasattr(algo, "batch_size"):
         rows = algo.batch_size
     else:  # on-policy: the rollout (num_steps of every env) in num_minibatches parts
-        rows = algo.num_steps * cfg.num_envs // algo.get("num_minibatches", 1)
+        rows = algo.num_steps * cfg.num_envs // getattr(algo, "num_minibatches", 1)
     return max(rows, cfg.num_envs)
 
 

@@ -25,8 +25,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
-import json
-import logging
 import sys
 import types
 import warnings
@@ -38,7 +36,6 @@ import numpy as np
 from gymnasium.envs.registration import EnvSpec
 from gymnasium.wrappers import PassiveEnvChecker
 
-from rlspeed.config import plain
 from rlspeed.errors import ConfigError
 from rlspeed.registry import ENGINES, TASKS
 from rlspeed.secrets import mask
@@ -66,8 +63,6 @@ _BUILT_WITH: tuple[type, ...] = (
 )
 _PLAIN = (bool, int, float, str, type(None))
 _CONTAINERS = (list, tuple, dict)
-
-log = logging.getLogger("rlspeed")
 
 
 def with_state_access(env: gym.Env) -> gym.Env:
@@ -105,18 +100,19 @@ def restore_saved(env: gym.Env) -> None:
             getattr(layer, HOOK_SET)(saved["hook"])
 
 
-def check_resumable(cfg: RunConfig) -> None:
-    """A training run on the Gymnasium engines whose env keeps state that ``env_state``
-    cannot save (and its hook does not hand over) cannot resume exactly: ``checkpoint_every``
-    other than 0 and ``resume=`` are refused in one line, ``auto`` is off for it (a run that
-    cannot resume gains nothing from writing its state while it trains) and the log says so
-    in one line. The env is built, reset and stepped once to see what it keeps."""
+def check_resumable(cfg: RunConfig) -> str | None:
+    """Why a run of ``cfg`` cannot resume exactly, as the line its log gives; None where it
+    can. On the Gymnasium engines, a training run whose env keeps state that ``env_state``
+    cannot save (and its hook does not hand over) cannot: ``checkpoint_every`` other than
+    0 and ``resume=`` are refused in one line, and ``auto`` is off for it (a run that cannot
+    resume gains nothing from writing its state while it trains). The env is built, reset
+    and stepped once to see what it keeps."""
     if cfg.mode != "train" or ENGINES.get(cfg.env.name).needs_functional_env:
-        return
+        return None
     unsaved = _unsaved_state(cfg.task)
     if unsaved is None:
-        return
-    env = f"env {cfg.task.get('id') or cfg.task.name}"
+        return None
+    env = f"env {getattr(cfg.task, 'id', None) or cfg.task.name}"
     why = (
         f"it keeps state in {unsaved} that rlspeed cannot save (an env can hand over such "
         f"state with {HOOK_GET} and {HOOK_SET} methods: README, An env's own state)"
@@ -127,37 +123,24 @@ def check_resumable(cfg: RunConfig) -> None:
         allowed = f"0 or auto (both off) for {env}, whose runs cannot resume: {why}"
         raise ConfigError("checkpoint_every", cfg.checkpoint_every, allowed)
     off = " (checkpoint_every=auto is off for it)" if cfg.checkpoint_every == "auto" else ""
-    cfg.checkpoint_every = 0
-    log.info("rlspeed: this run cannot be resumed%s: %s %s", off, env, why.removeprefix("it "))
-
-
-def saves_state(task_cfg: TaskConfig) -> bool:
-    """Whether the task's Gymnasium env has all its state saved (as ``check_resumable``
-    judged it): a run of it can resume exactly."""
-    return _unsaved_state(task_cfg) is None
-
-
-# Task settings (as JSON) -> where the env keeps state rlspeed cannot save (None: nowhere).
-_VERDICTS: dict[str, str | None] = {}
+    return f"rlspeed: this run cannot be resumed{off}: {env} {why.removeprefix('it ')}"
 
 
 def _unsaved_state(task_cfg: TaskConfig) -> str | None:
     """Where the task's env keeps state that ``env_state`` cannot save, as ``unsaved_state``
-    says; found once per task settings (a command checks its config twice)."""
-    key = json.dumps(plain(task_cfg), sort_keys=True, default=str)
-    if key not in _VERDICTS:
-        env = TASKS.get(task_cfg.name).make_env(task_cfg)
-        # The env checker's warnings are the run's envs' to give. An env that fails here
-        # fails in the run too, which reports it: judged as far as it got.
-        with warnings.catch_warnings(), contextlib.suppress(Exception):
-            warnings.simplefilter("ignore")
-            env.reset(seed=0)
-            env.action_space.seed(0)
-            env.step(env.action_space.sample())
-        _VERDICTS[key] = unsaved_state(env)
-        with contextlib.suppress(Exception):  # the task's check and the run's end report it
-            env.close()
-    return _VERDICTS[key]
+    says."""
+    env = TASKS.get(task_cfg.name).make_env(task_cfg)
+    # The env checker's warnings are the run's envs' to give. An env that fails here
+    # fails in the run too, which reports it: judged as far as it got.
+    with warnings.catch_warnings(), contextlib.suppress(Exception):
+        warnings.simplefilter("ignore")
+        env.reset(seed=0)
+        env.action_space.seed(0)
+        env.step(env.action_space.sample())
+    verdict = unsaved_state(env)
+    with contextlib.suppress(Exception):  # the task's check and the run's end report it
+        env.close()
+    return verdict
 
 
 def unsaved_state(env: gym.Env) -> str | None:

@@ -36,6 +36,11 @@ class TabularSpec:
 MAXIMUMS = {"max_steps": MAX_STEPS, "eval_episodes": 10_000}
 
 
+def _as_given(cfg: TaskConfig) -> TaskConfig:
+    """A task's settings as they are: nothing is left to its env."""
+    return cfg
+
+
 def check_settings(cfg: TaskConfig, **minimums: int) -> None:
     """Reject the first ``task.<key>`` out of its range: ``max_steps`` and, on tasks that have
     it, ``eval_episodes`` in [1, MAXIMUMS], then the task's own ``minimums`` (e.g. a grid's
@@ -89,6 +94,9 @@ class TaskSpec:
     evaluate_on_device: Callable[[Any, Callable[[Any], Any], Any], Any] | None = None
     # Finite state index of an observation, or None when the task has no tabular form.
     tabular: TabularSpec | None = None
+    # The settings with what they leave to the env filled in, before ``validate`` checks
+    # them (task=gym: ``max_steps: null`` as the id's registered limit).
+    settle: Callable[[Any], Any] = _as_given
     # Raises ConfigError for settings the task cannot run with.
     validate: Callable[[Any], None] = check_settings
     # Where the spaces depend on the settings (task=gym): (task cfg, algo spec) -> raises

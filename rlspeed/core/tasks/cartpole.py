@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 ENV_ID = "CartPole-v1"
 
 
-@dataclass
+@dataclass(frozen=True)
 class CartPoleTaskConfig(TaskConfig):
     name: str = "cartpole"
     # The defaults are the standard settings that scores are measured at.

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 STANDARD_MAX_STEPS = 32
 
 
-@dataclass
+@dataclass(frozen=True)
 class DoorsTaskConfig(TaskConfig):
     name: str = "doors"
     grid_size: int = 15

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 STANDARD_MAX_STEPS = 50
 
 
-@dataclass
+@dataclass(frozen=True)
 class GridWorldTaskConfig(TaskConfig):
     name: str = "gridworld"
     size: int = 5

@@ -9,6 +9,7 @@ state) comes from them. There is no JAX twin: it runs on the Gymnasium engines.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -50,13 +51,29 @@ class GymTaskConfig(TaskConfig):
     eval_episodes: int = 10
 
 
+def _init(self: GymTaskConfig, **values: Any) -> None:
+    """GymTaskConfig's ``__init__``: one taking every field by keyword, as a dataclass's
+    does, which Python cannot generate with a parameter named ``import``."""
+    for item in dataclasses.fields(self):
+        if item.name in values:
+            value = values.pop(item.name)
+        elif item.default_factory is not dataclasses.MISSING:
+            value = item.default_factory()
+        else:
+            value = item.default
+        object.__setattr__(self, item.name, value)  # frozen: set as dataclasses do
+    if values:
+        raise TypeError(f"GymTaskConfig got unexpected keys: {', '.join(sorted(values))}")
+
+
 # task.import: a module imported before the env is made. `import` is a Python keyword, so no
-# class body can declare it: the field is added here, kept out of the generated __init__,
-# __repr__ and __eq__ (whose source would not parse); OmegaConf sets it after building the
-# object. Read it with getattr(cfg, "import").
+# class body can declare it: the field is added here, kept out of the generated __repr__
+# and __eq__ (whose source would not parse), and the class's __init__ is written out
+# (_init). Read it with getattr(cfg, "import").
 GymTaskConfig.__annotations__["import"] = "str | None"
-setattr(GymTaskConfig, "import", field(default=None, init=False, repr=False, compare=False))
-dataclass(GymTaskConfig)
+setattr(GymTaskConfig, "import", field(default=None, repr=False, compare=False))
+GymTaskConfig.__init__ = _init  # type: ignore[assignment]
+dataclass(frozen=True, init=False)(GymTaskConfig)
 
 
 class EnvFacts(NamedTuple):
@@ -209,11 +226,20 @@ def check_algo(cfg: Any, algo: Any) -> None:
     )
 
 
+def settle(cfg: GymTaskConfig) -> GymTaskConfig:
+    """``max_steps: null`` as the id's registered limit, where it registers one: a run
+    records the number it trained with."""
+    if cfg.max_steps is not None:
+        return cfg
+    registered = env_facts(cfg).max_episode_steps
+    return cfg if registered is None else dataclasses.replace(cfg, max_steps=registered)
+
+
 def validate(cfg: GymTaskConfig) -> None:
-    """An env that can be made; ``max_steps: null`` set to its registered limit (a run
-    records the number it trained with). The length evaluation episodes play to (the
-    registered limit, else ``max_steps``) is at most MAX_EPISODE_STEPS: a score waits for
-    every one of its episodes to end."""
+    """An env that can be made, with a time limit (``settle`` gives ``max_steps: null``
+    the registered one). The length evaluation episodes play to (the registered limit, else
+    ``max_steps``) is at most MAX_EPISODE_STEPS: a score waits for every one of its
+    episodes to end."""
     registered = env_facts(cfg).max_episode_steps
     if registered is not None and not 1 <= registered <= MAX_EPISODE_STEPS:
         allowed = (
@@ -223,9 +249,7 @@ def validate(cfg: GymTaskConfig) -> None:
         raise ConfigError("task.id", cfg.id, allowed)
     standard = f"an integer in [1, {MAX_EPISODE_STEPS:,}] ({cfg.id} registers no episode limit"
     if cfg.max_steps is None:
-        if registered is None:
-            raise ConfigError("task.max_steps", None, standard + ")")
-        cfg.max_steps = registered
+        raise ConfigError("task.max_steps", None, standard + ")")
     check_settings(cfg)
     if registered is None and cfg.max_steps > MAX_EPISODE_STEPS:
         allowed = standard + ": evaluation episodes last task.max_steps)"
@@ -307,6 +331,7 @@ SPEC = TaskSpec(
     observation_bytes=observation_bytes,
     network_inputs=network_inputs,
     tabular=TabularSpec(num_states=num_states, state_index=state_index, num_actions=num_actions),
+    settle=settle,
     validate=validate,
     check_algo=check_algo,
 )

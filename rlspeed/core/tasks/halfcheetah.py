@@ -21,7 +21,7 @@ ENV_ID = "HalfCheetah-v5"
 log = logging.getLogger(__name__)
 
 
-@dataclass
+@dataclass(frozen=True)
 class HalfCheetahTaskConfig(TaskConfig):
     name: str = "halfcheetah"
     # The defaults are the standard settings that scores are measured at.

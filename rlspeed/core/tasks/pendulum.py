@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 ENV_ID = "Pendulum-v1"
 
 
-@dataclass
+@dataclass(frozen=True)
 class PendulumTaskConfig(TaskConfig):
     name: str = "pendulum"
     # The defaults are the standard settings that scores are measured at.

@@ -26,7 +26,7 @@ ACTION_NAMES = {"discrete": "Discrete(2)", "continuous": "Box(-1, 1, (1,))"}
 OBSERVATION_NAMES = {"continuous": "Box(-1, 1, (1,))", "categorical": "Discrete(2)"}
 
 
-@dataclass
+@dataclass(frozen=True)
 class ProbeTaskConfig(TaskConfig):
     name: str = "probe"
     # constant, observation, discount, action, truncation or alternation

@@ -15,7 +15,7 @@ from rlspeed.config import TaskConfig
 from rlspeed.core.tasks import Policy, TabularSpec, TaskSpec, check_settings
 
 
-@dataclass
+@dataclass(frozen=True)
 class HallwayConfig(TaskConfig):
     name: str = "hallway"
     # Cells from the start to the goal, both included.

@@ -15,7 +15,7 @@ from rlspeed.core.algos.qlearn import QLearnConfig
 from rlspeed.core.algos.qlearn import validate as validate_qlearn
 
 
-@dataclass
+@dataclass(frozen=True)
 class ExpectedSarsaConfig(QLearnConfig):
     # Q-learning's step size, discount and exploration schedule, with their defaults.
     name: str = "xsarsa"

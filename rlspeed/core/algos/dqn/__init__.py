@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from rlspeed.config import RunConfig
 
 
-@dataclass
+@dataclass(frozen=True)
 class DQNConfig:
     name: str = "dqn"
     # Inputs of the fused program, not constants in it (``rlspeed.core.algos.loops.fused.

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from rlspeed.config import RunConfig
 
 
-@dataclass
+@dataclass(frozen=True)
 class PPOConfig:
     name: str = "ppo"
     # Inputs of the fused program, not constants in it (``rlspeed.core.algos.loops.fused.

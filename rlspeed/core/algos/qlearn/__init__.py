@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from rlspeed.core.engines import Engine
 
 
-@dataclass
+@dataclass(frozen=True)
 class QLearnConfig:
     name: str = "qlearn"
     # Inputs of the fused program, not constants in it (``rlspeed.core.algos.loops.fused.

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from rlspeed.config import RunConfig
 
 
-@dataclass
+@dataclass(frozen=True)
 class TD3Config:
     name: str = "td3"
     # Inputs of the fused program, not constants in it (``rlspeed.core.algos.loops.fused.

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from rlspeed.config import RunConfig
 
 
-@dataclass
+@dataclass(frozen=True)
 class VPGConfig:
     name: str = "vpg"
     # Inputs of the fused program, not constants in it (``rlspeed.core.algos.loops.fused.

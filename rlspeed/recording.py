@@ -25,8 +25,9 @@ from rlspeed.config import RunConfig, is_fused
 from rlspeed.core.algos.loops import TrainResult
 from rlspeed.core.engines import EngineSpec
 from rlspeed.core.tasks import TaskSpec
-from rlspeed.monitor import RECENT_EPISODES, RunMonitor, to_log_file
+from rlspeed.monitor import RunMonitor, to_log_file
 from rlspeed.registry import BACKENDS
+from rlspeed.seed_streams import RECENT_EPISODES
 from rlspeed.sweep import TrialReporter
 from rlspeed.tracking import Tracker, cause
 

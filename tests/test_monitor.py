@@ -10,9 +10,11 @@ import pytest
 import torch
 
 from rlspeed import statefile
+from rlspeed.config import ROLLING_EPISODES
 from rlspeed.core.algos.loops.host import IntervalMetrics
-from rlspeed.monitor import RECENT_EPISODES, ROLLING_EPISODES, RunMonitor
+from rlspeed.monitor import RunMonitor
 from rlspeed.recording import write_metrics
+from rlspeed.seed_streams import RECENT_EPISODES
 from rlspeed.tracking.none import NoTracker
 
 

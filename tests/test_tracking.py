@@ -113,7 +113,7 @@ import sys, time
 from pathlib import Path
 from types import SimpleNamespace
 from rlspeed.tracking import mlflow as tracking
-from rlspeed.tracking._writer import Row
+from rlspeed.tracking._store_writer import Row
 tracking.preload()
 before = set(sys.modules)
 settings = SimpleNamespace(uri=sys.argv[1], experiment="rlspeed", parent_run_id=None)

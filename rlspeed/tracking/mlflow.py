@@ -24,7 +24,8 @@ from rlspeed.config_tree import check_creatable, unreachable
 from rlspeed.errors import ConfigError, StoreUnreachable
 from rlspeed.secrets import mask, reveal, split_credentials
 from rlspeed.tracking import TrackerSpec, cause
-from rlspeed.tracking._writer import Row, WriterProcess
+from rlspeed.tracking._store_writer import Row
+from rlspeed.tracking._writer import WriterProcess
 
 if TYPE_CHECKING:
     from types import SimpleNamespace

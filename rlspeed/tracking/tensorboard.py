@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 from rlspeed.config_tree import check_creatable
 from rlspeed.tracking import TrackerSpec, cause
-from rlspeed.tracking._writer import Row, WriterProcess
+from rlspeed.tracking._store_writer import Row
+from rlspeed.tracking._writer import WriterProcess
 
 if TYPE_CHECKING:
     from types import SimpleNamespace
@@ -54,10 +55,10 @@ def _hparam(value: str) -> float | str:
 
 
 class TensorBoardStore:
-    """One run's event files, driven by the tracking writer (``_writer.Store``). Records
-    are written synchronously, each call's flushed: a call that fails (a full disk) raises,
-    and the writer tries its records again later, into a new event file (the failed one may
-    end in a partial record, which TensorBoard skips)."""
+    """One run's event files, driven by the tracking writer (``_store_writer.Store``).
+    Records are written synchronously, each call's flushed: a call that fails (a full disk)
+    raises, and the writer tries its records again later, into a new event file (the failed
+    one may end in a partial record, which TensorBoard skips)."""
 
     def __init__(self, cfg: SimpleNamespace) -> None:
         self.errors: tuple[type[BaseException], ...] = (OSError,)

@@ -22,7 +22,8 @@ from hydra import compose, initialize_config_dir
 from optuna.distributions import CategoricalDistribution
 
 from hydra_plugins.rlspeed_optuna_sweeper import config as sweeper_config
-from hydra_plugins.rlspeed_optuna_sweeper._space import PRUNER_BOUNDS, SAMPLER_BOUNDS, build
+from hydra_plugins.rlspeed_optuna_sweeper._bounds import PRUNER_BOUNDS, SAMPLER_BOUNDS
+from hydra_plugins.rlspeed_optuna_sweeper._space import build
 from hydra_plugins.rlspeed_optuna_sweeper._sweep import study_name
 from rlspeed.cli import CONF_DIR, check_command_line
 from rlspeed.errors import ConfigError

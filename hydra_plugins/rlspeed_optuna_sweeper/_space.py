@@ -1,16 +1,7 @@
-"""From the sweeper's config to Optuna objects, checking everything a user can get wrong.
-
-``params`` entries use Hydra's override sweep syntax and become Optuna distributions:
-
-=====================================  ===============================================
-``choice(a, b)`` or ``a,b``            categorical
-``range(16, 129, step=16)``            int (float if any bound is a float) with step;
-                                       the stop is excluded, as in Hydra
-``interval(1e-4, 1e-1)``               float; int when the config's value is an int or
-                                       the sweep is tagged ``int``
-``tag(log, interval(...))``            the same on a log scale
-a plain value                          fixed for every trial
-=====================================  ===============================================
+"""From the sweeper's config to Optuna objects, checking everything a user can get wrong:
+the search space (``params`` entries in Hydra's override sweep syntax, each an Optuna
+distribution: ``_distributions``), the sampler, the pruner (their numbers' bounds:
+``_bounds``) and the objectives.
 
 :func:`build` is used twice: by the CLI's pre-flight check (one clear line, before any
 trial) and by the sweeper itself.
@@ -19,19 +10,12 @@ trial) and by the sweeper itself.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from decimal import Decimal
-from typing import Any, TypeGuard, cast
+from typing import Any, cast
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.override_parser.types import (
-    ChoiceSweep,
-    IntervalSweep,
-    Override,
-    QuotedString,
-    RangeSweep,
-)
+from hydra.core.override_parser.types import ChoiceSweep, Override
 from hydra.errors import HydraException
 from hydra.utils import get_method, instantiate
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -42,19 +26,23 @@ from optuna.distributions import (
     IntDistribution,
 )
 
+from hydra_plugins.rlspeed_optuna_sweeper._bounds import (
+    MAX_TRIALS,
+    PRUNER_BOUNDS,
+    SAMPLER_BOUNDS,
+    check_bounds,
+    sweeper_bounds,
+)
+from hydra_plugins.rlspeed_optuna_sweeper._distributions import (
+    SYNTAX,
+    choice_value,
+    distribution,
+    legacy_distribution,
+)
 from hydra_plugins.rlspeed_optuna_sweeper._seeding import trial_seed
-from rlspeed.config import MAX_STEPS
 from rlspeed.config_tree import quote
-from rlspeed.errors import ConfigError, RLSpeedError
+from rlspeed.errors import RLSpeedError
 
-MAX_TRIALS = 1_000_000
-MAX_BATCH = 1024
-# Values of one categorical parameter (a shuffled range() is one): Optuna lists them.
-MAX_CHOICES = 100_000
-# Seconds between a sweep's heartbeats, and without one before its trials are judged stale.
-MAX_HEARTBEAT_S = 3600
-MAX_GRACE_S = 7 * 24 * 3600
-SYNTAX = "interval(a, b), tag(log, interval(a, b)), range(a, b, step=s), choice(x, y) or x,y"
 # The numbers of a run's metrics.json (rlspeed.run._write_metrics) a study can optimize.
 METRICS = (
     "score",
@@ -71,76 +59,6 @@ _ABSENT = object()
 
 class SweepConfigError(RLSpeedError):
     """A sweeper setting that cannot work; one line, before any trial."""
-
-
-@dataclass(frozen=True)
-class Bound:
-    """The values a numeric setting takes: ``low`` to ``high``, ``low`` itself excluded
-    where ``open_low``; ``auto`` too where ``auto`` (Optuna then works it out)."""
-
-    low: float
-    high: float
-    integer: bool = True
-    open_low: bool = False
-    auto: bool = False
-    # What else is allowed or why, appended to the line.
-    note: str = ""
-
-    def allows(self, value: Any) -> bool:
-        if self.auto and value == "auto":
-            return True
-        if isinstance(value, bool) or not isinstance(value, int if self.integer else (int, float)):
-            return False
-        above = value > self.low if self.open_low else value >= self.low
-        return above and value <= self.high  # NaN is neither
-
-    def __str__(self) -> str:
-        kind = "an integer" if self.integer else "a number"
-        low, high = (f"{int(x):,}" if x == int(x) else f"{x:g}" for x in (self.low, self.high))
-        text = f"{kind} in {'(' if self.open_low else '['}{low}, {high}]{self.note}"
-        return f"auto or {text}" if self.auto else text
-
-
-def check_bounds(prefix: str, values: Mapping[str, Any], bounds: dict[str, Bound]) -> None:
-    """Raise ConfigError for the first of ``values`` (null: the default, allowed) outside its
-    bound; ``prefix`` + key is its key on the command line."""
-    for key, bound in bounds.items():
-        value = values.get(key)
-        if value is not None and not bound.allows(value):
-            raise ConfigError(f"{prefix}{key}", value, str(bound))
-
-
-# The samplers' and pruners' numeric arguments, by name (every sampler and pruner option has
-# its own: tests/test_bad_input.py checks each is here). Optuna checks few of them, some
-# only in a trial (a negative n_startup_trials ran as 0), and none has an upper bound.
-SAMPLER_BOUNDS = {
-    "seed": Bound(0, 2**32 - 1),  # NumPy's random state
-    "n_startup_trials": Bound(0, MAX_TRIALS),
-    # Candidates drawn for each parameter of each trial, each scored against every trial.
-    "n_ei_candidates": Bound(1, 10_000),
-    "prior_weight": Bound(0, 1_000_000, integer=False, open_low=True),
-    "sigma0": Bound(0, 1_000_000, integer=False, open_low=True),
-    "popsize": Bound(2, 10_000),  # CMA-ES recombines the better half: at least 1
-    "inc_popsize": Bound(-1, 100, note=" (-1: not set; Optuna >= 4.4 ignores it)"),
-    "population_size": Bound(2, 10_000),
-    "mutation_prob": Bound(0, 1, integer=False),
-    "crossover_prob": Bound(0, 1, integer=False),
-    "swapping_prob": Bound(0, 1, integer=False),
-}
-PRUNER_BOUNDS = {
-    "n_startup_trials": Bound(0, MAX_TRIALS),
-    "n_warmup_steps": Bound(0, MAX_STEPS),
-    "interval_steps": Bound(1, MAX_STEPS),
-    "n_min_trials": Bound(1, MAX_TRIALS),
-    # Resources are env steps; rungs grow by reduction_factor from min_resource.
-    "min_resource": Bound(1, MAX_STEPS, auto=True),
-    "max_resource": Bound(1, MAX_STEPS, auto=True),
-    "reduction_factor": Bound(2, 1000),
-    "bootstrap_count": Bound(0, MAX_TRIALS),
-    # The first rung is at min_resource * reduction_factor ** rate env steps: past 30 even
-    # 1 * 2 ** rate is beyond any budget (MAX_STEPS), and no trial would be pruned.
-    "min_early_stopping_rate": Bound(0, 30),
-}
 
 
 @dataclass
@@ -236,94 +154,6 @@ def _key_exists(cfg: DictConfig, key: str) -> bool:
     return OmegaConf.select(cfg, key, default=_ABSENT, throw_on_missing=False) is not _ABSENT
 
 
-def _is_int(value: Any) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _choice_value(element: Any) -> tuple[Any, str]:
-    """A choice element as (Optuna categorical value, override text)."""
-    text = Override._get_value_element_as_str(element)
-    if element is None or isinstance(element, (bool, int, float, str)):
-        return element, text
-    if isinstance(element, QuotedString):
-        return element.text, text
-    return text, text  # lists and dicts: their override text is the category
-
-
-def distribution(override: Override, current: Any) -> BaseDistribution | None:
-    """The distribution a sweep override describes; None for a plain (fixed) value."""
-    if not override.is_sweep_override():
-        return None
-    sweep = override.value()
-    tags: set[str] = getattr(sweep, "tags", set())
-    unknown = sorted(set(tags) - {"log", "int"})
-    if unknown:
-        raise ValueError(f"unknown tag '{unknown[0]}': the tags Optuna's space reads are log, int")
-    log = "log" in tags
-    if isinstance(sweep, RangeSweep):
-        count, low, high = _range_size(sweep)
-        if count == 0:
-            raise ValueError("the range is empty")
-        if sweep.shuffle and count > MAX_CHOICES:
-            raise ValueError(f"a shuffled range is a choice of at most {MAX_CHOICES:,} values")
-    if isinstance(sweep, ChoiceSweep) or (isinstance(sweep, RangeSweep) and sweep.shuffle):
-        values = list(override.sweep_iterator()) if isinstance(sweep, RangeSweep) else sweep.list
-        return CategoricalDistribution([_choice_value(v)[0] for v in values])
-    if isinstance(sweep, RangeSweep):
-        step = abs(sweep.step)
-        if _is_int(sweep.start) and _is_int(sweep.stop) and _is_int(sweep.step):
-            if log and step != 1:
-                raise ValueError("a log scale needs step 1")
-            return IntDistribution(low, high, step=abs(sweep.step), log=log)
-        if log:
-            raise ValueError("a log scale cannot have a step: use tag(log, interval(a, b))")
-        return FloatDistribution(float(low), float(high), step=float(step))
-    if isinstance(sweep, IntervalSweep):
-        low, high = sweep.start, sweep.end
-        assert low is not None and high is not None  # a parsed interval() has both
-        integral = float(low).is_integer() and float(high).is_integer()
-        if integral and ("int" in tags or _is_int(current)):
-            return IntDistribution(int(low), int(high), log=log)
-        return FloatDistribution(float(low), float(high), log=log)
-    raise ValueError("not a sweep Optuna can sample")
-
-
-def _range_size(sweep: RangeSweep) -> tuple[int, Any, Any]:
-    """How many values a range() has, its least and its greatest: computed, not listed
-    (range(0, 10**10) would take all memory)."""
-    values = sweep.range()
-    ends: tuple[Any, Any]
-    if isinstance(values, range):
-        count, ends = len(values), (values[0], values[-1]) if values else (0, 0)
-    else:  # Hydra's FloatRange: start, start + step, ... before stop, in decimals
-        start, stop, step = (Decimal(x) for x in (values.start, values.stop, values.step))
-        count = max(0, math.ceil((stop - start) / step)) if step else 0
-        ends = (float(start), float(start + (count - 1) * step))
-    return count, min(ends), max(ends)
-
-
-def _legacy_distribution(key: str, spec: Any) -> BaseDistribution:
-    """hydra-optuna-sweeper 1.1's ``search_space`` entry: {type, low, high, step, log, choices}."""
-    spec = dict(spec)
-    kind = spec.pop("type", None)
-    if kind == "categorical":
-        return CategoricalDistribution(list(spec["choices"]))
-    if kind == "int":
-        step = int(spec.get("step") or 1)
-        return IntDistribution(
-            int(spec["low"]), int(spec["high"]), step=step, log=bool(spec.get("log"))
-        )
-    if kind == "float":
-        step = spec.get("step")
-        return FloatDistribution(
-            float(spec["low"]),
-            float(spec["high"]),
-            step=None if step is None else float(step),
-            log=bool(spec.get("log")),
-        )
-    raise ValueError(f"type must be float, int or categorical, not {kind!r}")
-
-
 def search_space(
     cfg: DictConfig,
     params: dict[str, str] | None,
@@ -347,7 +177,7 @@ def search_space(
         if not _key_exists(cfg, key):
             _unknown_key(key, "hydra.sweeper.search_space")
         try:
-            space.distributions[key] = _legacy_distribution(key, spec)
+            space.distributions[key] = legacy_distribution(key, spec)
         except (KeyError, TypeError, ValueError) as error:
             raise SweepConfigError(
                 f"rlspeed: invalid hydra.sweeper.search_space.{key}={_flat(spec)}: "
@@ -381,7 +211,7 @@ def search_space(
         space.distributions[key] = dist
         sweep = override.value()
         if isinstance(sweep, ChoiceSweep):
-            space.choice_texts[key] = dict(_choice_value(v) for v in sweep.list)
+            space.choice_texts[key] = dict(choice_value(v) for v in sweep.list)
     return space
 
 
@@ -403,7 +233,7 @@ def build(sweeper: DictConfig, cfg: DictConfig, arguments: list[str]) -> SweepSe
                 f"rlspeed: invalid hydra.sweeper.direction={value}: expected maximize or "
                 "minimize, or a list of them for a multi-objective study"
             )
-    check_bounds("hydra.sweeper.", sweeper, _sweeper_bounds(sweeper.heartbeat_s))
+    check_bounds("hydra.sweeper.", sweeper, sweeper_bounds(sweeper.heartbeat_s))
     report_every = sweeper.get("report_every")
     custom = None
     if sweeper.custom_search_space:
@@ -460,21 +290,6 @@ def _check_resources(pruner: dict[str, Any]) -> None:
             f"rlspeed: invalid hydra.sweeper.pruner.max_resource={high}: expected auto or an "
             f"integer >= min_resource ({low})"
         )
-
-
-def _sweeper_bounds(heartbeat_s: int) -> dict[str, Bound]:
-    return {
-        # Every trial is a record in the study's storage; a batch of n_jobs trials is asked
-        # (and held as RUNNING) at once.
-        "n_trials": Bound(0, MAX_TRIALS),
-        "n_jobs": Bound(1, MAX_BATCH, note=" or null (the launcher's n_jobs)"),
-        "batch_size": Bound(1, MAX_BATCH),
-        "max_failure_rate": Bound(0, 1, integer=False),
-        "report_every": Bound(1, MAX_STEPS),
-        "heartbeat_s": Bound(1, MAX_HEARTBEAT_S),
-        # A grace within one heartbeat would judge live trials stale.
-        "grace_s": Bound(2 * heartbeat_s, MAX_GRACE_S, note=" (at least 2 * heartbeat_s)"),
-    }
 
 
 def _objectives(

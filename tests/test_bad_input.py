@@ -24,7 +24,7 @@ from optuna.distributions import CategoricalDistribution
 from hydra_plugins.rlspeed_optuna_sweeper import config as sweeper_config
 from hydra_plugins.rlspeed_optuna_sweeper._bounds import PRUNER_BOUNDS, SAMPLER_BOUNDS
 from hydra_plugins.rlspeed_optuna_sweeper._space import build
-from hydra_plugins.rlspeed_optuna_sweeper._sweep import study_name
+from hydra_plugins.rlspeed_optuna_sweeper._study import study_name
 from rlspeed.cli import CONF_DIR, check_command_line
 from rlspeed.errors import ConfigError
 from rlspeed.tracking.mlflow import check as check_tracking

@@ -3,22 +3,20 @@
 Every batch asks the study for ``n_jobs`` trials (``batch_size`` where that is more),
 launches them as one batch of Hydra jobs (in parallel processes with
 ``hydra/launcher=joblib``; on the fused path as lanes of one program, ``_batch``) and tells
-the study how each ended:
+the study how each ended (``_outcomes``):
 COMPLETE with the job's return value, PRUNED when the job raised ``optuna.TrialPruned``
 (the job side is :mod:`rlspeed.sweep`), FAIL otherwise. Finished trials of earlier sweeps
 of the same study count toward ``n_trials``, so running the same command again resumes;
 so do the live trials of sweeps of the study running at the same time (see ``_trials``).
-The study's results and plots are written by ``_results``, its MLflow parent run is kept
-by ``_parent_run``.
+The study's name and storage come from ``_study``, its results and plots are written by
+``_results``, its MLflow parent run is kept by ``_parent_run``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
-import re
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -33,10 +31,9 @@ from optuna.study import StudyDirection
 from optuna.trial import TrialState
 
 from hydra_plugins.rlspeed_optuna_sweeper._batch import batches_trials, launch_batched
+from hydra_plugins.rlspeed_optuna_sweeper._outcomes import record, tell
 from hydra_plugins.rlspeed_optuna_sweeper._parent_run import StudyRun
 from hydra_plugins.rlspeed_optuna_sweeper._results import (
-    fmt_param,
-    fmt_values,
     show_best,
     warn_unwritten,
     write_results,
@@ -49,72 +46,25 @@ from hydra_plugins.rlspeed_optuna_sweeper._space import (
     build,
     composition_signature,
 )
+from hydra_plugins.rlspeed_optuna_sweeper._study import (
+    name_objectives,
+    study_name,
+    sweep_storage,
+)
 from hydra_plugins.rlspeed_optuna_sweeper._submitit import is_submitit, launch_each
 from hydra_plugins.rlspeed_optuna_sweeper._trials import TrialKeeper, counted, is_surplus
 from rlspeed import secrets
-from rlspeed.checkpoint import read_metrics
 from rlspeed.config_tree import quote
-from rlspeed.errors import ConfigError, RLSpeedError
+from rlspeed.errors import RLSpeedError
 from rlspeed.sweep import (
-    MAX_NAME_CHARS,
     PRUNER_ATTR,
     SWEEP_PID_VARIABLE,
-    check_storage,
     database_lock,
-    normalize_storage,
     open_storage,
     storage_engine,
-    study_value,
 )
 
 log = logging.getLogger(__name__)
-
-
-def default_study_name(config: DictConfig) -> str:
-    """The selected ``hparams`` option, else ``<algo>_<task>``, else ``<job name>``."""
-    choices = OmegaConf.select(config, "hydra.runtime.choices", default={}) or {}
-    if choices.get("hparams"):
-        return str(choices["hparams"])
-    algo = OmegaConf.select(config, "algo.name", default=None)
-    task = OmegaConf.select(config, "task.name", default=None)
-    if algo and task:
-        return f"{algo}_{task}"
-    return str(OmegaConf.select(config, "hydra.job.name", default="study"))
-
-
-# A study's name is its journal's file name by default (default_storage): one file name, in
-# outputs/optuna/ (no folder, no "..", not hidden), that any file system and shell take.
-STUDY_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
-STUDY_NAME_ALLOWED = (
-    f"a name of 1 to {MAX_NAME_CHARS} letters, digits, '_', '-' and '.', not starting with "
-    "'.' (the default storage is outputs/optuna/<study_name>.journal), or null (the hparams "
-    "option's name)"
-)
-
-
-def study_name(config: DictConfig) -> str:
-    """``hydra.sweeper.study_name``, or the default; raises ConfigError unless it is a
-    file name that stays in outputs/optuna/."""
-    name = config.hydra.sweeper.study_name
-    if name is None:
-        return default_study_name(config)
-    if len(name) > MAX_NAME_CHARS or not STUDY_NAME.fullmatch(name):
-        raise ConfigError("hydra.sweeper.study_name", name, STUDY_NAME_ALLOWED)
-    return str(name)
-
-
-def default_storage(name: str) -> str:
-    """A journal file at a stable place under the working directory (sweep folders are
-    timestamped), so the same command finds the same study."""
-    return str(Path.cwd() / "outputs" / "optuna" / f"{name}.journal")
-
-
-def sweep_storage(config: DictConfig) -> str:
-    """The study's storage (``hydra.sweeper.storage`` or the default), as every process
-    opens it (normalize_storage); raises ConfigError if trials cannot be recorded there."""
-    spec = config.hydra.sweeper.storage or default_storage(study_name(config))
-    check_storage(spec)
-    return normalize_storage(spec)
 
 
 class OptunaSweeperImpl:
@@ -144,7 +94,7 @@ class OptunaSweeperImpl:
         node = config.hydra.sweeper
         setup = build(node, config, list(arguments))
         optuna.logging.set_verbosity(optuna.logging.WARNING)  # this sweeper logs what matters
-        # One console line per trial (``_record``): the launchers' "Launching N jobs" and
+        # One console line per trial (``_outcomes.record``): the launchers' "Launching N jobs" and
         # each job's overrides, internal keys and all, stay in the trials' .hydra/ files.
         for launcher_log in LAUNCHER_LOGGERS:
             logging.getLogger(launcher_log).setLevel(logging.WARNING)
@@ -169,7 +119,7 @@ class OptunaSweeperImpl:
                 f"'{name}' in {storage_spec} was created with {directions}; "
                 "use another hydra.sweeper.study_name or storage"
             )
-        _name_objectives(study, setup.objectives, storage_spec)
+        name_objectives(study, setup.objectives, storage_spec)
         if setup.pruner_off:
             log.info("No pruning: %s", setup.pruner_off)
         study_id = storage.get_study_id_from_name(name)
@@ -307,7 +257,7 @@ class OptunaSweeperImpl:
                     if is_surplus(trial._trial_id, trials, node.n_trials):
                         # Another sweep of the study asked for the last trials meanwhile.
                         keeper.mark_surplus(trial, node.n_trials)
-                        _tell(study, trial, state=TrialState.FAIL)
+                        tell(study, trial, state=TrialState.FAIL)
                         pending.remove(trial)
                         log.info("Trial %d: not run, n_trials is reached", trial.number)
                         continue
@@ -325,7 +275,7 @@ class OptunaSweeperImpl:
                     except Exception as error:  # noqa: BLE001 - reported, the trial FAILs
                         log.warning("Trial %d cannot be composed: %s", trial.number, error)
                         keeper.release(trial)
-                        _tell(study, trial, state=TrialState.FAIL)
+                        tell(study, trial, state=TrialState.FAIL)
                         pending.remove(trial)
                         failed += 1
                         ran += 1
@@ -348,7 +298,7 @@ class OptunaSweeperImpl:
                     for (trial, _), ret in zip(launch, results, strict=True):
                         keeper.release(trial)
                         try:
-                            failed += self._record(study, trial, ret, setup)
+                            failed += record(study, trial, ret, setup, self.unsent)
                         except OSError as error:
                             raise _unwritable(storage_spec, error, _result_of(trial, ret)) from None
                         pending.remove(trial)
@@ -359,7 +309,7 @@ class OptunaSweeperImpl:
                     keeper.release(trial)
                     # Unless it was told meanwhile, or the storage cannot record it (a full disk).
                     with contextlib.suppress(ValueError, OSError):
-                        _tell(study, trial, state=TrialState.FAIL)
+                        tell(study, trial, state=TrialState.FAIL)
             stale = keeper.fail_stale()  # other sweeps' trials that will not finish
             if parent is not None:
                 parent.fail_stale_children(stale)
@@ -371,50 +321,6 @@ class OptunaSweeperImpl:
                 )
         return returns
 
-    def _record(self, study: Any, trial: Any, ret: JobReturn, setup: SweepSetup) -> int:
-        """Record how a job ended; returns 1 if the trial failed, else 0."""
-        # A SLURM job lost without a result has no Hydra config (_submitit).
-        output_dir = None
-        if ret.hydra_cfg is not None:
-            output_dir = OmegaConf.select(ret.hydra_cfg, "hydra.runtime.output_dir")
-        state = trial.storage.get_trial(trial._trial_id).state
-        if state != TrialState.RUNNING:
-            # Another sweep judged it stale (this one gave no heartbeat for grace_s seconds,
-            # e.g. a suspended machine): Optuna cannot change a finished trial.
-            log.warning(
-                "Trial %d was marked %s by another sweep while its job ran: the job's "
-                "result is not in the study (its folder: %s)",
-                trial.number,
-                state.name,
-                output_dir,
-            )
-            return 0
-        if output_dir:
-            trial.set_user_attr("output_dir", str(output_dir))
-            errors = _tracking_errors(Path(output_dir))
-            if errors:
-                self.unsent[trial.number] = errors[0]
-        if ret.status == JobStatus.COMPLETED:
-            values = _objective_values(
-                ret.return_value, setup.objectives, output_dir, len(setup.directions)
-            )
-            if not isinstance(values, str):
-                _tell(study, trial, values=values)
-                values_text = fmt_values(study, values)
-                log.info("Trial %d: COMPLETE, %s | %s", trial.number, values_text, _params(trial))
-                return 0
-            reason = values
-        else:
-            error = ret._return_value  # the exception the job raised
-            if isinstance(error, optuna.TrialPruned):
-                _tell(study, trial, state=TrialState.PRUNED)
-                log.info("Trial %d: PRUNED, %s | %s", trial.number, error, _params(trial))
-                return 0
-            reason = " ".join(str(error).split()) or type(error).__name__
-        _tell(study, trial, state=TrialState.FAIL)
-        log.warning("Trial %d: FAIL: %s | %s", trial.number, reason, _params(trial))
-        return 1
-
 
 # The loggers of the launchers a sweep's jobs go through.
 LAUNCHER_LOGGERS = (
@@ -422,11 +328,6 @@ LAUNCHER_LOGGERS = (
     "hydra_plugins.hydra_joblib_launcher._core",
     "hydra_plugins.hydra_submitit_launcher.submitit_launcher",
 )
-
-
-def _params(trial: Any) -> str:
-    """The trial's sampled values, on its one line of the sweep's console."""
-    return ", ".join(f"{name}={fmt_param(value)}" for name, value in trial.params.items())
 
 
 def launcher_jobs(config: DictConfig) -> int:
@@ -453,67 +354,5 @@ def _result_of(trial: Any, ret: JobReturn) -> str:
     return f"trial {trial.number}'s {outcome} (its run's results are in {output_dir})"
 
 
-def _tracking_errors(output_dir: Path) -> list[str]:
-    """Why a finished run did not record everything (its metrics.json ``errors``)."""
-    try:
-        return list(read_metrics(output_dir).get("errors") or [])
-    except (OSError, ValueError, AttributeError):  # no metrics.json: the trial says why
-        return []
-
-
-def _tell(study: Any, trial: Any, **kwargs: Any) -> None:
-    try:
-        study.tell(trial, **kwargs)
-    except RuntimeError as error:
-        # A grid sampler stops the study when its grid is done, which only study.optimize()
-        # allows; the trial is recorded all the same (and _grid_exhausted ends the sweep).
-        if "Study.stop" not in str(error):
-            raise
-
-
 def _grid_exhausted(sampler: Any, study: Any) -> bool:
     return isinstance(sampler, optuna.samplers.GridSampler) and sampler.is_exhausted(study)
-
-
-def _name_objectives(study: Any, objectives: list[str] | None, storage_spec: str) -> None:
-    """Record the objectives' metric names in the study (its plots and table use them);
-    a study resumed with other objectives would mix their values."""
-    if study.metric_names is not None and study.metric_names != objectives:
-        raise SweepConfigError(
-            f"rlspeed: invalid hydra.sweeper.objectives={_list_text(objectives)}: study "
-            f"'{study.study_name}' in {storage_spec} optimizes "
-            f"{_list_text(study.metric_names)}; use another hydra.sweeper.study_name or storage"
-        )
-    if objectives is not None and study.metric_names is None:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            study.set_metric_names(objectives)
-
-
-def _list_text(names: list[str] | None) -> str:
-    return "null" if names is None else f"[{','.join(names)}]"
-
-
-def _objective_values(
-    value: Any, objectives: list[str] | None, output_dir: str | None, n_objectives: int
-) -> list[float] | str:
-    """A finished job's objective values, rounded as studies record them (study_value):
-    the numbers ``objectives`` names in its metrics.json, else its return value.
-    Returns why there are none instead when they cannot be had."""
-    if objectives is not None:
-        try:
-            metrics = read_metrics(Path(output_dir or "."))
-        except (OSError, ValueError) as error:
-            return f"no metrics.json in its folder {output_dir} ({error})"
-        values: list[Any] = [metrics.get(name) for name in objectives]
-        what = f"metrics.json's {_list_text(objectives)} are {values}"
-    else:
-        values = list(value) if isinstance(value, (list, tuple)) else [value]
-        what = f"the job returned {value!r}"
-    try:
-        numbers = [float(v) for v in values]
-    except (TypeError, ValueError):
-        numbers = []
-    if len(numbers) != n_objectives or not all(math.isfinite(v) for v in numbers):
-        return f"{what}, not {n_objectives} finite number(s)"
-    return [study_value(v) for v in numbers]

@@ -91,6 +91,7 @@ def test_each_lane_learns_what_a_lone_run_of_its_trial_learns(tmp_path, search):
     assert len(finals) == 3
 
 
+@pytest.mark.slow  # 20-30 s: a whole sweep with its pruner
 def test_the_pruner_stops_lanes_while_their_batch_trains_on(tmp_path):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     result = run_cli(

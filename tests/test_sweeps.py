@@ -92,6 +92,7 @@ def _sweep_dirs(tmp_path):
     return sorted(p for p in (tmp_path / "outputs" / "multirun").glob("*/*") if p.is_dir())
 
 
+@pytest.mark.slow  # 20-30 s: a whole sweep with its pruner
 def test_study_prunes_tracks_in_mlflow_and_resumes(tmp_path):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     args = [*SEARCH, f"tracking.uri={uri}"]

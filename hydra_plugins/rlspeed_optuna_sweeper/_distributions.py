@@ -106,7 +106,7 @@ def _range_size(sweep: RangeSweep) -> tuple[int, Any, Any]:
     return count, min(ends), max(ends)
 
 
-def legacy_distribution(key: str, spec: Any) -> BaseDistribution:
+def legacy_distribution(spec: Any) -> BaseDistribution:
     """hydra-optuna-sweeper 1.1's ``search_space`` entry: {type, low, high, step, log, choices}."""
     spec = dict(spec)
     kind = spec.pop("type", None)

@@ -177,7 +177,7 @@ def search_space(
         if not _key_exists(cfg, key):
             _unknown_key(key, "hydra.sweeper.search_space")
         try:
-            space.distributions[key] = legacy_distribution(key, spec)
+            space.distributions[key] = legacy_distribution(spec)
         except (KeyError, TypeError, ValueError) as error:
             raise SweepConfigError(
                 f"rlspeed: invalid hydra.sweeper.search_space.{key}={_flat(spec)}: "

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, cast
 
 import jax
 import jax.numpy as jnp
@@ -231,7 +231,9 @@ def make_on_policy_train(cfg: RunConfig, env: VmapEnv, fns: OnPolicyFunctions) -
     algo, n, horizon = cfg.algo, env.num_envs, cfg.algo.num_steps
     batch_size = horizon * n
     settings = norm_settings(fns)
-    obs_shape = env.single_observation_space.shape
+    # Never None: gymnasium types every space's shape as optional, for the spaces without one
+    # (Dict, Tuple), which no algorithm takes.
+    obs_shape = cast("tuple[int, ...]", env.single_observation_space.shape)
 
     def init(keys: JaxKeys) -> OnPolicyState:
         agent = fns.init(keys.init)

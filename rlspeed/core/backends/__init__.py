@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rlspeed.errors import ConfigError
 
@@ -46,8 +46,8 @@ def check_device(cfg: BackendConfig, gpus: Callable[[], int]) -> None:
 class BackendSpec:
     name: str
     # (backend config, seed) -> None: seeds RNGs and sets threads/determinism.
-    setup: Callable[[Any, int], None]
+    setup: Callable[[BackendConfig, int], None]
     # Raises ConfigError for settings the backend cannot run with (backend.device).
-    check: Callable[[Any], None] = lambda cfg: None
+    check: Callable[[BackendConfig], None] = lambda cfg: None
     # (backend config) -> the device the agent's arrays are on, as the summary shows it.
-    device_name: Callable[[Any], str] = lambda cfg: "cpu"
+    device_name: Callable[[BackendConfig], str] = lambda cfg: "cpu"

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+
+if TYPE_CHECKING:
+    from rlspeed.core import AnyArray
 
 
 class StepResult(NamedTuple):
@@ -29,7 +32,8 @@ class Engine(Protocol):
 
     def reset(self) -> Any: ...
 
-    def step(self, actions: Any) -> StepResult: ...
+    # ``actions``: a batch, one per env, of whatever library the learner acts with.
+    def step(self, actions: AnyArray) -> StepResult: ...
 
     def close(self) -> None: ...
 

@@ -21,6 +21,7 @@ from rlspeed.seeding import env_seeds
 
 if TYPE_CHECKING:
     from rlspeed.config import EngineConfig, TaskConfig
+    from rlspeed.core import AnyArray
     from rlspeed.core.tasks import TaskSpec
 
 
@@ -57,7 +58,7 @@ class GymVectorEngine:
         self._lengths[:] = 0
         return obs
 
-    def step(self, actions: Any) -> StepResult:
+    def step(self, actions: AnyArray) -> StepResult:
         # np.asarray shares memory with CPU torch tensors and JAX arrays (no copy).
         with self._env_code("step"):
             if self.step_timeout_s is None:

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -73,7 +73,7 @@ class DoorsFunctional(FuncEnv[DoorsState, jax.Array, jax.Array, jax.Array, jax.A
         self,
         state: DoorsState,
         action: jax.Array | int,
-        rng: Any = None,
+        rng: jax.Array | None = None,
         params: None = None,
     ) -> DoorsState:
         """Apply a move unless it would leave the grid or enter a wall."""
@@ -84,7 +84,9 @@ class DoorsFunctional(FuncEnv[DoorsState, jax.Array, jax.Array, jax.Array, jax.A
         free = in_bounds & ~self._walls[safe[0], safe[1]]
         return state._replace(agent=jnp.where(free, target, state.agent))
 
-    def observation(self, state: DoorsState, rng: Any = None, params: None = None) -> jax.Array:
+    def observation(
+        self, state: DoorsState, rng: jax.Array | None = None, params: None = None
+    ) -> jax.Array:
         """Flattened int8 grid; the agent is drawn over the goal."""
         size = self.grid_size
         goal_idx = state.goal[0] * size + state.goal[1]
@@ -101,12 +103,14 @@ class DoorsFunctional(FuncEnv[DoorsState, jax.Array, jax.Array, jax.Array, jax.A
         state: DoorsState,
         action: jax.Array | int,
         next_state: DoorsState,
-        rng: Any = None,
+        rng: jax.Array | None = None,
         params: None = None,
     ) -> jax.Array:
         """Decrease of the Euclidean distance to the goal (float32)."""
         return self._distance(state) - self._distance(next_state)
 
-    def terminal(self, state: DoorsState, rng: Any = None, params: None = None) -> jax.Array:
+    def terminal(
+        self, state: DoorsState, rng: jax.Array | None = None, params: None = None
+    ) -> jax.Array:
         """True when the agent stands on the goal."""
         return jnp.all(state.agent == state.goal)

@@ -3,8 +3,6 @@ as a :class:`FuncEnv` whose every method can be jitted and vmapped (``env=jax-vm
 
 from __future__ import annotations
 
-from typing import Any
-
 import jax
 import jax.numpy as jnp
 from gymnasium.experimental.functional import FuncEnv
@@ -27,7 +25,7 @@ class GridWorldFunctional(
         self.observation_space, self.action_space = grid_spaces(size)
         self._moves = jnp.asarray(MOVES, dtype=jnp.int32)
 
-    def initial(self, rng: Any = None, params: None = None) -> jax.Array:
+    def initial(self, rng: jax.Array | None = None, params: None = None) -> jax.Array:
         """The bottom-right cell (the start is deterministic; ``rng`` is unused)."""
         start: jax.Array = jnp.int32(start_cell(self.size))
         return start
@@ -36,7 +34,7 @@ class GridWorldFunctional(
         self,
         state: jax.Array,
         action: jax.Array | int,
-        rng: Any = None,
+        rng: jax.Array | None = None,
         params: None = None,
     ) -> jax.Array:
         """Apply a move, clamped to the grid."""
@@ -45,7 +43,9 @@ class GridWorldFunctional(
         col = jnp.clip(state % self.size + move[1], 0, self.size - 1)
         return (row * self.size + col).astype(jnp.int32)
 
-    def observation(self, state: jax.Array, rng: Any = None, params: None = None) -> jax.Array:
+    def observation(
+        self, state: jax.Array, rng: jax.Array | None = None, params: None = None
+    ) -> jax.Array:
         """The cell index itself (int32 scalar)."""
         return state
 
@@ -54,12 +54,14 @@ class GridWorldFunctional(
         state: jax.Array,
         action: jax.Array | int,
         next_state: jax.Array,
-        rng: Any = None,
+        rng: jax.Array | None = None,
         params: None = None,
     ) -> jax.Array:
         """1.0 when the move lands on the goal, else 0.0 (float32)."""
         return self.terminal(next_state).astype(jnp.float32)
 
-    def terminal(self, state: jax.Array, rng: Any = None, params: None = None) -> jax.Array:
+    def terminal(
+        self, state: jax.Array, rng: jax.Array | None = None, params: None = None
+    ) -> jax.Array:
         """True when the agent stands on the goal."""
         return state == GOAL_CELL

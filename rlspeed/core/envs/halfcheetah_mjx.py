@@ -42,6 +42,8 @@ class HalfCheetahFunctional(
     # Physics is deterministic: only the start state is random.
     transition_uses_rng = False
 
+    # ``v5`` stays ``Any``: the task passes ``env.unwrapped``, which gymnasium types as a plain
+    # ``gymnasium.Env``, without the attributes of v5's class read here (model, frame_skip).
     def __init__(self, v5: Any) -> None:
         """``v5``: the unwrapped Gymnasium ``HalfCheetahEnv`` to copy."""
         super().__init__()
@@ -69,7 +71,11 @@ class HalfCheetahFunctional(
         return CheetahState(qpos, qvel, jnp.zeros_like(qvel))
 
     def transition(
-        self, state: CheetahState, action: jax.Array, rng: Any = None, params: None = None
+        self,
+        state: CheetahState,
+        action: jax.Array,
+        rng: jax.Array | None = None,
+        params: None = None,
     ) -> CheetahState:
         """``frame_skip`` MuJoCo steps with the action as the controls (MuJoCo clamps them to
         the actuators' ctrlrange, as in v5)."""
@@ -79,7 +85,9 @@ class HalfCheetahFunctional(
         data = jax.lax.fori_loop(0, self._frame_skip, lambda _, d: mjx.step(self._model, d), data)
         return CheetahState(data.qpos, data.qvel, data.qacc_warmstart)
 
-    def observation(self, state: CheetahState, rng: Any = None, params: None = None) -> jax.Array:
+    def observation(
+        self, state: CheetahState, rng: jax.Array | None = None, params: None = None
+    ) -> jax.Array:
         """qpos without the root's x, then qvel: 17 floats."""
         return jnp.concatenate([state.qpos[1:], state.qvel])
 
@@ -88,7 +96,7 @@ class HalfCheetahFunctional(
         state: CheetahState,
         action: jax.Array,
         next_state: CheetahState,
-        rng: Any = None,
+        rng: jax.Array | None = None,
         params: None = None,
     ) -> jax.Array:
         """Forward speed of the root over the step, less 0.1 * |action|^2 (the action as
@@ -99,7 +107,9 @@ class HalfCheetahFunctional(
         )
         return reward
 
-    def terminal(self, state: CheetahState, rng: Any = None, params: None = None) -> jax.Array:
+    def terminal(
+        self, state: CheetahState, rng: jax.Array | None = None, params: None = None
+    ) -> jax.Array:
         """v5 never terminates; episodes end at the time limit."""
         never: jax.Array = jnp.bool_(False)
         return never

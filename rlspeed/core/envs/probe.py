@@ -48,11 +48,22 @@ depends on the action.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gymnasium
 import numpy as np
 from gymnasium import spaces
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+    from rlspeed.core import XpArray
+
+    # A probe's state: a Python int in ``ProbeEnv``, an int32 JAX array in its twin.
+    State = int | XpArray
+    # An action: a Discrete one (a Python or NumPy integer), a Box one (a NumPy array of
+    # shape (1,)), or either as a JAX array.
+    Action = int | np.integer | XpArray
 
 KINDS = ("constant", "observation", "discount", "action", "truncation", "alternation")
 ACTION_KINDS = ("discrete", "continuous")
@@ -87,7 +98,7 @@ def signed(kind: str) -> bool:
     return kind in RANDOM_START
 
 
-def observe(kind: str, observations: str, state: Any, xp: Any) -> Any:
+def observe(kind: str, observations: str, state: State, xp: ModuleType) -> Any:
     """The observation of a state (running or terminated): see the module docstring."""
     s = state % TERMINATED
     if observations == "categorical":
@@ -96,7 +107,7 @@ def observe(kind: str, observations: str, state: Any, xp: Any) -> Any:
     return xp.asarray(value, dtype=xp.float32).reshape(1)
 
 
-def move(kind: str, state: Any, xp: Any) -> Any:
+def move(kind: str, state: State, xp: ModuleType) -> Any:
     """The state after a step from running state ``state``."""
     if kind == "truncation":
         return state
@@ -107,12 +118,12 @@ def move(kind: str, state: Any, xp: Any) -> Any:
     return state + TERMINATED
 
 
-def target_action(state: Any) -> Any:
+def target_action(state: State) -> Any:
     """The ``action`` probe's optimal continuous action in state ``s``: ``s - 1/2``."""
     return state - 0.5
 
 
-def reward(kind: str, actions: str, state: Any, action: Any, xp: Any) -> Any:
+def reward(kind: str, actions: str, state: State, action: Action, xp: ModuleType) -> Any:
     """The reward of ``action`` in running state ``state`` (float32)."""
     if kind in ("constant", "truncation"):
         value = xp.ones_like(state)
@@ -169,7 +180,9 @@ class ProbeEnv(gymnasium.Env[Any, Any]):
         self._state = int(self.np_random.integers(2)) if self.kind in RANDOM_START else 0
         return self._obs(), {}
 
-    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+    def step(
+        self, action: int | np.integer | np.ndarray
+    ) -> tuple[Any, float, bool, bool, dict[str, Any]]:
         if self._state >= TERMINATED:
             raise RuntimeError("step() after the episode terminated: reset() first")
         value = float(reward(self.kind, self.actions, self._state, action, np))

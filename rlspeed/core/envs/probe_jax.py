@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import jax
 import jax.numpy as jnp
 from gymnasium.experimental.functional import FuncEnv
@@ -36,21 +34,24 @@ class ProbeFunctional(FuncEnv[jax.Array, jax.Array, jax.Array, jax.Array, jax.Ar
         self.observation_space, self.action_space = probe_spaces(actions, observations)
         self.initial_uses_rng = kind in RANDOM_START
 
-    def initial(self, rng: Any = None, params: None = None) -> jax.Array:
-        """State 0 or 1 drawn uniformly (observation and action probes), else state 0."""
+    def initial(self, rng: jax.Array | None = None, params: None = None) -> jax.Array:
+        """State 0 or 1 drawn uniformly (observation and action probes), else state 0.
+        ``rng``: None where nothing is drawn (``initial_uses_rng`` False)."""
         start: jax.Array = (
-            jax.random.randint(rng, (), 0, 2, dtype=jnp.int32)
+            jax.random.randint(rng, (), 0, 2, dtype=jnp.int32)  # type: ignore[arg-type]
             if self.initial_uses_rng
             else jnp.int32(0)
         )
         return start
 
     def transition(
-        self, state: jax.Array, action: jax.Array, rng: Any = None, params: None = None
+        self, state: jax.Array, action: jax.Array, rng: jax.Array | None = None, params: None = None
     ) -> jax.Array:
         return jnp.asarray(move(self.kind, state, jnp), dtype=jnp.int32)
 
-    def observation(self, state: jax.Array, rng: Any = None, params: None = None) -> jax.Array:
+    def observation(
+        self, state: jax.Array, rng: jax.Array | None = None, params: None = None
+    ) -> jax.Array:
         seen: jax.Array = observe(self.kind, self.observations, state, jnp)
         return seen
 
@@ -59,12 +60,14 @@ class ProbeFunctional(FuncEnv[jax.Array, jax.Array, jax.Array, jax.Array, jax.Ar
         state: jax.Array,
         action: jax.Array,
         next_state: jax.Array,
-        rng: Any = None,
+        rng: jax.Array | None = None,
         params: None = None,
     ) -> jax.Array:
         earned: jax.Array = reward(self.kind, self.actions, state, action, jnp)
         return earned
 
-    def terminal(self, state: jax.Array, rng: Any = None, params: None = None) -> jax.Array:
+    def terminal(
+        self, state: jax.Array, rng: jax.Array | None = None, params: None = None
+    ) -> jax.Array:
         ended: jax.Array = state >= TERMINATED
         return ended

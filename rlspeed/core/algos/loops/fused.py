@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -28,43 +28,47 @@ from rlspeed.seeding import JaxKeys
 
 if TYPE_CHECKING:
     from rlspeed.config import RunConfig
+    from rlspeed.core import PyTree, XpArray
+
+    # How many of a scan's iterations run: a number (maybe traced), or None for all of them.
+    Valid = int | jax.Array | None
 
 
 class FusedTrainer(NamedTuple):
     # keys -> train state; the state has scalar fields ``step`` (env steps) and ``updates``.
-    init: Callable[[JaxKeys], Any]
+    init: Callable[[JaxKeys], PyTree]
     # (state, iterations, valid) -> (state, stats), pure; ``iterations`` must be static,
     # ``valid`` may be traced: iterations from ``valid`` on leave the state as it is, so one
     # compiled program runs every chunk of a run, its last one included (``masked_scan``).
     # The stats have fields ``done``, ``episode_return``, ``episode_length`` of shape
     # [iterations, envs]; every stat is per iteration (leading axis) or a scalar.
-    run: Callable[[Any, int, Any], tuple[Any, Any]]
+    run: Callable[[PyTree, int, Valid], tuple[PyTree, PyTree]]
     total_iterations: int
     # Env steps per iteration (num_envs, or num_envs * rollout length).
     steps_per_iteration: int
     # state -> the parameters ``greedy`` needs (not the whole state: it holds the buffers).
-    policy_params: Callable[[Any], Any]
+    policy_params: Callable[[PyTree], PyTree]
     # (policy params, observations [B, ...]) -> greedy actions [B, ...].
-    greedy: Callable[[Any, jax.Array], jax.Array]
+    greedy: Callable[[PyTree, jax.Array], jax.Array]
     # The seeds' chunk stats, as NumPy [seeds, ...] -> the algorithm's metrics (losses/...,
     # charts/...), one value per seed each.
-    summarize: Callable[[Any], dict[str, np.ndarray]]
+    summarize: Callable[[PyTree], dict[str, np.ndarray]]
     # state -> the pytree saved as the checkpoint.
-    checkpoint: Callable[[Any], Any] = lambda state: state.agent._asdict()
+    checkpoint: Callable[[PyTree], PyTree] = lambda state: state.agent._asdict()
 
-    def train(self, keys: JaxKeys) -> tuple[Any, Any]:
+    def train(self, keys: JaxKeys) -> tuple[PyTree, PyTree]:
         """The whole training as one pure function of the keys (jit/vmap it freely)."""
         return self.run(self.init(keys), self.total_iterations, self.total_iterations)
 
 
 def masked_scan(
-    iteration: Callable[[Any, Any], tuple[Any, Any]],
-    carry: Any,
-    xs: Any,
+    iteration: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]],
+    carry: PyTree,
+    xs: PyTree,
     length: int,
-    valid: Any,
+    valid: Valid,
     unroll: int = 1,
-) -> tuple[Any, Any]:
+) -> tuple[PyTree, PyTree]:
     """``lax.scan(iteration, carry, xs, length)`` that runs only the first ``valid``
     iterations (``valid`` may be traced; None: all): the outputs of the rest are zeros. A
     run whose length is not a multiple of the chunk can run its last chunk with the same
@@ -81,7 +85,7 @@ def masked_scan(
     out_shapes = jax.eval_shape(iteration, carry, first_x)[1]
     if unroll > 1:
 
-        def kept(carry: Any, indexed: tuple[jax.Array, Any]) -> tuple[Any, Any]:
+        def kept(carry: PyTree, indexed: tuple[jax.Array, PyTree]) -> tuple[PyTree, PyTree]:
             index, x = indexed
             new, out = iteration(carry, x)
             keep = index < valid
@@ -89,29 +93,29 @@ def masked_scan(
             return new, jax.tree.map(lambda o: jnp.where(keep, o, jnp.zeros_like(o)), out)
 
         indices = jnp.arange(length)
-        scanned: tuple[Any, Any] = jax.lax.scan(
+        scanned: tuple[PyTree, PyTree] = jax.lax.scan(
             kept, carry, (indices, xs), length=length, unroll=unroll
         )
         return scanned
 
     outs = jax.tree.map(lambda s: jnp.zeros((length, *s.shape), s.dtype), out_shapes)
 
-    def body(index: jax.Array, state: tuple[Any, Any]) -> tuple[Any, Any]:
+    def body(index: jax.Array, state: tuple[PyTree, PyTree]) -> tuple[PyTree, PyTree]:
         carry, outs = state
         x = None if xs is None else jax.tree.map(lambda x: x[index], xs)
         carry, out = iteration(carry, x)
         return carry, jax.tree.map(lambda buf, o: buf.at[index].set(o), outs, out)
 
-    looped: tuple[Any, Any] = jax.lax.fori_loop(0, valid, body, (carry, outs))
+    looped: tuple[PyTree, PyTree] = jax.lax.fori_loop(0, valid, body, (carry, outs))
     return looped
 
 
 def scan_iterations(
-    iteration: Callable[[Any, None], tuple[Any, Any]],
-) -> Callable[[Any, int, Any], tuple[Any, Any]]:
+    iteration: Callable[[PyTree, None], tuple[PyTree, PyTree]],
+) -> Callable[[PyTree, int, Valid], tuple[PyTree, PyTree]]:
     """A ``FusedTrainer.run`` that repeats ``iteration(state, None) -> (state, stats)``."""
 
-    def run(state: Any, iterations: int, valid: Any) -> tuple[Any, Any]:
+    def run(state: PyTree, iterations: int, valid: Valid) -> tuple[PyTree, PyTree]:
         return masked_scan(iteration, state, None, iterations, valid)
 
     return run
@@ -120,9 +124,9 @@ def scan_iterations(
 def saved_agent_policies(
     cfg: RunConfig,
     path: Path,
-    init: Callable[[jax.Array], Any],
+    init: Callable[[jax.Array], PyTree],
     params_field: str,
-    greedy: Callable[[Any, jax.Array], jax.Array],
+    greedy: Callable[[PyTree, jax.Array], jax.Array],
 ) -> list[Policy]:
     """``saved_policies`` of a checkpoint of the agent NamedTuple ``init`` makes, whose field
     ``params_field`` holds what ``greedy`` takes."""
@@ -147,9 +151,9 @@ def scan_unroll(batch: int) -> int:
 def saved_policies(
     cfg: RunConfig,
     path: Path,
-    template: Any,
-    params_of: Callable[[Any], Any],
-    greedy: Callable[[Any, jax.Array], jax.Array],
+    template: PyTree,
+    params_of: Callable[[PyTree], PyTree],
+    greedy: Callable[[PyTree, jax.Array], jax.Array],
 ) -> list[Policy]:
     """The greedy policies of a flax checkpoint (``mode=eval``): one per agent it holds
     (every seed of a fused run, stacked). ``template``: a checkpoint tree of one agent."""
@@ -159,7 +163,10 @@ def saved_policies(
 
 
 def device_policies(
-    greedy: Callable[[Any, jax.Array], jax.Array], compiled: Any, params: Any, agents: int
+    greedy: Callable[[PyTree, jax.Array], jax.Array],
+    compiled: Callable[[PyTree, XpArray], jax.Array],
+    params: PyTree,
+    agents: int,
 ) -> list[DevicePolicy]:
     """One ``DevicePolicy`` per agent of ``params`` (stacked on a leading axis where
     ``agents`` > 1), sharing ``compiled``, the jitted ``greedy``."""
@@ -175,26 +182,31 @@ class DevicePolicy:
     """The greedy policy of saved parameters: a host ``Policy`` (NumPy observations in,
     actions out: the host's evaluation, videos) that ``device_score`` can also trace."""
 
-    def __init__(self, greedy: Callable[[Any, jax.Array], jax.Array], compiled: Any, params: Any):
+    def __init__(
+        self,
+        greedy: Callable[[PyTree, jax.Array], jax.Array],
+        compiled: Callable[[PyTree, XpArray], jax.Array],
+        params: PyTree,
+    ):
         self.greedy, self._compiled, self.params = greedy, compiled, params
 
-    def __call__(self, obs: Any) -> np.ndarray:
+    def __call__(self, obs: np.ndarray) -> np.ndarray:
         return np.asarray(self._compiled(self.params, obs))
 
 
-def first_iterations(stats: Any, count: int) -> Any:
+def first_iterations(stats: PyTree, count: int) -> PyTree:
     """The chunk's stats [seeds, iterations, ...] of their first ``count`` iterations."""
     return jax.tree.map(lambda x: x[:, :count] if x.ndim > 1 else x, stats)
 
 
-def per_seed_sum(values: Any) -> np.ndarray:
+def per_seed_sum(values: XpArray) -> np.ndarray:
     """Each seed's sum of a chunk's stat [seeds, ...] (every axis after the first), float64."""
     values = np.asarray(values, dtype=np.float64)
     sums: np.ndarray = values.reshape(len(values), -1).sum(axis=1)
     return sums
 
 
-def per_seed_mean(values: Any) -> np.ndarray:
+def per_seed_mean(values: XpArray) -> np.ndarray:
     """Each seed's mean of a chunk's stat [seeds, ...], float64."""
     values = np.asarray(values, dtype=np.float64)
     means: np.ndarray = values.reshape(len(values), -1).mean(axis=1)

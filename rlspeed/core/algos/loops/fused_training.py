@@ -13,9 +13,9 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Mapping
 from functools import cache, partial
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -36,9 +36,16 @@ from rlspeed.core.tasks import TaskSpec
 from rlspeed.seeding import JaxKeys, Stream, jax_key, jax_keys
 
 if TYPE_CHECKING:
-    from rlspeed.config import TaskConfig
+    from jax.typing import ArrayLike
 
-MakeTrain = Callable[[Any, VmapEnv], FusedTrainer]
+    from rlspeed.config import TaskConfig
+    from rlspeed.core import PyTree
+
+    # The traced hyperparameters by name (``traced_hparams``): NumPy numbers, or arrays of
+    # one per lane, on the host; tracers inside the program.
+    HParams = Mapping[str, ArrayLike]
+
+MakeTrain = Callable[[RunConfig, VmapEnv], FusedTrainer]
 
 
 class RunChunk(NamedTuple):
@@ -79,13 +86,13 @@ class FusedTraining:
         self.cfgs, self.seeds, self.batched = cfgs, seeds, len(cfgs) > 1
         self.lanes = len(cfgs) * seeds
         env = make_vmap_env(task, cfg.task, cfg.num_envs)
-        self._make: Callable[[Any], FusedTrainer] = lambda values: make_train(
+        self._make: Callable[[HParams], FusedTrainer] = lambda values: make_train(
             with_hparams(cfg, values), env
         )
         hparams = [traced_hparams(run.algo) for run in cfgs]
         # Sizes, the greedy policy and the summaries read no traced value: any run's will do.
         self.trainer = trainer = self._make(hparams[0])
-        self._hparams: Any = (
+        self._hparams: HParams = (
             {name: np.repeat([h[name] for h in hparams], seeds) for name in hparams[0]}
             if self.lanes > 1
             else hparams[0]
@@ -108,9 +115,9 @@ class FusedTraining:
         self._scores_of = _lane_scores(task, lane_tasks, lane_seeds, trainer, programs)
         self._resumed = resumed
         self.iterations = resumed["iterations"] if resumed is not None else 0
-        self._state: Any = None
+        self._state: PyTree = None
         # Per run: the state after its last accepted chunk, and its iteration count.
-        self._kept: list[tuple[Any, int]] = []
+        self._kept: list[tuple[PyTree, int]] = []
 
     @property
     def step(self) -> int:
@@ -165,7 +172,7 @@ class FusedTraining:
         repacked (a new lane count is a new program to compile)."""
         self._live[run * self.seeds : (run + 1) * self.seeds] = False
 
-    def agents(self, run: int) -> Any:
+    def agents(self, run: int) -> PyTree:
         """Run ``run``'s agents as of its last accepted chunk: the checkpoint's pytree."""
         return self.trainer.checkpoint(self._part(self._kept[run][0], run))
 
@@ -189,10 +196,10 @@ class FusedTraining:
         steps, updates = (int(np.sum(x)) for x in jax.device_get((state.step, state.updates)))
         return TrainResult(steps=steps, updates=updates)
 
-    def _init(self) -> Any:
+    def _init(self) -> PyTree:
         programs = self._programs
 
-        def init(keys: JaxKeys, values: Any) -> Any:
+        def init(keys: JaxKeys, values: HParams) -> PyTree:
             return self._make(values).init(keys)
 
         if "init" not in programs:
@@ -207,13 +214,15 @@ class FusedTraining:
             state = tree_from_host(state, self._resumed["state"])
         return state
 
-    def _run(self, state: Any, iterations: int) -> tuple[Any, Any]:
+    def _run(self, state: PyTree, iterations: int) -> tuple[PyTree, PyTree]:
         masked, programs = self._masked, self._programs
         length = self._chunk if masked else iterations
         if ("chunk", length, masked) not in programs:
             batched, make = self.batched, self._make
 
-            def run_chunk(state: Any, valid: jax.Array, values: Any, live: Any) -> Any:
+            def run_chunk(
+                state: PyTree, valid: jax.Array, values: HParams, live: jax.Array
+            ) -> tuple[PyTree, PyTree]:
                 new, stats = make(values).run(state, length, valid if masked else None)
                 if batched:  # a stopped run's lanes keep their state
                     new = jax.tree.map(lambda n, o: jnp.where(live, n, o), new, state)
@@ -222,10 +231,10 @@ class FusedTraining:
             vmapped = jax.vmap(run_chunk, in_axes=(0, None, 0, 0)) if self.lanes > 1 else run_chunk
             programs["chunk", length, masked] = jax.jit(vmapped)
         chunk = programs["chunk", length, masked]
-        ran: tuple[Any, Any] = chunk(state, np.int32(iterations), self._hparams, self._live)
+        ran: tuple[PyTree, PyTree] = chunk(state, np.int32(iterations), self._hparams, self._live)
         return ran
 
-    def _part(self, tree: Any, run: int) -> Any:
+    def _part(self, tree: PyTree, run: int) -> PyTree:
         """Run ``run``'s part of a tree with a lane axis (a lone run's tree as it is)."""
         if not self.batched:
             return tree
@@ -235,7 +244,7 @@ class FusedTraining:
             return jax.tree.map(lambda x: x[start], tree)
         return jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(x, start, self.seeds), tree)
 
-    def _scores_at(self, state: Any) -> np.ndarray:
+    def _scores_at(self, state: PyTree) -> np.ndarray:
         """Every lane's score with the policy parameters of train state ``state``."""
         return self._scores_of(self._policy_params(state))
 
@@ -246,13 +255,13 @@ def _lanes_of(values: Callable[[], np.ndarray], lanes: slice) -> np.ndarray:
 
 
 def _scorer(
-    task: TaskSpec, task_cfg: TaskConfig, greedy: Callable[[Any, jax.Array], jax.Array]
-) -> Callable[[Any, jax.Array], jax.Array]:
+    task: TaskSpec, task_cfg: TaskConfig, greedy: Callable[[PyTree, jax.Array], jax.Array]
+) -> Callable[[PyTree, jax.Array], jax.Array]:
     """(policy params, evaluation key) -> the agent's score on the task's JAX twin."""
     evaluate = task.evaluate_on_device
     assert evaluate is not None
 
-    def score(params: Any, key: jax.Array) -> jax.Array:
+    def score(params: PyTree, key: jax.Array) -> jax.Array:
         scores: jax.Array = evaluate(task_cfg, partial(greedy, params), key)
         return scores
 
@@ -271,7 +280,7 @@ def _lane_scores(
     lane_seeds: list[int],
     trainer: FusedTrainer,
     programs: dict[Any, Any],
-) -> Callable[[Any], np.ndarray]:
+) -> Callable[[PyTree], np.ndarray]:
     """(every lane's policy params, stacked where there are several) -> every lane's score
     (lane ``t * num_seeds + i``: seed ``i`` of run ``t``): on the task's JAX twin in one
     compiled call (vmapped over lanes); on the host, for a task with no device evaluation,
@@ -279,8 +288,8 @@ def _lane_scores(
     if task.evaluate_on_device is None:
         greedy = programs.setdefault("greedy", jax.jit(trainer.greedy))
 
-        def on_host(params: Any) -> np.ndarray:
-            def policy(index: int) -> Callable[[Any], np.ndarray]:
+        def on_host(params: PyTree) -> np.ndarray:
+            def policy(index: int) -> Callable[[np.ndarray], np.ndarray]:
                 agent = params if len(lane_seeds) == 1 else jax.tree.map(lambda x: x[index], params)
                 return lambda obs: np.asarray(greedy(agent, obs))
 
@@ -313,14 +322,21 @@ def chunk_length(target: int, total: int, masked: bool) -> int:
     return next((d for d in range(chunk, chunk // 2, -1) if total % d == 0), chunk)
 
 
-def traced_hparams(algo: Any) -> dict[str, Any]:
+class TracedConfig(Protocol):
+    """An algorithm's config as the fused path reads it: its class names the hyperparameters
+    that are inputs of the fused program (PPOConfig.TRACED, ...), read as its attributes."""
+
+    TRACED: ClassVar[tuple[str, ...]]
+
+
+def traced_hparams(algo: TracedConfig) -> dict[str, Any]:
     """The values of the algorithm's traced hyperparameters (its config class's ``TRACED``
     names): inputs of the fused program, not constants compiled into it, so runs that differ
     only in them share one program, and a sweep's trials can be lanes of one."""
     return {name: np.float32(getattr(algo, name)) for name in type(algo).TRACED}
 
 
-def with_hparams(cfg: RunConfig, values: dict[str, Any]) -> RunConfig:
+def with_hparams(cfg: RunConfig, values: HParams) -> RunConfig:
     """``cfg`` with the algorithm's traced hyperparameters set to ``values`` (tracers, where
     ``make_train`` is called inside a jitted function)."""
     return dataclasses.replace(cfg, algo=dataclasses.replace(cfg.algo, **values))

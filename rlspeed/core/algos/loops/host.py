@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Generator
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import numpy as np
 
@@ -20,12 +20,16 @@ from rlspeed.core.engines import Engine
 from rlspeed.core.tasks import Policy
 from rlspeed.errors import EnvFailed
 
+if TYPE_CHECKING:
+    from rlspeed.core import XpArray
+
 
 class EpisodeSink(Protocol):
     """Where an iteration hands the episodes that ended in it."""
 
-    def episodes(self, done: Any, episode_return: Any, episode_length: Any) -> None:
-        """Episodes that ended: arrays of any shape, ``done`` as their mask."""
+    def episodes(self, done: XpArray, episode_return: XpArray, episode_length: XpArray) -> None:
+        """Episodes that ended: arrays of any shape (NumPy, or JAX as the engine gives
+        them), ``done`` as their mask."""
 
 
 class EpisodeBatch(NamedTuple):
@@ -40,7 +44,7 @@ class EndedEpisodes:
     def __init__(self) -> None:
         self.batches: list[EpisodeBatch] = []
 
-    def episodes(self, done: Any, episode_return: Any, episode_length: Any) -> None:
+    def episodes(self, done: XpArray, episode_return: XpArray, episode_length: XpArray) -> None:
         self.batches.append(EpisodeBatch(done, episode_return, episode_length))
 
     def take(self) -> list[EpisodeBatch]:
@@ -71,9 +75,12 @@ class HostLearner(Protocol):
     observations into what the learner carries between iterations as ``obs`` where that is
     something else (Q-learning: their state indices)."""
 
-    def iteration(self, engine: Engine, obs: Any, step: int, episodes: EpisodeSink) -> Iteration:
-        """One iteration from env step ``step``: act on ``obs`` and step ``engine`` (handing
-        finished episodes to ``episodes``), store, learn."""
+    def iteration(
+        self, engine: Engine, obs: XpArray, step: int, episodes: EpisodeSink
+    ) -> Iteration:
+        """One iteration from env step ``step``: act on ``obs`` (the engine's observations,
+        or what ``observe`` made of them) and step ``engine`` (handing finished episodes to
+        ``episodes``), store, learn."""
 
     def greedy(self, obs: np.ndarray) -> np.ndarray:
         """Deterministic actions as NumPy, for evaluation."""
@@ -216,7 +223,8 @@ class ResumePoint:
     step and update counters, the latest observations and the state of its ``parts``
     (learner, replay buffer, interval metrics, engine: whatever the loop carries over)."""
 
-    def __init__(self, **parts: Any) -> None:
+    # ``parts``: anything; ``capture`` and ``restore`` refuse a part without a state_dict().
+    def __init__(self, **parts: object) -> None:
         self.parts = parts
         self.step = self.updates = 0
         self.obs: Any = None
@@ -238,7 +246,7 @@ class ResumePoint:
             self.obs, self.step, self.updates = saved["obs"], saved["step"], saved["updates"]
         return self.obs, self.step, self.updates
 
-    def reached(self, step: int, updates: int, obs: Any) -> None:
+    def reached(self, step: int, updates: int, obs: XpArray) -> None:
         """The loop is at the end of a whole iteration: what resume= can continue from."""
         self.step, self.updates, self.obs, self.whole = step, updates, obs, True
 

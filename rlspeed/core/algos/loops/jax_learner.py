@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 
 from rlspeed.checkpoint import save_pytree, tree_from_host, tree_to_host
 from rlspeed.seeding import Stream, jax_key
+
+if TYPE_CHECKING:
+    from rlspeed.core import PyTree
 
 
 class JaxLearner:
@@ -20,7 +23,7 @@ class JaxLearner:
     A learner's ``state_dict`` (its resume state) holds ``agent_state()``, this class's
     part, and what the learner adds."""
 
-    def __init__(self, init: Callable[[jax.Array], Any], seed: int) -> None:
+    def __init__(self, init: Callable[[jax.Array], PyTree], seed: int) -> None:
         self.key = jax_key(seed, Stream.ACT)
         # Jitted: one compilation instead of one per eager operation (half the time).
         self.agent = jax.jit(init)(jax_key(seed, Stream.INIT))

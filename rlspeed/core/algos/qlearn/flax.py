@@ -213,7 +213,9 @@ def make_train(cfg: RunConfig, env: VmapEnv) -> FusedTrainer:
         state = TrainState(q, env_state, state.key, state.step + n, state.updates + 1)
         return (state, td_error_sum + jnp.abs(td).mean(), q_values_sum + q_sa.mean()), episodes
 
-    def run(state: TrainState, iterations: int, valid: jax.Array) -> tuple[TrainState, ChunkStats]:
+    def run(
+        state: TrainState, iterations: int, valid: int | jax.Array | None
+    ) -> tuple[TrainState, ChunkStats]:
         # XLA:CPU runs threefry as a loop with a cost per call: drawing the chunk's numbers
         # in one call is much faster, and each step's stay the same whatever the chunking.
         steps = state.step + n * jnp.arange(iterations)

@@ -9,7 +9,7 @@ the core loads none of NumPy, JAX or torch."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 if TYPE_CHECKING:
     import jax
@@ -24,6 +24,8 @@ if TYPE_CHECKING:
     # ``xp`` (``numpy`` or ``jax.numpy``) as the namespace they compute with; also what an
     # engine gives (NumPy from Gymnasium's, JAX from jax-vmap).
     XpArray: TypeAlias = np.ndarray | jax.Array
+    # One of the two, the same for every argument of a call that takes several.
+    XpArrayT = TypeVar("XpArrayT", np.ndarray, jax.Array)
     # An array of any backend's library: NumPy, JAX or torch. What an engine takes as
     # actions (torch tensors and JAX arrays are read through ``np.asarray`` or DLPack).
     AnyArray: TypeAlias = np.ndarray | jax.Array | torch.Tensor

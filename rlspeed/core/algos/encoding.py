@@ -14,7 +14,7 @@ import numpy as np
 from gymnasium import spaces
 
 
-def one_hot_classes(space: Any) -> int:
+def one_hot_classes(space: spaces.Space[Any]) -> int:
     """One-hot classes per observation entry (categorical spaces), 0 for continuous."""
     if isinstance(space, spaces.Discrete):
         return int(space.n)
@@ -23,6 +23,6 @@ def one_hot_classes(space: Any) -> int:
     return 0
 
 
-def input_size(space: Any) -> int:
+def input_size(space: spaces.Space[Any]) -> int:
     entries = int(np.prod(space.shape)) if space.shape else 1
     return entries * (one_hot_classes(space) or 1)

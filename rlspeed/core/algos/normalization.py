@@ -18,12 +18,20 @@ the greedy evaluation normalise with them); both are part of a resume's state.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import numpy as np
 
 from rlspeed.core.algos.encoding import one_hot_classes
 from rlspeed.errors import ConfigError
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+    import jax
+    from gymnasium import spaces
+
+    from rlspeed.core import XpArray
 
 # Added to the variance before its square root: a constant entry divides by 1e-4, not 0.
 EPS = 1e-8
@@ -53,7 +61,20 @@ class NormState(NamedTuple):
     return_moments: Moments | None
 
 
-def settings_of(algo: Any, obs_space: Any) -> NormSettings | None:
+class NormalizationConfig(Protocol):
+    """What ``settings_of`` reads of an algorithm's config (PPO's)."""
+
+    @property
+    def normalize_obs(self) -> bool: ...
+    @property
+    def obs_clip(self) -> float: ...
+    @property
+    def scale_rewards(self) -> bool: ...
+    @property
+    def reward_clip(self) -> float: ...
+
+
+def settings_of(algo: NormalizationConfig, obs_space: spaces.Space[Any]) -> NormSettings | None:
     """The normalisation ``algo`` (PPO's config) asks for on ``obs_space``; None where
     nothing is on. Categorical observations are one-hot encoded: a normalised cell code is
     no class (``validate`` refuses the known tasks' before a run starts, a ``gym`` task's
@@ -70,7 +91,7 @@ def settings_of(algo: Any, obs_space: Any) -> NormSettings | None:
     return settings if settings.normalize_obs or settings.scale_rewards else None
 
 
-def moments(shape: tuple[int, ...], xp: Any) -> Moments:
+def moments(shape: tuple[int, ...], xp: ModuleType) -> Moments:
     """No samples yet: mean 0, variance 1 (normalising with them changes nothing)."""
     return Moments(
         xp.zeros((), xp.float32), xp.zeros(shape, xp.float32), xp.ones(shape, xp.float32)
@@ -78,7 +99,7 @@ def moments(shape: tuple[int, ...], xp: Any) -> Moments:
 
 
 def init_state(
-    settings: NormSettings | None, obs_shape: tuple[int, ...], num_envs: int, xp: Any
+    settings: NormSettings | None, obs_shape: tuple[int, ...], num_envs: int, xp: ModuleType
 ) -> NormState | None:
     if settings is None:
         return None
@@ -90,7 +111,7 @@ def init_state(
     )
 
 
-def updated(m: Moments, batch: Any, xp: Any) -> Moments:
+def updated(m: Moments, batch: XpArray, xp: ModuleType) -> Moments:
     """``m`` with the samples ``batch`` [n, *shape] added (Chan et al.'s parallel update)."""
     batch = batch.astype(xp.float32)
     n = batch.shape[0]
@@ -102,13 +123,13 @@ def updated(m: Moments, batch: Any, xp: Any) -> Moments:
     return Moments(xp.asarray(total), mean, squares / total)
 
 
-def standardized(m: Moments, obs: Any, clip: float, xp: Any) -> Any:
+def standardized(m: Moments, obs: XpArray, clip: float, xp: ModuleType) -> Any:
     """Observations [B, *shape] by the moments ``m``, clipped to +-``clip``."""
     return xp.clip((obs.astype(xp.float32) - m.mean) / xp.sqrt(m.var + EPS), -clip, clip)
 
 
 def observe(
-    settings: NormSettings | None, state: NormState | None, obs: Any, xp: Any
+    settings: NormSettings | None, state: NormState | None, obs: XpArray, xp: ModuleType
 ) -> tuple[NormState | None, Any]:
     """Count the envs' observations ``obs`` [N, *shape] and normalise them (as they are
     where observation normalisation is off)."""
@@ -118,7 +139,9 @@ def observe(
     return state._replace(obs=stats), standardized(stats, obs, settings.obs_clip, xp)
 
 
-def normalize(settings: NormSettings | None, state: NormState | None, obs: Any, xp: Any) -> Any:
+def normalize(
+    settings: NormSettings | None, state: NormState | None, obs: XpArray, xp: ModuleType
+) -> Any:
     """Observations normalised without counting them (final observations, evaluation)."""
     if settings is None or state is None or state.obs is None:
         return obs
@@ -128,10 +151,10 @@ def normalize(settings: NormSettings | None, state: NormState | None, obs: Any, 
 def scale_rewards(
     settings: NormSettings | None,
     state: NormState | None,
-    rewards: Any,
-    dones: Any,
-    gamma: Any,
-    xp: Any,
+    rewards: XpArray,
+    dones: XpArray,
+    gamma: float | np.floating | jax.Array,
+    xp: ModuleType,
 ) -> tuple[NormState | None, Any]:
     """One env step's rewards [N] scaled by the running std of the discounted return (as
     they are where reward scaling is off); ``dones`` [N] restart the returns after it."""
@@ -156,15 +179,15 @@ class HostNormalization:
         self.settings, self.gamma = settings, gamma
         self.state = init_state(settings, obs_shape, num_envs, np)
 
-    def observe(self, obs: Any) -> np.ndarray:
+    def observe(self, obs: XpArray) -> np.ndarray:
         seen: np.ndarray
         self.state, seen = observe(self.settings, self.state, np.asarray(obs), np)
         return seen
 
-    def normalize(self, obs: Any) -> Any:
+    def normalize(self, obs: XpArray) -> Any:
         return normalize(self.settings, self.state, np.asarray(obs), np)
 
-    def rewards(self, rewards: Any, dones: Any) -> Any:
+    def rewards(self, rewards: XpArray, dones: XpArray) -> Any:
         rewards = np.asarray(rewards, dtype=np.float32)
         self.state, scaled = scale_rewards(
             self.settings, self.state, rewards, np.asarray(dones), np.float32(self.gamma), np

@@ -20,7 +20,7 @@ task's time limit, one per transition where the env may truncate them itself (``
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar, cast
 
 import numpy as np
 
@@ -31,9 +31,19 @@ from rlspeed.registry import TASKS
 from rlspeed.seeding import Stream, numpy_rng
 
 if TYPE_CHECKING:
+    from types import ModuleType
+
+    import jax
+    from gymnasium import spaces
+
     from rlspeed.config import RunConfig
+    from rlspeed.core import AnyArray, XpArray, XpArrayT
     from rlspeed.core.algos.loops.host import EpisodeSink
     from rlspeed.core.engines import Engine
+
+    # A position in the buffer or a count of transitions: a Python int on the host, a JAX
+    # one in the fused programs.
+    Count = int | jax.Array
 
 
 ArrayT = TypeVar("ArrayT")
@@ -83,13 +93,13 @@ class WritePlan(NamedTuple):
 
 
 def write_plan(
-    position: Any,
-    final_position: Any,
-    size: Any,
-    truncated: Any,
+    position: Count,
+    final_position: Count,
+    size: Count,
+    truncated: XpArray,
     capacity: int,
     finals: int,
-    xp: Any,
+    xp: ModuleType,
 ) -> WritePlan:
     """The write of one step; ``truncated``: the envs whose final observation must be kept
     (truncated and not terminated)."""
@@ -109,14 +119,14 @@ def write_plan(
 
 
 def draw_slots(
-    obs: Any,
-    final_obs: Any,
-    final_index: Any,
-    position: Any,
-    size: Any,
-    draws: Any,
+    obs: XpArrayT,
+    final_obs: XpArrayT,
+    final_index: XpArrayT,
+    position: Count,
+    size: Count,
+    draws: XpArrayT,
     num_envs: int,
-    xp: Any,
+    xp: ModuleType,
 ) -> tuple[Any, Any]:
     """The slots of ``draws`` (integers in [0, size), oldest first among the ``size``
     newest transitions) and their next observations."""
@@ -137,19 +147,24 @@ class ReplayBuffer:
     def __init__(
         self,
         capacity: int,
-        obs_space: Any,
-        action_space: Any,
+        obs_space: spaces.Space[Any],
+        action_space: spaces.Space[Any],
         rng: np.random.Generator,
         num_envs: int,
         truncation_gap: int,
     ) -> None:
         self.capacity, self.num_envs = capacity, num_envs
         slots = capacity + num_envs
-        self.obs = np.zeros((slots, *obs_space.shape), dtype=obs_space.dtype)
+        # Never None: gymnasium types every space's shape as optional, for the spaces
+        # without one (Dict, Tuple), which no algorithm takes.
+        obs_shape, action_shape = (
+            cast("tuple[int, ...]", space.shape) for space in (obs_space, action_space)
+        )
+        self.obs = np.zeros((slots, *obs_shape), dtype=obs_space.dtype)
         finals = final_capacity(capacity, num_envs, truncation_gap)
-        self.final_obs = np.zeros((finals, *obs_space.shape), dtype=obs_space.dtype)
+        self.final_obs = np.zeros((finals, *obs_shape), dtype=obs_space.dtype)
         self.final_index = np.full(slots, -1, dtype=np.int64)
-        self.actions = np.zeros((slots, *action_space.shape), dtype=action_space.dtype)
+        self.actions = np.zeros((slots, *action_shape), dtype=action_space.dtype)
         self.rewards = np.zeros(slots, dtype=np.float32)
         self.dones = np.zeros(slots, dtype=np.float32)
         self.size = self.position = self.final_position = 0
@@ -157,12 +172,12 @@ class ReplayBuffer:
 
     def add(
         self,
-        obs: Any,
-        next_obs: Any,
-        actions: Any,
-        rewards: Any,
-        terminated: Any,
-        truncated: Any,
+        obs: XpArray,
+        next_obs: XpArray,
+        actions: AnyArray,
+        rewards: XpArray,
+        terminated: XpArray,
+        truncated: XpArray,
     ) -> None:
         """Store a step's transitions, one per env (arrays of any CPU library);
         ``next_obs``: the observation each step ended in (the final one at an episode's
@@ -228,7 +243,9 @@ class ReplayBuffer:
         load_rng_state(self._rng, state["_rng"])
 
 
-def replay_buffer(obs_space: Any, action_space: Any, cfg: RunConfig, seed: int) -> ReplayBuffer:
+def replay_buffer(
+    obs_space: spaces.Space[Any], action_space: spaces.Space[Any], cfg: RunConfig, seed: int
+) -> ReplayBuffer:
     """A host-driven learner's buffer: the last ``algo.buffer_size`` transitions of the
     run's envs, its batches drawn from the seed's own stream (``Stream.REPLAY``)."""
     return ReplayBuffer(
@@ -260,7 +277,7 @@ class ReplayLearner:
         """The parts of a resume besides the learner (named as resume files name them)."""
         return {"buffer": self.buffer}
 
-    def act(self, obs: Any, step: int) -> Any:
+    def act(self, obs: XpArray, step: int) -> AnyArray:
         """Exploratory actions at env step ``step`` for a batch of observations
         (engine-native arrays in, arrays the engine takes out)."""
         raise NotImplementedError
@@ -274,7 +291,9 @@ class ReplayLearner:
         from (e.g. a periodic target-network sync); returns schedule values to log."""
         return {}
 
-    def iteration(self, engine: Engine, obs: Any, step: int, episodes: EpisodeSink) -> Iteration:
+    def iteration(
+        self, engine: Engine, obs: XpArray, step: int, episodes: EpisodeSink
+    ) -> Iteration:
         """One env step of every env from env step ``step``, and what is due after it."""
         algo = self.algo
         # Collect: act, step, store the transitions (the final observation where one ended).

@@ -7,14 +7,16 @@ imported only when called.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, cast
 
 from rlspeed.core.algos.replay import Batch, draw_slots, final_capacity, write_plan
 from rlspeed.core.algos.schedule import multiples_between
 
 if TYPE_CHECKING:
     import jax
+    from gymnasium import spaces
 
+    from rlspeed.core import PyTree
     from rlspeed.core.engines import StepResult
     from rlspeed.core.envs.vmap import VmapEnv, VmapState
     from rlspeed.seeding import JaxKeys
@@ -36,7 +38,11 @@ class JaxReplay(NamedTuple):
 
 
 def jax_replay_init(
-    capacity: int, obs_space: Any, action_space: Any, num_envs: int, truncation_gap: int
+    capacity: int,
+    obs_space: spaces.Space[Any],
+    action_space: spaces.Space[Any],
+    num_envs: int,
+    truncation_gap: int,
 ) -> JaxReplay:
     """An empty buffer of ``capacity`` transitions of ``num_envs`` envs, each truncated at
     most once every ``truncation_gap`` steps (``final_capacity``)."""
@@ -49,11 +55,16 @@ def jax_replay_init(
     )
     slots = capacity + num_envs
     finals = final_capacity(capacity, num_envs, truncation_gap)
+    # Never None: gymnasium types every space's shape as optional, for the spaces without one
+    # (Dict, Tuple), which no algorithm takes.
+    obs_shape, action_shape = (
+        cast("tuple[int, ...]", space.shape) for space in (obs_space, action_space)
+    )
     return JaxReplay(
-        obs=jnp.zeros((slots, *obs_space.shape), obs_dtype),
-        final_obs=jnp.zeros((finals, *obs_space.shape), obs_dtype),
+        obs=jnp.zeros((slots, *obs_shape), obs_dtype),
+        final_obs=jnp.zeros((finals, *obs_shape), obs_dtype),
         final_index=jnp.full(slots, -1, jnp.int32),
-        actions=jnp.zeros((slots, *action_space.shape), action_dtype),
+        actions=jnp.zeros((slots, *action_shape), action_dtype),
         rewards=jnp.zeros(slots, jnp.float32),
         dones=jnp.zeros(slots, jnp.float32),
         position=jnp.int32(0),
@@ -64,12 +75,12 @@ def jax_replay_init(
 
 def jax_replay_add(
     replay: JaxReplay,
-    obs: Any,
-    next_obs: Any,
-    actions: Any,
-    rewards: Any,
-    terminated: Any,
-    truncated: Any,
+    obs: jax.Array,
+    next_obs: jax.Array,
+    actions: jax.Array,
+    rewards: jax.Array,
+    terminated: jax.Array,
+    truncated: jax.Array,
 ) -> JaxReplay:
     """Store one transition per env (pure: returns the new buffer); as ``ReplayBuffer.add``."""
     import jax.numpy as jnp
@@ -100,7 +111,7 @@ def jax_replay_add(
 
 
 def jax_replay_sample(
-    replay: JaxReplay, key: Any, batch_size: int, num_envs: int
+    replay: JaxReplay, key: jax.Array, batch_size: int, num_envs: int
 ) -> Batch[jax.Array]:
     """A uniform batch (with replacement) of the stored transitions."""
     import jax
@@ -129,7 +140,7 @@ def jax_replay_sample(
 class ReplayState(NamedTuple):
     """The train state of a fused replay-buffer algorithm (DQN, TD3)."""
 
-    agent: Any
+    agent: PyTree
     replay: JaxReplay
     env: VmapState
     key: jax.Array
@@ -137,7 +148,7 @@ class ReplayState(NamedTuple):
     updates: jax.Array
 
 
-def init_replay_state(agent: Any, keys: JaxKeys, env: VmapEnv, buffer_size: int) -> ReplayState:
+def init_replay_state(agent: PyTree, keys: JaxKeys, env: VmapEnv, buffer_size: int) -> ReplayState:
     """A fresh agent with an empty replay buffer, at env step 0."""
     import jax.numpy as jnp
 

@@ -12,7 +12,7 @@ limit and with 0 where it terminated; the value targets are ``advantage + value`
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 import numpy as np
 
@@ -21,7 +21,13 @@ from rlspeed.core.algos.normalization import HostNormalization, NormSettings
 from rlspeed.core.engines import Engine
 
 if TYPE_CHECKING:
+    from types import ModuleType
+
+    import jax
+    from gymnasium import spaces
+
     from rlspeed.config import RunConfig
+    from rlspeed.core import AnyArray, XpArray, XpArrayT
 
 
 class RolloutBatch(NamedTuple):
@@ -35,7 +41,9 @@ class RolloutBatch(NamedTuple):
     returns: Any  # value targets: advantages + values
 
 
-def rollout_length(steps_left: Any, num_envs: int, horizon: int, xp: Any = np) -> Any:
+def rollout_length(
+    steps_left: int | jax.Array, num_envs: int, horizon: int, xp: ModuleType = np
+) -> Any:
     """Steps per env of the next rollout, for ints or traced JAX ints (``xp=jnp``):
     ``horizon``, except in the run's last batch, which takes just enough to reach
     ``total_steps`` (``steps_left`` more env steps)."""
@@ -43,14 +51,14 @@ def rollout_length(steps_left: Any, num_envs: int, horizon: int, xp: Any = np) -
 
 
 def advantage_terms(
-    rewards: Any,
-    values: Any,
-    next_values: Any,
-    terminated: Any,
-    dones: Any,
+    rewards: XpArrayT,
+    values: XpArrayT,
+    next_values: XpArrayT,
+    terminated: XpArrayT,
+    dones: XpArrayT,
     gamma: float,
     lam: float,
-) -> tuple[Any, Any]:
+) -> tuple[XpArrayT, XpArrayT]:
     """TD errors and per-step decays of GAE, for NumPy or JAX arrays of shape [T, N].
 
     ``next_values`` is V(final observation) of every step: the next state's value where the
@@ -83,20 +91,30 @@ def gae(
 
 
 # A policy acting on a batch of observations: (actions as sampled, as sent to the env, their
-# log-probabilities).
-Act = Callable[[Any], tuple[Any, Any, Any]]
+# log-probabilities), arrays of the learner's library.
+Act = Callable[["XpArray"], tuple["AnyArray", "AnyArray", "AnyArray"]]
 
 
 class Rollout:
     """The arrays of one rollout of ``num_envs`` envs, at most ``horizon`` steps each:
     refilled every iteration, so nothing in them carries over (a resume does not need them)."""
 
-    def __init__(self, obs_space: Any, action_space: Any, num_envs: int, horizon: int) -> None:
-        self.obs_shape, self.action_shape = obs_space.shape, action_space.shape
-        self.obs = np.zeros((horizon, num_envs, *obs_space.shape), dtype=obs_space.dtype)
+    def __init__(
+        self,
+        obs_space: spaces.Space[Any],
+        action_space: spaces.Space[Any],
+        num_envs: int,
+        horizon: int,
+    ) -> None:
+        # Never None: gymnasium types every space's shape as optional, for the spaces
+        # without one (Dict, Tuple), which no algorithm takes.
+        self.obs_shape, self.action_shape = (
+            cast("tuple[int, ...]", space.shape) for space in (obs_space, action_space)
+        )
+        self.obs = np.zeros((horizon, num_envs, *self.obs_shape), dtype=obs_space.dtype)
         self.final_obs = np.zeros_like(self.obs)
         action_dtype = np.float32 if action_space.shape else np.int64
-        self.actions = np.zeros((horizon, num_envs, *action_space.shape), dtype=action_dtype)
+        self.actions = np.zeros((horizon, num_envs, *self.action_shape), dtype=action_dtype)
         self.log_probs, self.rewards, self.terminated, self.dones = (
             np.zeros((horizon, num_envs), dtype=np.float32) for _ in range(4)
         )
@@ -105,7 +123,7 @@ class Rollout:
         self,
         engine: Engine,
         act: Act,
-        obs: Any,
+        obs: XpArray,
         length: int,
         episodes: EpisodeSink,
         norm: HostNormalization | None = None,
@@ -182,8 +200,8 @@ class RolloutLearner:
 
     def init_rollout(
         self,
-        obs_space: Any,
-        action_space: Any,
+        obs_space: spaces.Space[Any],
+        action_space: spaces.Space[Any],
         cfg: RunConfig,
         norm: NormSettings | None = None,
     ) -> None:
@@ -193,7 +211,7 @@ class RolloutLearner:
         self.normalization = (
             None
             if norm is None
-            else HostNormalization(norm, obs_space.shape, cfg.num_envs, cfg.algo.gamma)
+            else HostNormalization(norm, self.rollout.obs_shape, cfg.num_envs, cfg.algo.gamma)
         )
 
     def rollout_state(self) -> dict[str, Any]:
@@ -209,11 +227,13 @@ class RolloutLearner:
         if self.normalization is not None:
             self.normalization.load_state_dict(state["normalization"])
 
-    def seen(self, obs: Any) -> Any:
+    def seen(self, obs: XpArray) -> Any:
         """Observations as the policy sees them: normalised, not counted."""
         return obs if self.normalization is None else self.normalization.normalize(obs)
 
-    def iteration(self, engine: Engine, obs: Any, step: int, episodes: EpisodeSink) -> Iteration:
+    def iteration(
+        self, engine: Engine, obs: XpArray, step: int, episodes: EpisodeSink
+    ) -> Iteration:
         """Collect a rollout from env step ``step``, compute its advantages, update on it."""
         algo, n = self.algo, self.num_envs
         length = int(rollout_length(self.total_steps - step, n, algo.num_steps))

@@ -37,29 +37,41 @@ from rlspeed.core.envs.vmap import VmapEnv, VmapState
 from rlspeed.seeding import JaxKeys, Stream, jax_key
 
 if TYPE_CHECKING:
+    from flax.typing import VariableDict
+    from gymnasium import spaces
+
     from rlspeed.config import RunConfig
+    from rlspeed.core import PyTree, XpArray
 
 
 class OnPolicyFunctions(Protocol):
     """Pure functions of one on-policy configuration. The agent they make is a NamedTuple
-    with fields ``policy_params`` and ``value_params`` (and whatever else it needs)."""
+    with fields ``policy_params`` and ``value_params`` (flax variables: the networks'
+    parameters) and whatever else it needs."""
 
     # Gradient steps one ``update`` takes.
     updates_per_batch: int
 
-    def init(self, key: jax.Array) -> Any: ...
+    def init(self, key: jax.Array) -> PyTree: ...
 
-    def act(self, policy_params: Any, obs: jax.Array, key: jax.Array) -> tuple[Any, Any, Any]:
+    def act(
+        self, policy_params: VariableDict, obs: jax.Array, key: jax.Array
+    ) -> tuple[jax.Array, jax.Array, jax.Array]:
         """Sampled actions: (as sampled, as sent to the env, their log-probabilities)."""
 
-    def values(self, value_params: Any, obs: jax.Array) -> jax.Array:
+    def values(self, value_params: VariableDict, obs: jax.Array) -> jax.Array:
         """V(obs) [B]."""
 
-    def greedy(self, policy_params: Any, obs: jax.Array) -> jax.Array: ...
+    def greedy(self, policy_params: VariableDict, obs: jax.Array) -> jax.Array: ...
 
     def update(
-        self, agent: Any, batch: RolloutBatch, key: jax.Array, *, valid: jax.Array | None = None
-    ) -> tuple[Any, dict[str, jax.Array]]:
+        self,
+        agent: PyTree,
+        batch: RolloutBatch,
+        key: jax.Array,
+        *,
+        valid: jax.Array | None = None,
+    ) -> tuple[PyTree, dict[str, jax.Array]]:
         """The gradient steps on one batch; ``key`` for its random draws (minibatches).
         ``valid``: only the batch's first ``valid`` samples count (default: all)."""
 
@@ -116,8 +128,8 @@ class OnPolicyJaxLearner(JaxLearner, RolloutLearner):
     def __init__(
         self,
         fns: OnPolicyFunctions,
-        obs_space: Any,
-        action_space: Any,
+        obs_space: spaces.Space[Any],
+        action_space: spaces.Space[Any],
         cfg: RunConfig,
         seed: int,
     ) -> None:
@@ -131,7 +143,7 @@ class OnPolicyJaxLearner(JaxLearner, RolloutLearner):
         self._greedy = jax.jit(fns.greedy)
         self._update = jax.jit(fns.update)
 
-    def act(self, obs: Any) -> tuple[jax.Array, jax.Array, jax.Array]:
+    def act(self, obs: XpArray) -> tuple[jax.Array, jax.Array, jax.Array]:
         actions: tuple[jax.Array, jax.Array, jax.Array]
         actions = self._act(self.agent.policy_params, obs, self.next_key())
         return actions
@@ -169,7 +181,7 @@ class OnPolicyJaxLearner(JaxLearner, RolloutLearner):
 
 
 class OnPolicyState(NamedTuple):
-    agent: Any
+    agent: PyTree
     env: VmapState
     key: jax.Array
     step: jax.Array
@@ -203,21 +215,27 @@ def norm_settings(fns: OnPolicyFunctions) -> NormSettings | None:
 
 def normalized_greedy(
     fns: OnPolicyFunctions,
-) -> tuple[Callable[[Any], Any], Callable[[Any, jax.Array], jax.Array]]:
+) -> tuple[Callable[[PyTree], PyTree], Callable[[PyTree, jax.Array], jax.Array]]:
     """(agent -> what the greedy policy needs, greedy policy on it): the policy parameters
     and, with observation normalisation, the observation statistics (``checkpoint_tree``)."""
     settings = norm_settings(fns)
     if settings is None or not settings.normalize_obs:
         return (lambda agent: agent["policy_params"]), fns.greedy
 
-    def greedy(params: tuple[Any, Moments], obs: jax.Array) -> jax.Array:
+    def greedy(params: tuple[VariableDict, Moments], obs: jax.Array) -> jax.Array:
         policy_params, stats = params
         return fns.greedy(policy_params, standardized(stats, obs, settings.obs_clip, jnp))
 
     return (lambda agent: (agent["policy_params"], Moments(**agent["obs_norm"]))), greedy
 
 
-def checkpoint_tree(agent: Any, norm: NormState | None) -> dict[str, Any]:
+class AgentTuple(Protocol):
+    """An agent as a NamedTuple of its parts (parameters, optimizer states): a pytree."""
+
+    def _asdict(self) -> dict[str, Any]: ...
+
+
+def checkpoint_tree(agent: AgentTuple, norm: NormState | None) -> dict[str, Any]:
     """What a flax checkpoint holds: the agent's fields and, with observation
     normalisation, its statistics under ``obs_norm`` (the same on host and fused paths)."""
     tree: dict[str, Any] = agent._asdict()

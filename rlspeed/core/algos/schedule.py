@@ -4,10 +4,20 @@ Python numbers (the config checks count updates with it, before NumPy is loaded)
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+    import jax
+
+    # An env step or a count of them: a Python int, or a traced JAX one.
+    Steps = int | jax.Array
 
 
-def multiples_between(prev: Any, step: Any, every: int, start: int, xp: Any = None) -> Any:
+def multiples_between(
+    prev: Steps, step: Steps, every: int, start: int, xp: ModuleType | None = None
+) -> Any:
     """How many multiples of ``every`` lie in ``(max(prev, start), step]``.
 
     Env steps advance ``num_envs`` at a time; counting the multiples crossed makes
@@ -29,7 +39,7 @@ def updates_in_run(total_steps: int, num_envs: int, every: int, start: int) -> i
     return int(multiples_between(0, steps_run(total_steps, num_envs), every, start))
 
 
-def polyak_weight(tau: float, crossings: Any) -> Any:
+def polyak_weight(tau: float, crossings: Steps) -> Any:
     """Weight of ``crossings`` Polyak steps of ``tau`` toward the same online parameters,
     taken as one step ``target += w * (online - target)``: ``w = 1 - (1 - tau) ** k``
     (1 for ``tau = 1``: a copy). One iteration of ``num_envs`` env steps may cross several
@@ -37,7 +47,9 @@ def polyak_weight(tau: float, crossings: Any) -> Any:
     return 1.0 - (1.0 - tau) ** crossings
 
 
-def linear_schedule(step: Any, start: float, end: float, duration: float, xp: Any = None) -> Any:
+def linear_schedule(
+    step: Steps, start: float, end: float, duration: float, xp: ModuleType | None = None
+) -> Any:
     """``start`` at step 0, linearly to ``end`` at ``duration``, then ``end``."""
     minimum, maximum = (min, max) if xp is None else (xp.minimum, xp.maximum)
     # ``duration`` may be traced (a fused run's hyperparameters are inputs of its program).
@@ -55,7 +67,9 @@ class Exploration(Protocol):
     def exploration_fraction(self) -> float: ...
 
 
-def epsilon_at(step: Any, algo: Exploration, total_steps: int, xp: Any = None) -> Any:
+def epsilon_at(
+    step: Steps, algo: Exploration, total_steps: int, xp: ModuleType | None = None
+) -> Any:
     """Exploration rate at env ``step``: ``algo.start_e`` linearly to ``algo.end_e`` over
     ``algo.exploration_fraction`` of the run (DQN and tabular Q-learning)."""
     duration = algo.exploration_fraction * total_steps

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import flax.linen as nn
 import jax
@@ -15,10 +15,14 @@ import numpy as np
 from rlspeed.core.algos.encoding import one_hot_classes
 from rlspeed.core.algos.networks import HIDDEN_GAIN, POLICY_GAIN, VALUE_GAIN, ActorCriticSettings
 
+if TYPE_CHECKING:
+    from flax.typing import VariableDict
+    from gymnasium import spaces
+
 LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 
 
-def apply_output(module: nn.Module, params: Any, *inputs: jax.Array) -> jax.Array:
+def apply_output(module: nn.Module, params: VariableDict, *inputs: jax.Array) -> jax.Array:
     """``module.apply(params, *inputs)`` of a module that returns one array. Without
     ``mutable``, ``apply`` returns the module's output alone; flax's annotation also admits
     the (output, updated variables) pair it returns with ``mutable``."""
@@ -82,26 +86,31 @@ class ActorCritic:
 
     def __init__(
         self,
-        obs_space: Any,
-        action_space: Any,
+        obs_space: spaces.Space[Any],
+        action_space: spaces.Box | spaces.Discrete,
         algo: ActorCriticSettings,
         orthogonal: bool = False,
     ) -> None:
         self.continuous = bool(action_space.shape)
         classes = one_hot_classes(obs_space)
         hidden = tuple(algo.hidden_sizes)
+        # A Box where the actions are continuous (they have a shape), else a Discrete.
         if self.continuous:
-            out_size = int(np.prod(action_space.shape))
-            self.low, self.high = jnp.asarray(action_space.low), jnp.asarray(action_space.high)
+            box = cast("spaces.Box", action_space)
+            out_size = int(np.prod(box.shape))
+            self.low, self.high = jnp.asarray(box.low), jnp.asarray(box.high)
         else:
-            out_size = int(action_space.n)
+            out_size = int(cast("spaces.Discrete", action_space).n)
         log_std = float(algo.initial_log_std) if self.continuous else None
         policy_gain, value_gain = (POLICY_GAIN, VALUE_GAIN) if orthogonal else (None, None)
         self.policy = Policy(out_size, hidden, classes, log_std, policy_gain)
         self.value = MLP(1, hidden, classes, output_gain=value_gain)
-        self._dummy_obs = jnp.zeros((1, *obs_space.shape), dtype=obs_space.dtype)
+        # Never None: gymnasium types every space's shape as optional, for the spaces without
+        # one (Dict, Tuple), which no algorithm takes.
+        obs_shape = cast("tuple[int, ...]", obs_space.shape)
+        self._dummy_obs = jnp.zeros((1, *obs_shape), dtype=obs_space.dtype)
 
-    def init_params(self, key: jax.Array) -> tuple[Any, Any]:
+    def init_params(self, key: jax.Array) -> tuple[VariableDict, VariableDict]:
         """(policy parameters, value parameters)."""
         policy_key, value_key = jax.random.split(key)
         return (
@@ -109,13 +118,15 @@ class ActorCritic:
             self.value.init(value_key, self._dummy_obs),
         )
 
-    def _policy_outputs(self, params: Any, obs: jax.Array) -> tuple[jax.Array, jax.Array | None]:
+    def _policy_outputs(
+        self, params: VariableDict, obs: jax.Array
+    ) -> tuple[jax.Array, jax.Array | None]:
         """The policy's (logits or mean, log std: None for a categorical)."""
         # Without ``mutable``, flax's ``apply`` returns the output alone (see apply_output).
         return self.policy.apply(params, obs)  # type: ignore[return-value]
 
     def act(
-        self, params: Any, obs: jax.Array, key: jax.Array
+        self, params: VariableDict, obs: jax.Array, key: jax.Array
     ) -> tuple[jax.Array, jax.Array, jax.Array]:
         """Sampled actions: (as sampled, as sent to the env: clipped to the bounds, their
         log-probabilities)."""
@@ -128,17 +139,17 @@ class ActorCritic:
             actions = env_actions = jax.random.categorical(key, out).astype(jnp.int32)
         return actions, env_actions, self._log_prob_entropy(out, log_std, actions)[0]
 
-    def greedy(self, params: Any, obs: jax.Array) -> jax.Array:
+    def greedy(self, params: VariableDict, obs: jax.Array) -> jax.Array:
         out, _ = self._policy_outputs(params, obs)
         if self.continuous:
             return jnp.clip(out, self.low, self.high)
         return out.argmax(axis=1)
 
-    def values(self, params: Any, obs: jax.Array) -> jax.Array:
+    def values(self, params: VariableDict, obs: jax.Array) -> jax.Array:
         return apply_output(self.value, params, obs)[:, 0]
 
     def log_prob_entropy(
-        self, params: Any, obs: jax.Array, actions: jax.Array
+        self, params: VariableDict, obs: jax.Array, actions: jax.Array
     ) -> tuple[jax.Array, jax.Array]:
         """Log-probabilities of ``actions`` [B] and the policy's entropy at each obs [B]
         (a loss weighs them: the masked samples of a run's last batch count for nothing)."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -20,6 +20,11 @@ from rlspeed.checkpoint import check_whole
 from rlspeed.core.algos.encoding import input_size, one_hot_classes
 from rlspeed.core.algos.networks import HIDDEN_GAIN, POLICY_GAIN, VALUE_GAIN, ActorCriticSettings
 from rlspeed.seeding import Stream, int_seed
+
+if TYPE_CHECKING:
+    from gymnasium import spaces
+
+    from rlspeed.core import XpArray
 
 
 def lecun_normal_(layer: nn.Linear) -> nn.Linear:
@@ -72,7 +77,7 @@ class MLP(nn.Module):
 
     def __init__(
         self,
-        obs_space: Any,
+        obs_space: spaces.Space[Any],
         out_size: int,
         hidden_sizes: Sequence[int],
         activation: type[nn.Module] = nn.Tanh,
@@ -108,14 +113,19 @@ class Policy(nn.Module):
 
     def __init__(
         self,
-        obs_space: Any,
-        action_space: Any,
+        obs_space: spaces.Space[Any],
+        action_space: spaces.Box | spaces.Discrete,
         algo: ActorCriticSettings,
         output_gain: float | None = None,
     ) -> None:
         super().__init__()
         self.continuous = bool(action_space.shape)
-        out_size = int(np.prod(action_space.shape)) if self.continuous else int(action_space.n)
+        # A Box where the actions are continuous (they have a shape), else a Discrete.
+        out_size = (
+            int(np.prod(cast("spaces.Box", action_space).shape))
+            if self.continuous
+            else int(cast("spaces.Discrete", action_space).n)
+        )
         self.net = MLP(obs_space, out_size, algo.hidden_sizes, output_gain=output_gain)
         if self.continuous:
             self.log_std = nn.Parameter(torch.full((out_size,), float(algo.initial_log_std)))
@@ -136,8 +146,8 @@ class ActorCritic:
 
     def __init__(
         self,
-        obs_space: Any,
-        action_space: Any,
+        obs_space: spaces.Space[Any],
+        action_space: spaces.Box | spaces.Discrete,
         algo: ActorCriticSettings,
         seed: int,
         device: torch.device | None = None,
@@ -149,13 +159,14 @@ class ActorCritic:
         self.policy = Policy(obs_space, action_space, algo, policy_gain).to(self.device)
         self.value = MLP(obs_space, 1, algo.hidden_sizes, output_gain=value_gain).to(self.device)
         if self.policy.continuous:
-            self.low = from_numpy(action_space.low, self.device)
-            self.high = from_numpy(action_space.high, self.device)
+            box = cast("spaces.Box", action_space)
+            self.low = from_numpy(box.low, self.device)
+            self.high = from_numpy(box.high, self.device)
         # The weights come from torch's global generator (seeded with the INIT stream).
         self.generator = torch.Generator().manual_seed(int_seed(seed, Stream.ACT))
 
     @torch.no_grad()
-    def act(self, obs: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def act(self, obs: XpArray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Sampled actions: (as sampled, as sent to the env: clipped to the bounds, their
         log-probabilities), on the CPU, where the loop stores them and engines take them."""
         # DLPack: NumPy arrays and JAX arrays become tensors without a copy (on one device).
@@ -204,7 +215,9 @@ class ActorCritic:
         return actions.cpu().numpy()
 
 
-def saved_greedy_policy(learner: ActorCritic, path: Path) -> list[Callable[[Any], np.ndarray]]:
+def saved_greedy_policy(
+    learner: ActorCritic, path: Path
+) -> list[Callable[[np.ndarray], np.ndarray]]:
     """``learner``'s greedy policy with the policy network saved in ``checkpoint.pt``
     ``path`` (``mode=eval`` of VPG and PPO)."""
     learner.policy.load_state_dict(load_checkpoint(path)["policy"])

@@ -8,7 +8,7 @@ brings its own optimizer, loss and update.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 import jax
 import jax.numpy as jnp
@@ -36,21 +36,30 @@ from rlspeed.core.envs.vmap import VmapEnv
 from rlspeed.core.tasks import Policy as GreedyPolicy
 
 if TYPE_CHECKING:
+    from flax.typing import VariableDict
+    from gymnasium import spaces
+
     from rlspeed.config import RunConfig
 
 
 class Agent(NamedTuple):
-    policy_params: Any
-    value_params: Any
+    policy_params: VariableDict
+    value_params: VariableDict
     # One Adam over (policy_params, value_params).
-    opt_state: Any
+    opt_state: optax.OptState
 
 
 class PPOFunctions(ActorCritic):
     """Pure functions of one PPO configuration: init, act, values, greedy, update.
     ``batches``: the batches of the run, over which ``anneal_lr`` takes the step size to 0."""
 
-    def __init__(self, obs_space: Any, action_space: Any, algo: PPOConfig, batches: int) -> None:
+    def __init__(
+        self,
+        obs_space: spaces.Space[Any],
+        action_space: spaces.Box | spaces.Discrete,
+        algo: PPOConfig,
+        batches: int,
+    ) -> None:
         super().__init__(obs_space, action_space, algo, algo.orthogonal_init)
         self.algo = algo
         # What the rollouts normalise (``rollout_jax.norm_settings``).
@@ -63,7 +72,7 @@ class PPOFunctions(ActorCritic):
         return Agent(*params, self.optimizer.init(params))
 
     def loss(
-        self, params: tuple[Any, Any], minibatch: RolloutBatch, weights: jax.Array
+        self, params: tuple[VariableDict, VariableDict], minibatch: RolloutBatch, weights: jax.Array
     ) -> tuple[jax.Array, dict[str, jax.Array]]:
         """The minibatch's total loss, and its parts as the metrics report them; means over
         the samples whose ``weights`` are 1."""
@@ -127,8 +136,9 @@ class PPOFunctions(ActorCritic):
         weights = jnp.tile(counts.astype(jnp.float32), (algo.update_epochs, 1))
 
         def step(
-            carry: tuple[Any, Any], minibatch: tuple[jax.Array, jax.Array]
-        ) -> tuple[tuple[Any, Any], dict[str, jax.Array]]:
+            carry: tuple[tuple[VariableDict, VariableDict], optax.OptState],
+            minibatch: tuple[jax.Array, jax.Array],
+        ) -> tuple[tuple[tuple[VariableDict, VariableDict], optax.OptState], dict[str, jax.Array]]:
             params, opt_state = carry
             indices, minibatch_weights = minibatch
             samples = jax.tree.map(lambda x: x[indices], batch)
@@ -160,29 +170,45 @@ def optimizer(
     return adam
 
 
-def functions(cfg: RunConfig, obs_space: Any, action_space: Any) -> PPOFunctions:
+def functions(
+    cfg: RunConfig, obs_space: spaces.Space[Any], action_space: spaces.Box | spaces.Discrete
+) -> PPOFunctions:
     """The functions of the run ``cfg``."""
     return PPOFunctions(obs_space, action_space, cfg.algo, batches_in_run(cfg.algo, cfg))
 
 
 class FlaxLearner(OnPolicyJaxLearner):
-    def __init__(self, obs_space: Any, action_space: Any, cfg: RunConfig, seed: int) -> None:
+    def __init__(
+        self,
+        obs_space: spaces.Space[Any],
+        action_space: spaces.Box | spaces.Discrete,
+        cfg: RunConfig,
+        seed: int,
+    ) -> None:
         fns = functions(cfg, obs_space, action_space)
         super().__init__(fns, obs_space, action_space, cfg, seed)
 
 
 def make_train(cfg: RunConfig, env: VmapEnv) -> FusedTrainer:
-    fns = functions(cfg, env.single_observation_space, env.single_action_space)
+    # PPO acts in Box or Discrete spaces (its SPEC's action kinds: the checks see to it).
+    action_space = cast("spaces.Box | spaces.Discrete", env.single_action_space)
+    fns = functions(cfg, env.single_observation_space, action_space)
     return make_on_policy_train(cfg, env, fns)
 
 
 def load_policies(
-    cfg: RunConfig, path: Path, obs_space: Any, action_space: Any
+    cfg: RunConfig,
+    path: Path,
+    obs_space: spaces.Space[Any],
+    action_space: spaces.Box | spaces.Discrete,
 ) -> list[GreedyPolicy]:
     """The greedy policies of a saved ``checkpoint.msgpack`` (``mode=eval``): with
     observation normalisation, on observations normalised by its saved statistics."""
     fns = functions(cfg, obs_space, action_space)
-    norm = init_state(fns.normalization, obs_space.shape, 1, jnp)
+    # Never None: gymnasium types every space's shape as optional, for the spaces without one
+    # (Dict, Tuple), which no algorithm takes.
+    obs_shape = cast("tuple[int, ...]", obs_space.shape)
+    norm = init_state(fns.normalization, obs_shape, 1, jnp)
     template = checkpoint_tree(fns.init(jax.random.key(0)), norm)
     params_of, greedy = normalized_greedy(fns)
     return saved_policies(cfg, path, template, params_of, greedy)

@@ -27,13 +27,21 @@ from rlspeed.core.tasks import Policy as GreedyPolicy
 from rlspeed.seeding import Stream, int_seed
 
 if TYPE_CHECKING:
+    from gymnasium import spaces
+
     from rlspeed.config import RunConfig
 
 METRICS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac")
 
 
 class TorchLearner(ActorCritic, RolloutLearner):
-    def __init__(self, obs_space: Any, action_space: Any, cfg: RunConfig, seed: int) -> None:
+    def __init__(
+        self,
+        obs_space: spaces.Space[Any],
+        action_space: spaces.Box | spaces.Discrete,
+        cfg: RunConfig,
+        seed: int,
+    ) -> None:
         algo = self.algo = cfg.algo
         device = device_of(cfg.backend)
         super().__init__(obs_space, action_space, algo, seed, device, algo.orthogonal_init)
@@ -79,7 +87,9 @@ class TorchLearner(ActorCritic, RolloutLearner):
         parts = (policy_loss, value_loss, entropy, approx_kl, clipfrac)
         return total, {f"losses/{name}": x.detach() for name, x in zip(METRICS, parts, strict=True)}
 
-    def update(self, batch: RolloutBatch, orders: Any = None) -> dict[str, torch.Tensor]:
+    def update(
+        self, batch: RolloutBatch, orders: torch.Tensor | np.ndarray | None = None
+    ) -> dict[str, torch.Tensor]:
         """``update_epochs`` passes over the batch in ``num_minibatches`` minibatches, one
         gradient step each; metrics are the means over the steps. ``orders``
         [update_epochs, batch]: each pass's order (default: drawn permutations)."""
@@ -146,7 +156,10 @@ class TorchLearner(ActorCritic, RolloutLearner):
 
 
 def load_policies(
-    cfg: RunConfig, path: Path, obs_space: Any, action_space: Any
+    cfg: RunConfig,
+    path: Path,
+    obs_space: spaces.Space[Any],
+    action_space: spaces.Box | spaces.Discrete,
 ) -> list[GreedyPolicy]:
     """The greedy policy of a saved ``checkpoint.pt`` (``mode=eval``): with observation
     normalisation, on observations normalised by its saved statistics."""

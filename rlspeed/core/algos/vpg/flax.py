@@ -6,7 +6,7 @@ the host learner (Gymnasium engines) and the fused program (``env=jax-vmap``).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 import jax
 import optax
@@ -26,14 +26,17 @@ from rlspeed.core.envs.vmap import VmapEnv
 from rlspeed.core.tasks import Policy as GreedyPolicy
 
 if TYPE_CHECKING:
+    from flax.typing import VariableDict
+    from gymnasium import spaces
+
     from rlspeed.config import RunConfig
 
 
 class Agent(NamedTuple):
-    policy_params: Any
-    value_params: Any
-    policy_opt_state: Any
-    value_opt_state: Any
+    policy_params: VariableDict
+    value_params: VariableDict
+    policy_opt_state: optax.OptState
+    value_opt_state: optax.OptState
 
 
 def _optimizer(learning_rate: float, max_grad_norm: float) -> optax.GradientTransformation:
@@ -45,7 +48,12 @@ def _optimizer(learning_rate: float, max_grad_norm: float) -> optax.GradientTran
 class VPGFunctions(ActorCritic):
     """Pure functions of one VPG configuration: init, act, values, greedy, update."""
 
-    def __init__(self, obs_space: Any, action_space: Any, algo: VPGConfig) -> None:
+    def __init__(
+        self,
+        obs_space: spaces.Space[Any],
+        action_space: spaces.Box | spaces.Discrete,
+        algo: VPGConfig,
+    ) -> None:
         super().__init__(obs_space, action_space, algo)
         self.algo = algo
         self.updates_per_batch = 1 + algo.value_iterations
@@ -79,7 +87,9 @@ class VPGFunctions(ActorCritic):
         if algo.normalize_advantages:
             advantages = normalized(advantages, weights)
 
-        def policy_loss_fn(params: Any) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+        def policy_loss_fn(
+            params: VariableDict,
+        ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
             log_prob, entropy = self.log_prob_entropy(params, batch.obs, batch.actions)
             policy_loss = -weighted_mean(log_prob * advantages, weights)
             entropy = weighted_mean(entropy, weights)
@@ -91,7 +101,9 @@ class VPGFunctions(ActorCritic):
         )
         policy_params = optax.apply_updates(agent.policy_params, updates)
 
-        def value_step(carry: tuple[Any, Any], _: None) -> tuple[tuple[Any, Any], jax.Array]:
+        def value_step(
+            carry: tuple[VariableDict, optax.OptState], _: None
+        ) -> tuple[tuple[VariableDict, optax.OptState], jax.Array]:
             params, opt_state = carry
             loss, grads = jax.value_and_grad(
                 lambda p: weighted_mean((self.values(p, batch.obs) - batch.returns) ** 2, weights)
@@ -114,18 +126,29 @@ class VPGFunctions(ActorCritic):
 
 
 class FlaxLearner(OnPolicyJaxLearner):
-    def __init__(self, obs_space: Any, action_space: Any, cfg: RunConfig, seed: int) -> None:
+    def __init__(
+        self,
+        obs_space: spaces.Space[Any],
+        action_space: spaces.Box | spaces.Discrete,
+        cfg: RunConfig,
+        seed: int,
+    ) -> None:
         fns = VPGFunctions(obs_space, action_space, cfg.algo)
         super().__init__(fns, obs_space, action_space, cfg, seed)
 
 
 def make_train(cfg: RunConfig, env: VmapEnv) -> FusedTrainer:
-    fns = VPGFunctions(env.single_observation_space, env.single_action_space, cfg.algo)
+    # VPG acts in Box or Discrete spaces (its SPEC's action kinds: the checks see to it).
+    action_space = cast("spaces.Box | spaces.Discrete", env.single_action_space)
+    fns = VPGFunctions(env.single_observation_space, action_space, cfg.algo)
     return make_on_policy_train(cfg, env, fns)
 
 
 def load_policies(
-    cfg: RunConfig, path: Path, obs_space: Any, action_space: Any
+    cfg: RunConfig,
+    path: Path,
+    obs_space: spaces.Space[Any],
+    action_space: spaces.Box | spaces.Discrete,
 ) -> list[GreedyPolicy]:
     """The greedy policies of a saved ``checkpoint.msgpack`` (``mode=eval``)."""
     fns = VPGFunctions(obs_space, action_space, cfg.algo)

@@ -24,11 +24,19 @@ from rlspeed.core.backends.torch import device_of
 from rlspeed.core.tasks import Policy as GreedyPolicy
 
 if TYPE_CHECKING:
+    from gymnasium import spaces
+
     from rlspeed.config import RunConfig
 
 
 class TorchLearner(ActorCritic, RolloutLearner):
-    def __init__(self, obs_space: Any, action_space: Any, cfg: RunConfig, seed: int) -> None:
+    def __init__(
+        self,
+        obs_space: spaces.Space[Any],
+        action_space: spaces.Box | spaces.Discrete,
+        cfg: RunConfig,
+        seed: int,
+    ) -> None:
         algo = self.algo = cfg.algo
         super().__init__(obs_space, action_space, algo, seed, device_of(cfg.backend))
         self.updates_per_batch = 1 + algo.value_iterations
@@ -100,7 +108,10 @@ class TorchLearner(ActorCritic, RolloutLearner):
 
 
 def load_policies(
-    cfg: RunConfig, path: Path, obs_space: Any, action_space: Any
+    cfg: RunConfig,
+    path: Path,
+    obs_space: spaces.Space[Any],
+    action_space: spaces.Box | spaces.Discrete,
 ) -> list[GreedyPolicy]:
     """The greedy policy of a saved ``checkpoint.pt`` (``mode=eval``)."""
     return saved_greedy_policy(TorchLearner(obs_space, action_space, cfg, cfg.seed), path)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 import flax.linen as nn
 import jax
@@ -46,19 +46,25 @@ from rlspeed.core.tasks import Policy
 from rlspeed.seeding import JaxKeys
 
 if TYPE_CHECKING:
+    from flax.typing import VariableDict
+    from gymnasium import spaces
+
     from rlspeed.config import RunConfig
+    from rlspeed.core import XpArray
 
 
 class Agent(NamedTuple):
-    params: Any
-    target_params: Any
-    opt_state: Any
+    params: VariableDict
+    target_params: VariableDict
+    opt_state: optax.OptState
 
 
 class DQNFunctions:
     """Pure functions of one DQN configuration: init, act, update, target sync."""
 
-    def __init__(self, obs_space: Any, action_space: Any, cfg: RunConfig) -> None:
+    def __init__(
+        self, obs_space: spaces.Space[Any], action_space: spaces.Discrete, cfg: RunConfig
+    ) -> None:
         algo = self.algo = cfg.algo
         self.n_actions = int(action_space.n)
         self.network = MLP(
@@ -70,13 +76,18 @@ class DQNFunctions:
             if algo.anneal_lr
             else algo.learning_rate
         )
-        self._dummy_obs = jnp.zeros((1, *obs_space.shape), dtype=obs_space.dtype)
+        # Never None: gymnasium types every space's shape as optional, for the spaces without
+        # one (Dict, Tuple), which no algorithm takes.
+        obs_shape = cast("tuple[int, ...]", obs_space.shape)
+        self._dummy_obs = jnp.zeros((1, *obs_shape), dtype=obs_space.dtype)
 
     def init(self, key: jax.Array) -> Agent:
         params = self.network.init(key, self._dummy_obs)
         return Agent(params, params, self.optimizer.init(params))
 
-    def act(self, params: Any, obs: jax.Array, key: jax.Array, epsilon: jax.Array) -> jax.Array:
+    def act(
+        self, params: VariableDict, obs: jax.Array, key: jax.Array, epsilon: jax.Array
+    ) -> jax.Array:
         greedy = apply_output(self.network, params, obs).argmax(axis=1).astype(jnp.int32)
         explore_key, action_key = jax.random.split(key)
         n = obs.shape[0]
@@ -84,11 +95,11 @@ class DQNFunctions:
         random = jax.random.randint(action_key, (n,), 0, self.n_actions, dtype=jnp.int32)
         return jnp.where(explore, random, greedy)
 
-    def greedy(self, params: Any, obs: jax.Array) -> jax.Array:
+    def greedy(self, params: VariableDict, obs: jax.Array) -> jax.Array:
         actions: jax.Array = apply_output(self.network, params, obs).argmax(axis=1)
         return actions
 
-    def td_targets(self, target_params: Any, batch: Batch[jax.Array]) -> jax.Array:
+    def td_targets(self, target_params: VariableDict, batch: Batch[jax.Array]) -> jax.Array:
         next_q = apply_output(self.network, target_params, batch.next_obs).max(axis=1)
         targets: jax.Array = batch.rewards + self.algo.gamma * next_q * (1.0 - batch.dones)
         return targets
@@ -97,7 +108,7 @@ class DQNFunctions:
         self, agent: Agent, batch: Batch[jax.Array], td_target: jax.Array
     ) -> tuple[Agent, jax.Array, jax.Array]:
 
-        def loss_fn(params: Any) -> tuple[jax.Array, jax.Array]:
+        def loss_fn(params: VariableDict) -> tuple[jax.Array, jax.Array]:
             q_all = apply_output(self.network, params, batch.obs)
             q = jnp.take_along_axis(q_all, batch.actions.astype(jnp.int32)[:, None], axis=1)[:, 0]
             return jnp.mean((q - td_target) ** 2), q.mean()
@@ -120,7 +131,13 @@ class DQNFunctions:
 class FlaxLearner(JaxLearner, DQNSchedule, ReplayLearner):
     """Jitted act/update for the Python-driven loop (Gymnasium engines)."""
 
-    def __init__(self, obs_space: Any, action_space: Any, cfg: RunConfig, seed: int) -> None:
+    def __init__(
+        self,
+        obs_space: spaces.Space[Any],
+        action_space: spaces.Discrete,
+        cfg: RunConfig,
+        seed: int,
+    ) -> None:
         self.algo, self.total_steps, self.num_envs = cfg.algo, cfg.total_steps, cfg.num_envs
         self.fns = DQNFunctions(obs_space, action_space, cfg)
         super().__init__(self.fns.init, seed)
@@ -130,7 +147,7 @@ class FlaxLearner(JaxLearner, DQNSchedule, ReplayLearner):
         self._sync = jax.jit(self.fns.sync_target)
         self.buffer = replay_buffer(obs_space, action_space, cfg, seed)
 
-    def act(self, obs: Any, step: int) -> jax.Array:
+    def act(self, obs: XpArray, step: int) -> jax.Array:
         actions: jax.Array = self._act(self.agent.params, obs, self.next_key(), self.epsilon(step))
         return actions
 
@@ -177,7 +194,9 @@ class ChunkStats(NamedTuple):
 
 def make_train(cfg: RunConfig, env: VmapEnv) -> FusedTrainer:
     algo, n = cfg.algo, env.num_envs
-    fns = DQNFunctions(env.single_observation_space, env.single_action_space, cfg)
+    # DQN acts in Discrete spaces (its SPEC's action kinds: the checks see to it).
+    action_space = cast("spaces.Discrete", env.single_action_space)
+    fns = DQNFunctions(env.single_observation_space, action_space, cfg)
     total_iterations = math.ceil(cfg.total_steps / n)
     # Updates per group sharing one replay draw: all of an iteration's (at most
     # ceil(n / train_frequency)), up to PRESAMPLE_INPUTS network inputs.
@@ -273,7 +292,9 @@ def make_train(cfg: RunConfig, env: VmapEnv) -> FusedTrainer:
     )
 
 
-def load_policies(cfg: RunConfig, path: Path, obs_space: Any, action_space: Any) -> list[Policy]:
+def load_policies(
+    cfg: RunConfig, path: Path, obs_space: spaces.Space[Any], action_space: spaces.Discrete
+) -> list[Policy]:
     """The greedy policies of a saved ``checkpoint.msgpack`` (``mode=eval``)."""
     fns = DQNFunctions(obs_space, action_space, cfg)
     return saved_agent_policies(cfg, path, fns.init, "params", fns.greedy)

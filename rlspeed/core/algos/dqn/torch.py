@@ -32,7 +32,10 @@ from rlspeed.core.tasks import Policy
 from rlspeed.seeding import Stream, int_seed
 
 if TYPE_CHECKING:
+    from gymnasium import spaces
+
     from rlspeed.config import RunConfig
+    from rlspeed.core import AnyArray
 
 
 @torch.no_grad()
@@ -42,7 +45,13 @@ def greedy_actions(q_network: nn.Module, obs: np.ndarray) -> np.ndarray:
 
 
 class TorchLearner(DQNSchedule, ReplayLearner):
-    def __init__(self, obs_space: Any, action_space: Any, cfg: RunConfig, seed: int) -> None:
+    def __init__(
+        self,
+        obs_space: spaces.Space[Any],
+        action_space: spaces.Discrete,
+        cfg: RunConfig,
+        seed: int,
+    ) -> None:
         algo = cfg.algo
         self.algo, self.total_steps, self.num_envs = algo, cfg.total_steps, cfg.num_envs
         self.n_actions = int(action_space.n)
@@ -60,7 +69,7 @@ class TorchLearner(DQNSchedule, ReplayLearner):
         self.buffer = replay_buffer(obs_space, action_space, cfg, seed)
 
     @torch.no_grad()
-    def act(self, obs: Any, step: int) -> torch.Tensor:
+    def act(self, obs: AnyArray, step: int) -> torch.Tensor:
         epsilon = self.epsilon(step)
         # DLPack: NumPy arrays and JAX arrays become tensors without a copy (on one device).
         obs = from_dlpack(obs).to(self.device)
@@ -133,7 +142,9 @@ class TorchLearner(DQNSchedule, ReplayLearner):
         )
 
 
-def load_policies(cfg: RunConfig, path: Path, obs_space: Any, action_space: Any) -> list[Policy]:
+def load_policies(
+    cfg: RunConfig, path: Path, obs_space: spaces.Space[Any], action_space: spaces.Discrete
+) -> list[Policy]:
     """The greedy policy of a saved ``checkpoint.pt`` (``mode=eval``)."""
     q_network = MLP(obs_space, int(action_space.n), cfg.algo.hidden_sizes, nn.ReLU)
     q_network.load_state_dict(load_checkpoint(path)["q_network"])

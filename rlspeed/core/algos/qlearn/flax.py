@@ -34,7 +34,10 @@ from rlspeed.registry import TASKS
 from rlspeed.seeding import JaxKeys, Stream, jax_key
 
 if TYPE_CHECKING:
+    from gymnasium import spaces
+
     from rlspeed.config import RunConfig
+    from rlspeed.core import XpArray
 
 
 def max_over_actions(values: jax.Array) -> jax.Array:
@@ -44,7 +47,9 @@ def max_over_actions(values: jax.Array) -> jax.Array:
     return reduce(jnp.maximum, [values[:, a] for a in range(values.shape[1])])
 
 
-def explore_greedy(q: jax.Array, states: jax.Array, u: jax.Array, epsilon: Any) -> jax.Array:
+def explore_greedy(
+    q: jax.Array, states: jax.Array, u: jax.Array, epsilon: float | jax.Array
+) -> jax.Array:
     """Epsilon-greedy with random tie-breaking: a uniform pick among all actions with
     probability epsilon, else among the maximal ones. One uniform number per env (``u``)
     does both: below epsilon it explores, and rescaled to [0, 1) within its branch it
@@ -96,7 +101,13 @@ def td_update(
 class FlaxQTable(QTableLearner):
     """Jitted act/update for the Python-driven loop (Gymnasium engines)."""
 
-    def __init__(self, obs_space: Any, action_space: Any, cfg: RunConfig, seed: int) -> None:
+    def __init__(
+        self,
+        obs_space: spaces.Space[Any],
+        action_space: spaces.Discrete,
+        cfg: RunConfig,
+        seed: int,
+    ) -> None:
         super().__init__(cfg)
         algo = cfg.algo
         self.q = jnp.zeros(table_shape(cfg, action_space))
@@ -128,9 +139,9 @@ class FlaxQTable(QTableLearner):
         self,
         states: np.ndarray,
         actions: jax.Array,
-        rewards: Any,
+        rewards: XpArray,
         next_states: np.ndarray,
-        terminated: Any,
+        terminated: XpArray,
     ) -> dict[str, jax.Array]:
         metrics: dict[str, jax.Array]
         self.q, metrics = self._update(self.q, states, actions, rewards, next_states, terminated)
@@ -250,7 +261,9 @@ def make_train(cfg: RunConfig, env: VmapEnv) -> FusedTrainer:
     )
 
 
-def load_policies(cfg: RunConfig, path: Path, obs_space: Any, action_space: Any) -> list[Policy]:
+def load_policies(
+    cfg: RunConfig, path: Path, obs_space: spaces.Space[Any], action_space: spaces.Discrete
+) -> list[Policy]:
     """The greedy policies of a saved ``checkpoint.msgpack`` (``mode=eval``)."""
     tabular = TASKS.get(cfg.task.name).tabular
     template = {"q_table": jnp.zeros(table_shape(cfg, action_space))}

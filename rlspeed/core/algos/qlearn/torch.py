@@ -22,7 +22,10 @@ from rlspeed.registry import TASKS
 from rlspeed.seeding import Stream, int_seed
 
 if TYPE_CHECKING:
+    from gymnasium import spaces
+
     from rlspeed.config import RunConfig
+    from rlspeed.core import XpArray
 
 
 def explore_greedy(
@@ -66,7 +69,13 @@ def td_update_(
 
 
 class TorchQTable(QTableLearner):
-    def __init__(self, obs_space: Any, action_space: Any, cfg: RunConfig, seed: int) -> None:
+    def __init__(
+        self,
+        obs_space: spaces.Space[Any],
+        action_space: spaces.Discrete,
+        cfg: RunConfig,
+        seed: int,
+    ) -> None:
         super().__init__(cfg)
         self.alpha, self.gamma = cfg.algo.alpha, cfg.algo.gamma
         self.device = device_of(cfg.backend)
@@ -87,9 +96,9 @@ class TorchQTable(QTableLearner):
         self,
         states: np.ndarray,
         actions: torch.Tensor,
-        rewards: Any,
+        rewards: XpArray,
         next_states: np.ndarray,
-        terminated: Any,
+        terminated: XpArray,
     ) -> dict[str, torch.Tensor]:
         # DLPack: NumPy and JAX arrays become tensors without a copy.
         td, q_sa = td_update_(
@@ -122,7 +131,9 @@ class TorchQTable(QTableLearner):
         return save_torch({"q_table": self.q}, path)
 
 
-def load_policies(cfg: RunConfig, path: Path, obs_space: Any, action_space: Any) -> list[Policy]:
+def load_policies(
+    cfg: RunConfig, path: Path, obs_space: spaces.Space[Any], action_space: spaces.Discrete
+) -> list[Policy]:
     """The greedy policy of a saved ``checkpoint.pt`` (``mode=eval``)."""
     q: torch.Tensor = load_checkpoint(path)["q_table"]
     check_shape("q_table", q.shape, table_shape(cfg, action_space))

@@ -17,7 +17,7 @@ import math
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 import flax.linen as nn
 import jax
@@ -54,7 +54,11 @@ from rlspeed.core.tasks import Policy
 from rlspeed.seeding import JaxKeys
 
 if TYPE_CHECKING:
+    from flax.typing import VariableDict
+    from gymnasium import spaces
+
     from rlspeed.config import RunConfig
+    from rlspeed.core import XpArray
 
 
 def _flat(obs: jax.Array) -> jax.Array:
@@ -87,18 +91,18 @@ class QNetwork(nn.Module):
 
 
 class Agent(NamedTuple):
-    actor_params: Any
-    critic_params: Any  # Q1 and Q2, stacked on a leading axis of 2
-    actor_target: Any
-    critic_target: Any
-    actor_opt_state: Any
-    critic_opt_state: Any
+    actor_params: VariableDict
+    critic_params: VariableDict  # Q1 and Q2, stacked on a leading axis of 2
+    actor_target: VariableDict
+    critic_target: VariableDict
+    actor_opt_state: optax.OptState
+    critic_opt_state: optax.OptState
 
 
 class TD3Functions:
     """Pure functions of one TD3 configuration: init, act, and the update."""
 
-    def __init__(self, obs_space: Any, action_space: Any, algo: TD3Config) -> None:
+    def __init__(self, obs_space: spaces.Box, action_space: spaces.Box, algo: TD3Config) -> None:
         self.algo = algo
         self.bounds = action_bounds(action_space, jnp.asarray)
         self.action_shape = tuple(action_space.shape)
@@ -118,17 +122,19 @@ class TD3Functions:
         opt = self.optimizer
         return Agent(actor, critics, actor, critics, opt.init(actor), opt.init(critics))
 
-    def actor(self, params: Any, obs: jax.Array) -> jax.Array:
+    def actor(self, params: VariableDict, obs: jax.Array) -> jax.Array:
         """The deterministic (greedy) actions."""
         actions: jax.Array = squash(apply_output(self.actor_net, params, obs), self.bounds, jnp)
         return actions
 
-    def critics(self, params: Any, obs: jax.Array, actions: jax.Array) -> jax.Array:
+    def critics(self, params: VariableDict, obs: jax.Array, actions: jax.Array) -> jax.Array:
         """Q1 and Q2 of each (obs, action): shape [2, B]."""
         critic = partial(apply_output, self.critic_net)
         return jax.vmap(critic, in_axes=(0, None, None))(params, obs, actions)
 
-    def act(self, params: Any, obs: jax.Array, key: jax.Array, step: jax.Array) -> jax.Array:
+    def act(
+        self, params: VariableDict, obs: jax.Array, key: jax.Array, step: jax.Array
+    ) -> jax.Array:
         """Uniformly random actions before ``learning_starts``, then the actor's plus noise."""
         noise_key, random_key = jax.random.split(key)
         actions = self.actor(params, obs)
@@ -148,7 +154,7 @@ class TD3Functions:
         next_q = self.critics(agent.critic_target, batch.next_obs, next_actions).min(axis=0)
         target = batch.rewards + algo.gamma * (1.0 - batch.dones) * next_q
 
-        def loss_fn(params: Any) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+        def loss_fn(params: VariableDict) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
             q = self.critics(params, batch.obs, batch.actions)
             losses = jnp.mean((q - target) ** 2, axis=1)
             return losses.sum(), (losses, q[0].mean())
@@ -174,7 +180,7 @@ class TD3Functions:
         """The delayed step: the actor ascends Q1, then every target moves by ``tau``."""
         q1_params = jax.tree.map(lambda x: x[0], agent.critic_params)
 
-        def loss_fn(params: Any) -> jax.Array:
+        def loss_fn(params: VariableDict) -> jax.Array:
             actions = self.actor(params, batch.obs)
             return -apply_output(self.critic_net, q1_params, batch.obs, actions).mean()
 
@@ -206,7 +212,9 @@ class TD3Functions:
 class FlaxLearner(JaxLearner, ReplayLearner):
     """Jitted act/update for the Python-driven loop (Gymnasium engines)."""
 
-    def __init__(self, obs_space: Any, action_space: Any, cfg: RunConfig, seed: int) -> None:
+    def __init__(
+        self, obs_space: spaces.Box, action_space: spaces.Box, cfg: RunConfig, seed: int
+    ) -> None:
         self.algo = cfg.algo
         self.fns = TD3Functions(obs_space, action_space, cfg.algo)
         super().__init__(self.fns.init, seed)
@@ -217,14 +225,16 @@ class FlaxLearner(JaxLearner, ReplayLearner):
         self._normal = jax.jit(jax.random.normal, static_argnums=1)
         self.buffer = replay_buffer(obs_space, action_space, cfg, seed)
 
-    def act(self, obs: Any, step: int) -> jax.Array:
+    def act(self, obs: XpArray, step: int) -> jax.Array:
         actions: jax.Array = self._act(self.agent.actor_params, obs, self.next_key(), step)
         return actions
 
     def greedy(self, obs: np.ndarray) -> np.ndarray:
         return np.asarray(self._greedy(self.agent.actor_params, obs))
 
-    def update(self, batch: Batch[np.ndarray], target_noise: Any = None) -> dict[str, jax.Array]:
+    def update(
+        self, batch: Batch[np.ndarray], target_noise: XpArray | None = None
+    ) -> dict[str, jax.Array]:
         """One critic update, plus the actor and target updates every ``policy_frequency``.
         ``target_noise``: the standard-normal draws of target policy smoothing (drawn
         here unless given)."""
@@ -264,7 +274,12 @@ class ChunkStats(NamedTuple):
 
 def make_train(cfg: RunConfig, env: VmapEnv) -> FusedTrainer:
     algo, n = cfg.algo, env.num_envs
-    fns = TD3Functions(env.single_observation_space, env.single_action_space, algo)
+    # TD3 takes Box spaces only (its SPEC's observation and action kinds: the checks see to it).
+    obs_space, action_space = (
+        cast("spaces.Box", space)
+        for space in (env.single_observation_space, env.single_action_space)
+    )
+    fns = TD3Functions(obs_space, action_space, algo)
     total_iterations = math.ceil(cfg.total_steps / n)
 
     def init(keys: JaxKeys) -> ReplayState:
@@ -323,7 +338,9 @@ def make_train(cfg: RunConfig, env: VmapEnv) -> FusedTrainer:
     )
 
 
-def load_policies(cfg: RunConfig, path: Path, obs_space: Any, action_space: Any) -> list[Policy]:
+def load_policies(
+    cfg: RunConfig, path: Path, obs_space: spaces.Box, action_space: spaces.Box
+) -> list[Policy]:
     """The deterministic policies of a saved ``checkpoint.msgpack`` (``mode=eval``)."""
     fns = TD3Functions(obs_space, action_space, cfg.algo)
     return saved_agent_policies(cfg, path, fns.init, "actor_params", fns.actor)

@@ -34,7 +34,10 @@ from rlspeed.core.tasks import Policy
 from rlspeed.seeding import Stream, int_seed
 
 if TYPE_CHECKING:
+    from gymnasium import spaces
+
     from rlspeed.config import RunConfig
+    from rlspeed.core import AnyArray
 
 
 def mlp(sizes: Sequence[int]) -> nn.Sequential:
@@ -48,8 +51,8 @@ def mlp(sizes: Sequence[int]) -> nn.Sequential:
 class Actor(nn.Module):
     def __init__(
         self,
-        obs_space: Any,
-        action_space: Any,
+        obs_space: spaces.Box,
+        action_space: spaces.Box,
         hidden_sizes: Sequence[int],
         device: torch.device,
     ) -> None:
@@ -64,7 +67,9 @@ class Actor(nn.Module):
 
 
 class QNetwork(nn.Module):
-    def __init__(self, obs_space: Any, action_space: Any, hidden_sizes: Sequence[int]) -> None:
+    def __init__(
+        self, obs_space: spaces.Box, action_space: spaces.Box, hidden_sizes: Sequence[int]
+    ) -> None:
         super().__init__()
         obs_dim, action_dim = int(np.prod(obs_space.shape)), int(np.prod(action_space.shape))
         self.net = mlp([obs_dim + action_dim, *hidden_sizes, 1])
@@ -75,7 +80,9 @@ class QNetwork(nn.Module):
 
 
 class TorchLearner(ReplayLearner):
-    def __init__(self, obs_space: Any, action_space: Any, cfg: RunConfig, seed: int) -> None:
+    def __init__(
+        self, obs_space: spaces.Box, action_space: spaces.Box, cfg: RunConfig, seed: int
+    ) -> None:
         algo = self.algo = cfg.algo
         # Weights drawn on the CPU (the global generator), then moved: the same anywhere.
         device = self.device = device_of(cfg.backend)
@@ -98,7 +105,7 @@ class TorchLearner(ReplayLearner):
         self.buffer = replay_buffer(obs_space, action_space, cfg, seed)
 
     @torch.no_grad()
-    def act(self, obs: Any, step: int) -> torch.Tensor:
+    def act(self, obs: AnyArray, step: int) -> torch.Tensor:
         # DLPack: NumPy arrays and JAX arrays become tensors without a copy (on one device).
         obs = from_dlpack(obs).to(self.device)
         shape = (obs.shape[0], *self.bounds.low.shape)
@@ -117,7 +124,9 @@ class TorchLearner(ReplayLearner):
         actions: torch.Tensor = self.actor(from_numpy(obs, self.device))
         return actions.cpu().numpy()
 
-    def update(self, batch: Batch[np.ndarray], target_noise: Any = None) -> dict[str, torch.Tensor]:
+    def update(
+        self, batch: Batch[np.ndarray], target_noise: torch.Tensor | np.ndarray | None = None
+    ) -> dict[str, torch.Tensor]:
         """One critic update, plus the actor and target updates every ``policy_frequency``.
         ``target_noise``: the standard-normal draws of target policy smoothing (drawn
         here unless given)."""
@@ -195,7 +204,9 @@ class TorchLearner(ReplayLearner):
         return save_torch({name: part.state_dict() for name, part in parts}, path)
 
 
-def load_policies(cfg: RunConfig, path: Path, obs_space: Any, action_space: Any) -> list[Policy]:
+def load_policies(
+    cfg: RunConfig, path: Path, obs_space: spaces.Box, action_space: spaces.Box
+) -> list[Policy]:
     """The deterministic policy of a saved ``checkpoint.pt`` (``mode=eval``)."""
     learner = TorchLearner(obs_space, action_space, cfg, cfg.seed)
     learner.actor.load_state_dict(load_checkpoint(path)["actor"])

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -61,14 +61,21 @@ class FusedTrainer(NamedTuple):
         return self.run(self.init(keys), self.total_iterations, self.total_iterations)
 
 
+# A scan's carry, its inputs of one iteration and its outputs of one (jax.lax.scan's names):
+# pytrees of the caller's.
+Carry = TypeVar("Carry")
+X = TypeVar("X")
+Y = TypeVar("Y")
+
+
 def masked_scan(
-    iteration: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]],
-    carry: PyTree,
-    xs: PyTree,
+    iteration: Callable[[Carry, X], tuple[Carry, Y]],
+    carry: Carry,
+    xs: X,
     length: int,
     valid: Valid,
     unroll: int = 1,
-) -> tuple[PyTree, PyTree]:
+) -> tuple[Carry, Y]:
     """``lax.scan(iteration, carry, xs, length)`` that runs only the first ``valid``
     iterations (``valid`` may be traced; None: all): the outputs of the rest are zeros. A
     run whose length is not a multiple of the chunk can run its last chunk with the same
@@ -85,7 +92,7 @@ def masked_scan(
     out_shapes = jax.eval_shape(iteration, carry, first_x)[1]
     if unroll > 1:
 
-        def kept(carry: PyTree, indexed: tuple[jax.Array, PyTree]) -> tuple[PyTree, PyTree]:
+        def kept(carry: Carry, indexed: tuple[jax.Array, X]) -> tuple[Carry, Y]:
             index, x = indexed
             new, out = iteration(carry, x)
             keep = index < valid
@@ -93,29 +100,30 @@ def masked_scan(
             return new, jax.tree.map(lambda o: jnp.where(keep, o, jnp.zeros_like(o)), out)
 
         indices = jnp.arange(length)
-        scanned: tuple[PyTree, PyTree] = jax.lax.scan(
+        scanned: tuple[Carry, Y] = jax.lax.scan(
             kept, carry, (indices, xs), length=length, unroll=unroll
         )
         return scanned
 
     outs = jax.tree.map(lambda s: jnp.zeros((length, *s.shape), s.dtype), out_shapes)
 
-    def body(index: jax.Array, state: tuple[PyTree, PyTree]) -> tuple[PyTree, PyTree]:
+    def body(index: jax.Array, state: tuple[Carry, Y]) -> tuple[Carry, Y]:
         carry, outs = state
         x = None if xs is None else jax.tree.map(lambda x: x[index], xs)
-        carry, out = iteration(carry, x)
+        # None where ``xs`` is None (a scan without inputs), which is then what X is.
+        carry, out = iteration(carry, x)  # type: ignore[arg-type]
         return carry, jax.tree.map(lambda buf, o: buf.at[index].set(o), outs, out)
 
-    looped: tuple[PyTree, PyTree] = jax.lax.fori_loop(0, valid, body, (carry, outs))
+    looped: tuple[Carry, Y] = jax.lax.fori_loop(0, valid, body, (carry, outs))
     return looped
 
 
 def scan_iterations(
-    iteration: Callable[[PyTree, None], tuple[PyTree, PyTree]],
-) -> Callable[[PyTree, int, Valid], tuple[PyTree, PyTree]]:
+    iteration: Callable[[Carry, None], tuple[Carry, Y]],
+) -> Callable[[Carry, int, Valid], tuple[Carry, Y]]:
     """A ``FusedTrainer.run`` that repeats ``iteration(state, None) -> (state, stats)``."""
 
-    def run(state: PyTree, iterations: int, valid: Valid) -> tuple[PyTree, PyTree]:
+    def run(state: Carry, iterations: int, valid: Valid) -> tuple[Carry, Y]:
         return masked_scan(iteration, state, None, iterations, valid)
 
     return run

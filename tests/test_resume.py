@@ -518,6 +518,7 @@ def test_a_flax_network_of_other_hidden_sizes_is_one_line(tmp_path, make_cfg):
 EARLIER_RUN = Path(__file__).parent / "data" / "format3_ppo_torch"
 
 
+@pytest.mark.slow  # ~18 s: a whole PPO run resumed from a folder of an earlier rlspeed
 def test_a_run_an_earlier_rlspeed_saved_resumes_to_its_end_and_its_agent_scores(tmp_path):
     """Files written before a change to the code that reads them still load: ``resume=``
     continues the saved run to ``total_steps`` with the metrics it had logged kept as they

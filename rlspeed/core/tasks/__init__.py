@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from rlspeed.config import MAX_STEPS
 from rlspeed.errors import ConfigError
 
 if TYPE_CHECKING:
+    import jax
+
     from rlspeed.config import TaskConfig
+    from rlspeed.core.envs.vmap import FunctionalEnv
 
 # A batched greedy policy: observations [B, ...] -> actions [B] (NumPy arrays). Tasks load
 # NumPy and Gymnasium only to build or score an env: a config check reads no array.
@@ -53,13 +56,39 @@ def check_settings(cfg: TaskConfig, **minimums: int) -> None:
             raise ConfigError(f"task.{key}", value, allowed)
 
 
+class AlgoKinds(Protocol):
+    """What a task's ``check_algo`` reads of an algorithm's spec (a
+    ``rlspeed.core.algos.AlgoSpec``, a layer above the tasks')."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def action_kinds(self) -> tuple[str, ...]: ...
+    @property
+    def observation_kinds(self) -> tuple[str, ...]: ...
+
+
+class ScoredSettings(Protocol):
+    """What ``mean_return_on_device`` reads of a task's settings."""
+
+    @property
+    def max_steps(self) -> int: ...
+    @property
+    def eval_episodes(self) -> int: ...
+
+
+Settings = TypeVar("Settings", bound=ScoredSettings)
+
+
 def mean_return_on_device(
-    make_functional: Callable[[Any], Any], standard: Any
-) -> Callable[[Any, Callable[[Any], Any], Any], Any]:
+    make_functional: Callable[[Settings], FunctionalEnv], standard: Settings
+) -> Callable[[Settings, Callable[[jax.Array], jax.Array], jax.Array], jax.Array]:
     """``TaskSpec.evaluate_on_device`` of a task scored as the mean greedy return over
     ``eval_episodes`` episodes at its ``standard`` settings, on its JAX twin."""
 
-    def evaluate_on_device(cfg: Any, act: Callable[[Any], Any], key: Any) -> Any:
+    def evaluate_on_device(
+        cfg: Settings, act: Callable[[jax.Array], jax.Array], key: jax.Array
+    ) -> jax.Array:
         from rlspeed.core.envs.vmap import VmapEnv, mean_greedy_return
 
         env = VmapEnv(make_functional(standard), cfg.eval_episodes, standard.max_steps)

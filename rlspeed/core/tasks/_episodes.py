@@ -4,7 +4,7 @@ the adapter that fits Gymnasium's functional JAX twins to their registered envs.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import numpy as np
@@ -13,6 +13,11 @@ from gymnasium.experimental.functional import FuncEnv
 from rlspeed.core.tasks import Policy
 from rlspeed.errors import env_code
 from rlspeed.seeding import eval_seeds
+
+if TYPE_CHECKING:
+    import jax
+
+    from rlspeed.core import PyTree
 
 
 def mean_greedy_return(
@@ -61,29 +66,44 @@ class FunctionalTwin(AnyFuncEnv):
     # The phys2d dynamics are deterministic: only the start state is random (VmapEnv).
     transition_uses_rng = False
 
-    def __init__(self, env: AnyFuncEnv, params: Any, registered: gym.Env) -> None:
+    def __init__(self, env: AnyFuncEnv, params: PyTree, registered: gym.Env) -> None:
         self._env = env
         self._params = params
         self.observation_space = registered.observation_space
         self.action_space = registered.action_space
         super().__init__()
 
-    def get_default_params(self, **kwargs: Any) -> Any:
+    def get_default_params(self, **kwargs: object) -> PyTree:
         return self._params
 
-    def initial(self, rng: Any, params: Any = None) -> Any:
+    def initial(self, rng: jax.Array, params: PyTree | None = None) -> Any:
         return self._env.initial(rng, params or self.default_params)
 
-    def transition(self, state: Any, action: Any, rng: Any = None, params: Any = None) -> Any:
+    def transition(
+        self,
+        state: PyTree,
+        action: jax.Array,
+        rng: jax.Array | None = None,
+        params: PyTree | None = None,
+    ) -> Any:
         return self._env.transition(state, action, rng, params or self.default_params)
 
-    def observation(self, state: Any, rng: Any = None, params: Any = None) -> Any:
+    def observation(
+        self, state: PyTree, rng: jax.Array | None = None, params: PyTree | None = None
+    ) -> Any:
         return self._env.observation(state, rng, params or self.default_params)
 
     def reward(
-        self, state: Any, action: Any, next_state: Any, rng: Any = None, params: Any = None
+        self,
+        state: PyTree,
+        action: jax.Array,
+        next_state: PyTree,
+        rng: jax.Array | None = None,
+        params: PyTree | None = None,
     ) -> Any:
         return self._env.reward(state, action, next_state, rng, params or self.default_params)
 
-    def terminal(self, state: Any, rng: Any = None, params: Any = None) -> Any:
+    def terminal(
+        self, state: PyTree, rng: jax.Array | None = None, params: PyTree | None = None
+    ) -> Any:
         return self._env.terminal(state, rng, params or self.default_params)

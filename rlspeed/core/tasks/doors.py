@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -11,7 +12,12 @@ from rlspeed.errors import ConfigError
 
 # Gymnasium (and NumPy) load when an env is built or scored, not when a config is checked.
 if TYPE_CHECKING:
+    from types import ModuleType
+
     import gymnasium as gym
+    import jax
+
+    from rlspeed.core import XpArray
 
 # The score is measured at the seed's episode length, whatever the training length.
 STANDARD_MAX_STEPS = 32
@@ -79,7 +85,9 @@ def evaluate(cfg: DoorsTaskConfig, policy: Policy, seed: int) -> float:
     return total_reward / total_steps
 
 
-def evaluate_on_device(cfg: DoorsTaskConfig, act: Any, key: Any) -> Any:
+def evaluate_on_device(
+    cfg: DoorsTaskConfig, act: Callable[[jax.Array], jax.Array], key: jax.Array
+) -> jax.Array:
     """``evaluate`` on the JAX twin: every start column's greedy episode at once (float32
     rewards, where the host sums float64)."""
     import jax.numpy as jnp
@@ -104,7 +112,7 @@ def num_states(cfg: DoorsTaskConfig) -> int:
     return cfg.grid_size**3
 
 
-def state_index(cfg: DoorsTaskConfig, obs: Any, xp: Any) -> Any:
+def state_index(cfg: DoorsTaskConfig, obs: XpArray, xp: ModuleType) -> Any:
     """``agent_cell * W + goal_col`` from flattened observations ``[B, H*W]``.
 
     The goal sits in the top row, which holds no wall, so that row's largest code marks

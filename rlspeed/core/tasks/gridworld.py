@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -10,7 +11,12 @@ from rlspeed.core.tasks import Policy, TabularSpec, TaskSpec, check_settings
 
 # Gymnasium (and NumPy) load when an env is built or scored, not when a config is checked.
 if TYPE_CHECKING:
+    from types import ModuleType
+
     import gymnasium as gym
+    import jax
+
+    from rlspeed.core import XpArray
 
 # Greedy evaluation always runs at this episode length, whatever the training length.
 STANDARD_MAX_STEPS = 50
@@ -73,7 +79,9 @@ def evaluate(cfg: GridWorldTaskConfig, policy: Policy, seed: int) -> float:
     return _greedy_episode(cfg, policy)[1]
 
 
-def evaluate_on_device(cfg: GridWorldTaskConfig, act: Any, key: Any) -> Any:
+def evaluate_on_device(
+    cfg: GridWorldTaskConfig, act: Callable[[jax.Array], jax.Array], key: jax.Array
+) -> jax.Array:
     """``evaluate`` on the JAX twin: the greedy episode from the start."""
     import jax.numpy as jnp
 
@@ -88,7 +96,7 @@ def num_states(cfg: GridWorldTaskConfig) -> int:
     return cfg.size * cfg.size
 
 
-def state_index(cfg: GridWorldTaskConfig, obs: Any, xp: Any) -> Any:
+def state_index(cfg: GridWorldTaskConfig, obs: XpArray, xp: ModuleType) -> Any:
     """The observation is the cell index already."""
     return obs.astype(xp.int32)
 

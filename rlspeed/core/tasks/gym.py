@@ -14,10 +14,10 @@ import functools
 import json
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 from rlspeed.config import MAX_EPISODE_STEPS, MISSING, TaskConfig, plain
-from rlspeed.core.tasks import Policy, TabularSpec, TaskSpec, check_settings
+from rlspeed.core.tasks import AlgoKinds, Policy, TabularSpec, TaskSpec, check_settings
 from rlspeed.errors import ConfigError, one_line
 from rlspeed.registry import ALGOS
 from rlspeed.secrets import masked_accounts, reveal_value
@@ -25,7 +25,11 @@ from rlspeed.user_modules import import_user_module
 
 # Gymnasium (and NumPy) load when an env is built or checked, not when the task is chosen.
 if TYPE_CHECKING:
+    from types import ModuleType
+
     import gymnasium as gym
+
+    from rlspeed.core import XpArray
 
 # ``AlgoSpec.observation_kinds`` by observation space, and how each kind is named to a user.
 OBSERVATION_KINDS = {"Box": "continuous", "Discrete": "categorical", "MultiDiscrete": "categorical"}
@@ -51,7 +55,7 @@ class GymTaskConfig(TaskConfig):
     eval_episodes: int = 10
 
 
-def _init(self: GymTaskConfig, **values: Any) -> None:
+def _init(self: GymTaskConfig, **values: object) -> None:
     """GymTaskConfig's ``__init__``: one taking every field by keyword, as a dataclass's
     does, which Python cannot generate with a parameter named ``import``."""
     for item in dataclasses.fields(self):
@@ -85,14 +89,14 @@ class EnvFacts(NamedTuple):
     max_episode_steps: int | None
 
 
-def _describe(space: Any) -> str:
+def _describe(space: gym.Space[Any]) -> str:
     """A space on one line: as Gymnasium prints it, or its type, shape and dtype where that
     is long (a Box's bounds print entry by entry where they differ)."""
     shown = " ".join(str(space).split())
     return shown if len(shown) <= 100 else f"{type(space).__name__}({space.shape}, {space.dtype})"
 
 
-def _kwargs(cfg: Any) -> dict[str, Any]:
+def _kwargs(cfg: GymTaskConfig) -> dict[str, Any]:
     """``task.kwargs`` as ``gym.make`` takes them: plain Python values, with the password of
     each URL in them put back (the config holds it masked, as everything stored does:
     ``rlspeed.secrets``), so that the user's env can connect."""
@@ -136,7 +140,7 @@ def _import_user_modules(module: str | None, env_id: str) -> None:
         import_user_module("task.id", env_id.split(":")[0])
 
 
-def env_facts(cfg: Any) -> EnvFacts:
+def env_facts(cfg: GymTaskConfig) -> EnvFacts:
     """The env's spaces and registered episode limit, read once per settings."""
     kwargs = _kwargs(cfg)
     _check_keywords(kwargs)
@@ -177,29 +181,30 @@ def _read_env(module: str | None, env_id: str, kwargs_json: str) -> EnvFacts:
     return facts
 
 
-def _from_zero(space: Any) -> bool:
+def _from_zero(space: gym.Space[Any]) -> bool:
     """Categorical values from 0: one-hot classes, table rows and network outputs index them."""
     import numpy as np
 
     return not np.any(getattr(space, "start", 0))
 
 
-def _observation_kind(space: Any) -> str | None:
+def _observation_kind(space: gym.Space[Any]) -> str | None:
     kind = OBSERVATION_KINDS.get(type(space).__name__)
     return None if kind == "categorical" and not _from_zero(space) else kind
 
 
-def _action_kind(space: Any) -> str | None:
+def _action_kind(space: gym.Space[Any]) -> str | None:
     """``AlgoSpec.action_kinds``' name for the space, None where no algorithm takes it."""
     name = type(space).__name__
     if name == "Discrete" and _from_zero(space):
         return "discrete"
-    if name == "Box" and len(space.shape) == 1 and space.shape[0] >= 1 and space.is_bounded():
+    box = cast("gym.spaces.Box", space)  # read only where its class is named Box
+    if name == "Box" and len(box.shape) == 1 and box.shape[0] >= 1 and box.is_bounded():
         return "continuous"
     return None
 
 
-def check_algo(cfg: Any, algo: Any) -> None:
+def check_algo(cfg: GymTaskConfig, algo: AlgoKinds) -> None:
     """Refuse an algorithm that cannot work with the env's spaces, naming the space."""
     facts = env_facts(cfg)
     actions, observations = facts.action_space, facts.observation_space
@@ -291,13 +296,14 @@ def network_inputs(cfg: GymTaskConfig) -> int:
     return len(counts) * max(counts)
 
 
-def _entries(space: Any) -> int:
+def _entries(space: gym.Space[Any]) -> int:
     import numpy as np
 
-    return int(np.prod(space.shape))
+    # Box, Discrete and MultiDiscrete, the kinds env_facts lets through, have a shape.
+    return int(np.prod(cast("tuple[int, ...]", space.shape)))
 
 
-def _class_counts(space: Any) -> list[int]:
+def _class_counts(space: gym.spaces.Discrete | gym.spaces.MultiDiscrete) -> list[int]:
     """Classes of each entry of a categorical observation, row-major."""
     import numpy as np
 
@@ -312,7 +318,7 @@ def num_actions(cfg: GymTaskConfig) -> int:
     return int(env_facts(cfg).action_space.n)
 
 
-def state_index(cfg: GymTaskConfig, obs: Any, xp: Any) -> Any:
+def state_index(cfg: GymTaskConfig, obs: XpArray, xp: ModuleType) -> Any:
     """A categorical observation's entries read as one mixed-radix number (row-major)."""
     counts = _class_counts(env_facts(cfg).observation_space)
     places = [math.prod(counts[i + 1 :]) for i in range(len(counts))]

@@ -5,17 +5,23 @@ exact answer (tests/test_probes.py), not scoring it."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from rlspeed.config import TaskConfig
-from rlspeed.core.tasks import Policy, TabularSpec, TaskSpec, check_settings
+from rlspeed.core.tasks import AlgoKinds, Policy, TabularSpec, TaskSpec, check_settings
 from rlspeed.errors import ConfigError
 from rlspeed.registry import ALGOS
 
 # Gymnasium (and NumPy) load when an env is built or scored, not when a config is checked.
 if TYPE_CHECKING:
+    from types import ModuleType
+
     import gymnasium as gym
+    import jax
+
+    from rlspeed.core import XpArray
 
 # Written here as well as in rlspeed/core/envs/probe.py, which loads Gymnasium and NumPy.
 KINDS = ("constant", "observation", "discount", "action", "truncation", "alternation")
@@ -63,7 +69,7 @@ def make_functional(cfg: ProbeTaskConfig) -> Any:
     return ProbeFunctional(kind=cfg.kind, actions=cfg.actions, observations=cfg.observations)
 
 
-def _check_choices(cfg: Any) -> None:
+def _check_choices(cfg: ProbeTaskConfig) -> None:
     for key, allowed in (("kind", KINDS), ("actions", ACTIONS), ("observations", OBSERVATIONS)):
         value = getattr(cfg, key)
         if value not in allowed:
@@ -79,7 +85,7 @@ def validate(cfg: ProbeTaskConfig) -> None:
         raise ConfigError("task.max_steps", cfg.max_steps, allowed)
 
 
-def check_algo(cfg: Any, algo: Any) -> None:
+def check_algo(cfg: ProbeTaskConfig, algo: AlgoKinds) -> None:
     """Refuse an algorithm that cannot work with the probe's spaces, naming the setting
     (checked before the task's own settings: a space that is no choice is named first)."""
     _check_choices(cfg)
@@ -114,7 +120,9 @@ def evaluate(cfg: ProbeTaskConfig, policy: Policy, seed: int) -> float:
     return mean_greedy_return(lambda: make_env(cfg), policy, cfg.eval_episodes, seed)
 
 
-def evaluate_on_device(cfg: ProbeTaskConfig, act: Any, key: Any) -> Any:
+def evaluate_on_device(
+    cfg: ProbeTaskConfig, act: Callable[[jax.Array], jax.Array], key: jax.Array
+) -> jax.Array:
     """``evaluate`` on the JAX twin."""
     from rlspeed.core.envs.vmap import VmapEnv, mean_greedy_return
 
@@ -122,7 +130,7 @@ def evaluate_on_device(cfg: ProbeTaskConfig, act: Any, key: Any) -> Any:
     return mean_greedy_return(env, act, key)
 
 
-def state_index(cfg: ProbeTaskConfig, obs: Any, xp: Any) -> Any:
+def state_index(cfg: ProbeTaskConfig, obs: XpArray, xp: ModuleType) -> Any:
     """The categorical observation is the state already."""
     return obs.astype(xp.int32)
 

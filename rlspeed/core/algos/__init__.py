@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import importlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from rlspeed.config import ROLLING_EPISODES, plain
 from rlspeed.core.algos.schedule import updates_in_run
@@ -51,7 +51,27 @@ MAX_HIDDEN_LAYERS = 64
 MAX_HIDDEN_WIDTH = 2**24
 
 
-def check_ranges(algo: Any, **keys_by_range: tuple[str, ...]) -> None:
+class NetworkSettings(Protocol):
+    """What ``check_hidden_sizes`` reads of an algorithm's config."""
+
+    @property
+    def hidden_sizes(self) -> Sequence[int]: ...
+
+
+class ReplaySettings(Protocol):
+    """What ``check_replay`` reads of a replay-buffer algorithm's config (DQN's, TD3's)."""
+
+    @property
+    def buffer_size(self) -> int: ...
+    @property
+    def batch_size(self) -> int: ...
+    @property
+    def train_frequency(self) -> int: ...
+    @property
+    def learning_starts(self) -> int: ...
+
+
+def check_ranges(algo: object, **keys_by_range: tuple[str, ...]) -> None:
     """Reject the first ``algo.<key>`` outside its range (a key of ``RANGES``), in the order
     given, with one ConfigError line."""
     for range_name, keys in keys_by_range.items():
@@ -69,7 +89,7 @@ def _setting(cfg: RunConfig, key: str) -> int:
     return int(value)
 
 
-def check_hidden_sizes(algo: Any) -> None:
+def check_hidden_sizes(algo: NetworkSettings) -> None:
     """1 to MAX_HIDDEN_LAYERS widths in [1, MAX_HIDDEN_WIDTH]; the length first, so a runaway
     list costs no more than its count."""
     sizes = algo.hidden_sizes
@@ -125,7 +145,7 @@ def check_network_memory(cfg: RunConfig) -> None:
         )
 
 
-def check_replay(algo: Any, cfg: RunConfig, min_updates: int = 1) -> None:
+def check_replay(algo: ReplaySettings, cfg: RunConfig, min_updates: int = 1) -> None:
     """What a replay-buffer algorithm (DQN, TD3) needs: a buffer that holds a batch and a step
     of every env, and a budget that reaches ``min_updates`` gradient updates (a run without
     any would end FINISHED having learned nothing). Its memory is checked too."""
@@ -208,7 +228,7 @@ def agents_at_once(cfg: RunConfig) -> int:
 FUSED_STACK = ("flax", "jax-vmap")
 
 
-def _no_extra_checks(algo_cfg: Any, cfg: RunConfig) -> None:
+def _no_extra_checks(algo_cfg: object, cfg: RunConfig) -> None:
     return None
 
 

@@ -191,7 +191,7 @@ def _state_attributes(layer: gym.Env, layers: list[gym.Env]) -> Iterator[tuple[s
             yield name, value
 
 
-def _taken_apart(value: Any) -> bool:
+def _taken_apart(value: object) -> bool:
     """A NumPy generator or a MuJoCo simulation: saved by its own state, not as a value."""
     mujoco = sys.modules.get("mujoco")
     return isinstance(value, np.random.Generator) or (

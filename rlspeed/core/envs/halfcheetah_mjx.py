@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import io
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -22,6 +22,9 @@ from gymnasium.experimental.functional import FuncEnv
 # optional GPU backend, unused here) is not installed: it would land in a run's output.
 with contextlib.redirect_stdout(io.StringIO()):
     from mujoco import mjx
+
+if TYPE_CHECKING:
+    from gymnasium.envs.mujoco.half_cheetah_v5 import HalfCheetahEnv
 
 
 class CheetahState(NamedTuple):
@@ -42,9 +45,7 @@ class HalfCheetahFunctional(
     # Physics is deterministic: only the start state is random.
     transition_uses_rng = False
 
-    # ``v5`` stays ``Any``: the task passes ``env.unwrapped``, which gymnasium types as a plain
-    # ``gymnasium.Env``, without the attributes of v5's class read here (model, frame_skip).
-    def __init__(self, v5: Any) -> None:
+    def __init__(self, v5: HalfCheetahEnv) -> None:
         """``v5``: the unwrapped Gymnasium ``HalfCheetahEnv`` to copy."""
         super().__init__()
         self._model = mjx.put_model(v5.model)

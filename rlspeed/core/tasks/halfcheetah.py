@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from rlspeed.config import TaskConfig
 from rlspeed.core.tasks import Policy, TaskSpec
@@ -13,6 +13,7 @@ from rlspeed.core.tasks import Policy, TaskSpec
 # Gymnasium (and NumPy) load when an env is built or scored, not when a config is checked.
 if TYPE_CHECKING:
     import gymnasium as gym
+    from gymnasium.envs.mujoco.half_cheetah_v5 import HalfCheetahEnv
 
     from rlspeed.core.envs.halfcheetah_mjx import HalfCheetahFunctional
 
@@ -63,7 +64,8 @@ def make_functional(cfg: HalfCheetahTaskConfig) -> HalfCheetahFunctional:
     from rlspeed.core.envs.halfcheetah_mjx import HalfCheetahFunctional
 
     env = make_env(cfg)
-    twin = HalfCheetahFunctional(env.unwrapped)
+    # gymnasium types ``unwrapped`` as a plain Env; make_env built HalfCheetah-v5.
+    twin = HalfCheetahFunctional(cast("HalfCheetahEnv", env.unwrapped))
     env.close()
     return twin
 

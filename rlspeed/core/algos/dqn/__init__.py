@@ -18,6 +18,7 @@ from rlspeed.errors import ConfigError
 
 if TYPE_CHECKING:
     from rlspeed.config import RunConfig
+    from rlspeed.core import XpArray
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,9 @@ def total_updates(algo: DQNConfig, total_steps: int, num_envs: int) -> int:
     return updates_in_run(total_steps, num_envs, algo.train_frequency, algo.learning_starts)
 
 
-def learning_rate_at(update: Any, algo: DQNConfig, total_steps: int, num_envs: int) -> Any:
+def learning_rate_at(
+    update: int | XpArray, algo: DQNConfig, total_steps: int, num_envs: int
+) -> Any:
     """Learning rate of gradient update number ``update`` (from 0); NumPy or JAX scalars.
     Annealed, the last update's rate is ``learning_rate / total_updates`` (never below 0)."""
     if not algo.anneal_lr:

@@ -29,6 +29,10 @@ from rlspeed.machine import physical_memory
 from rlspeed.registry import TASKS
 
 if TYPE_CHECKING:
+    from types import ModuleType
+
+    import jax
+
     from rlspeed.config import RunConfig
 
 
@@ -88,7 +92,7 @@ class PPOConfig:
 
 
 def minibatch_positions(
-    size: int, num_minibatches: int, xp: Any, valid: Any = None
+    size: int, num_minibatches: int, xp: ModuleType, valid: int | jax.Array | None = None
 ) -> tuple[Any, Any]:
     """Where each minibatch's samples sit in a pass's order of a batch of ``size``, and
     which of them count, for NumPy (``xp=np``) or JAX (``valid`` may be traced):
@@ -115,7 +119,7 @@ def batches_in_run(algo: PPOConfig, cfg: RunConfig) -> int:
     return math.ceil(cfg.total_steps / (algo.num_steps * cfg.num_envs))
 
 
-def annealed_rate(algo: PPOConfig, batch: Any, batches: int) -> Any:
+def annealed_rate(algo: PPOConfig, batch: int | jax.Array, batches: int) -> Any:
     """``anneal_lr``'s step size for batch ``batch`` (from 0; a Python or a traced JAX
     number): ``learning_rate`` decayed linearly to 0 over the run's ``batches``."""
     return algo.learning_rate * (1.0 - batch / batches)

@@ -25,8 +25,10 @@ from rlspeed.registry import TASKS
 
 if TYPE_CHECKING:
     import numpy as np
+    from gymnasium import spaces
 
     from rlspeed.config import RunConfig
+    from rlspeed.core import XpArray
     from rlspeed.core.algos.loops.host import EpisodeSink, Iteration
     from rlspeed.core.engines import Engine
 
@@ -54,7 +56,7 @@ class QLearnConfig:
     exploration_fraction: float = 0.5
 
 
-def table_shape(cfg: RunConfig, action_space: Any) -> tuple[int, int]:
+def table_shape(cfg: RunConfig, action_space: spaces.Discrete) -> tuple[int, int]:
     """(states, actions): the shape of the run's Q-table."""
     return TASKS.get(cfg.task.name).tabular.num_states(cfg.task), int(action_space.n)
 
@@ -71,7 +73,7 @@ class QTableLearner:
         self.cfg = cfg
         self.tabular = TASKS.get(cfg.task.name).tabular
 
-    def observe(self, obs: Any) -> np.ndarray:
+    def observe(self, obs: XpArray) -> np.ndarray:
         """The state indices of a batch of observations (``np.asarray`` views engine arrays
         without a copy)."""
         import numpy as np  # here: config checks read this module without NumPy

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from functools import partial, reduce
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 import jax
 import jax.numpy as jnp
@@ -194,7 +194,8 @@ def make_train(cfg: RunConfig, env: VmapEnv) -> FusedTrainer:
         return states
 
     def init(keys: JaxKeys) -> TrainState:
-        q = jnp.zeros(table_shape(cfg, env.single_action_space))
+        # Q-learning takes Discrete actions only (its SPEC's action kinds: the checks see to it).
+        q = jnp.zeros(table_shape(cfg, cast("spaces.Discrete", env.single_action_space)))
         return TrainState(q, env.init(keys.env), keys.act, jnp.int32(0), jnp.int32(0))
 
     def iteration(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, TypeVar
 
 from rlspeed.core.algos import (
     AlgoSpec,
@@ -22,7 +22,18 @@ from rlspeed.core.algos import (
 )
 
 if TYPE_CHECKING:
+    from types import ModuleType
+
+    import jax
+    import numpy as np
+    import torch
+    from gymnasium import spaces
+
     from rlspeed.config import RunConfig
+
+    # One backend's arrays, the same for every array argument of a call: the action math
+    # runs on NumPy, JAX and torch alike.
+    BackendArray = TypeVar("BackendArray", np.ndarray, jax.Array, torch.Tensor)
 
 
 @dataclass(frozen=True)
@@ -67,34 +78,46 @@ class ActionBounds(NamedTuple):
     center: Any
 
 
-def action_bounds(space: Any, as_array: Callable[[Any], Any] | None = None) -> ActionBounds:
+def action_bounds(
+    space: spaces.Box, as_array: Callable[[np.ndarray], Any] | None = None
+) -> ActionBounds:
     """``space``'s bounds as float32 arrays, each passed through ``as_array`` (NumPy's
     by default; torch.from_numpy or jnp.asarray for the learners)."""
     import numpy as np  # here, not above: config checks read this module without NumPy
 
     low, high = (np.asarray(b, dtype=np.float32) for b in (space.low, space.high))
-    bounds = (low, high, (high - low) / 2, (high + low) / 2)
+    bounds: tuple[np.ndarray, ...] = (low, high, (high - low) / 2, (high + low) / 2)
     return ActionBounds(*(bounds if as_array is None else map(as_array, bounds)))
 
 
-def squash(x: Any, bounds: ActionBounds, xp: Any) -> Any:
+def squash(x: BackendArray, bounds: ActionBounds, xp: ModuleType) -> Any:
     """The actor's output layer: unbounded ``x`` -> actions in ``[low, high]``."""
     return xp.tanh(x) * bounds.scale + bounds.center
 
 
-def uniform_actions(uniform: Any, bounds: ActionBounds) -> Any:
+def uniform_actions(uniform: BackendArray, bounds: ActionBounds) -> Any:
     """Uniform draws in [0, 1) -> uniformly random actions (before ``learning_starts``)."""
     return bounds.low + uniform * (bounds.high - bounds.low)
 
 
-def explore(actions: Any, normal: Any, bounds: ActionBounds, algo: TD3Config, xp: Any) -> Any:
+def explore(
+    actions: BackendArray,
+    normal: BackendArray,
+    bounds: ActionBounds,
+    algo: TD3Config,
+    xp: ModuleType,
+) -> Any:
     """Gaussian exploration around the actor's actions, kept inside the bounds."""
     noisy = actions + normal * (algo.exploration_noise * bounds.scale)
     return xp.clip(noisy, bounds.low, bounds.high)
 
 
 def smoothed_target_actions(
-    actions: Any, normal: Any, bounds: ActionBounds, algo: TD3Config, xp: Any
+    actions: BackendArray,
+    normal: BackendArray,
+    bounds: ActionBounds,
+    algo: TD3Config,
+    xp: ModuleType,
 ) -> Any:
     """Target policy smoothing: clipped Gaussian noise on the target actor's actions."""
     limit = algo.noise_clip * bounds.scale
@@ -102,7 +125,7 @@ def smoothed_target_actions(
     return xp.clip(actions + noise, bounds.low, bounds.high)
 
 
-def is_actor_step(updates: Any, algo: TD3Config) -> Any:
+def is_actor_step(updates: int | jax.Array, algo: TD3Config) -> Any:
     """Whether critic update number ``updates`` (counted from 1) also updates the actor."""
     return updates % algo.policy_frequency == 0
 

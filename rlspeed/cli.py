@@ -48,7 +48,7 @@ def _task(cfg: DictConfig, first: CheckedRun | None) -> float:
     try:
         single = HydraConfig.get().mode == RunMode.RUN
         score = run(cfg, first.of(cfg) if first is not None and single else None)
-        if HydraConfig.get().mode == RunMode.RUN:
+        if single:
             _finished.append(True)
         return score
     except RLSpeedError as error:
@@ -133,7 +133,7 @@ def check_command_line(argv: list[str]) -> CheckedRun | None:
 
     set_up_config_tree(showing_help=not {"--help", "-h"}.isdisjoint(argv))
     first, printing = preflight(argv, CONF_DIR)
-    if printing and first is not None and first.composed is not None:
+    if printing and first is not None:
         shown = OmegaConf.to_container(first.composed, resolve="--resolve" in argv)
         assert isinstance(shown, dict)
         for key in INTERNAL_KEYS:

@@ -197,7 +197,8 @@ def _start(checked: CheckedRun, out_dir: Path, continued: bool) -> Run:
     elif resumed:
         tags["rlspeed.resumed_from"] = str(run_folder(str(cfg.resume)).resolve())
     tracker = TRACKERS.get(cfg.tracking.name).make(cfg.tracking, out_dir)
-    tracker.start(run_name=run_name, params=flatten(cfg), tags=tags, run_id=tracked_run)
+    params = flatten(cfg)
+    tracker.start(run_name=run_name, params=params, tags=tags, run_id=tracked_run)
     monitor = RunMonitor(
         tracker,
         cfg.total_steps,
@@ -221,7 +222,7 @@ def _start(checked: CheckedRun, out_dir: Path, continued: bool) -> Run:
         choices=choices,
         reporter=reporter,
         resumed=resumed,
-        training_config=training_keys(flatten(cfg)),
+        training_config=training_keys(params),
         resumable=checked.unresumable is None,
     )
 

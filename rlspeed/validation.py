@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -44,21 +44,19 @@ class CheckedRun:
     # number, a task's settings the env fills in (task=gym's max_steps), checkpoint_every 0
     # for an env whose runs cannot resume.
     cfg: RunConfig
+    # The composed config it was checked from.
+    composed: DictConfig
     # Why the run cannot resume exactly (an env keeping state rlspeed cannot save), as the
     # line its log gives; None where it can.
-    unresumable: str | None = None
+    unresumable: str | None
     # resume=: seed index -> the state that seed's resume file holds.
-    resumed: dict[int, dict[str, Any]] = field(default_factory=dict)
+    resumed: dict[int, dict[str, Any]]
     # mode=eval: the checkpoint's saved config and its agents, read back.
-    evaluated: SavedAgents | None = None
-    # The composed config it was checked from.
-    composed: DictConfig | None = None
+    evaluated: SavedAgents | None
 
     def of(self, composed: DictConfig) -> CheckedRun | None:
         """This check, if ``composed`` is the config it checked (Hydra composes a command's
         config again to run its job); else None."""
-        if self.composed is None:
-            return None
         same = OmegaConf.to_container(composed, resolve=True) == OmegaConf.to_container(
             self.composed, resolve=True
         )
@@ -85,7 +83,7 @@ def check(composed: DictConfig) -> CheckedRun:
     if unresumable is not None:  # auto: writing state no run can resume from gains nothing
         cfg = dataclasses.replace(cfg, checkpoint_every=0)
     resumed, evaluated = check_modes(cfg)
-    return CheckedRun(cfg, unresumable, resumed, evaluated, composed)
+    return CheckedRun(cfg, composed, unresumable, resumed, evaluated)
 
 
 def _check_parts(cfg: RunConfig) -> RunConfig:

@@ -16,8 +16,9 @@ NumPy arrays, read with ``allow_pickle=False``), torch checkpoints are read with
 ``weights_only=True`` and flax ones are msgpack. The ``resume.pkl`` pickles of older versions
 are refused, never read. Resume files are read (``read_states``), and checked against the
 run's config (``rlspeed.run_folders``), when the config is checked: a damaged or foreign one
-is one line before any folder exists. This module only reads, writes and captures state;
-when a run writes it is ``rlspeed.recording.CheckpointSchedule``'s call.
+is one line before any folder exists. This module only reads and writes: the
+parts give and take their state as trees of arrays (``rlspeed.core.state``), and when a run
+writes is ``rlspeed.recording.CheckpointSchedule``'s call.
 
 With ``num_seeds`` > 1 on a host-driven path, each agent's files end in ``_seed<i>``.
 Every write goes to a temporary file in the same folder, is flushed to disk, then renamed
@@ -32,16 +33,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import sys
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import IO, Any, Protocol, cast
-
-import numpy as np
+from typing import IO, Any
 
 from rlspeed import digests, statefile
-from rlspeed.errors import ConfigError, RLSpeedError
+from rlspeed.errors import ConfigError
 from rlspeed.machine import physical_memory
 
 RESUME_FILE = "resume.npz"
@@ -110,106 +108,6 @@ def save_pytree(tree: Any, path: Path) -> Path:
 
 def save_resume(state: dict[str, Any], path: Path) -> Path:
     return atomic_write(path, partial(statefile.dump, {"format": FORMAT, **state}))
-
-
-# ---------------------------------------------------------------- state of live objects
-#
-# Every part a training loop carries over a resume (a learner, its replay buffer, the interval
-# metrics, the engine) says what its state is: ``state_dict()`` returns it as a tree the
-# resume file can hold (``rlspeed.statefile``), ``load_state_dict(state)`` puts such a tree
-# back into a part built from the same config. The helpers below turn what the parts hold
-# (NumPy generators and arrays, torch tensors, JAX pytrees) into such trees and back, so
-# that the parts' own methods only name what they hold.
-
-
-class Stateful(Protocol):
-    """A part whose state a resume file holds (see above)."""
-
-    def state_dict(self) -> dict[str, Any]: ...
-
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
-
-
-def capture(part: Any) -> dict[str, Any]:
-    """The state of ``part`` (a learner, a replay buffer, an engine, ...) as the resume file
-    holds it: what its ``state_dict()`` says."""
-    return _stateful(part).state_dict()
-
-
-def restore(part: Any, state: dict[str, Any]) -> None:
-    """Put a ``capture`` of a part of the same kind back into ``part``: its
-    ``load_state_dict``. A saved array of another shape than the part's is a ValueError
-    (``check_shape``), a missing entry a KeyError."""
-    _stateful(part).load_state_dict(state)
-
-
-def _stateful(part: object) -> Stateful:
-    if callable(getattr(part, "state_dict", None)) and callable(
-        getattr(part, "load_state_dict", None)
-    ):
-        return cast(Stateful, part)  # it has both methods (checked just above)
-    name = type(part).__name__
-    raise RLSpeedError(
-        f"rlspeed: {name} has no state_dict()/load_state_dict(), so its state cannot be saved "
-        f"for resume=; a part a training loop carries says what its state is with both "
-        f"(rlspeed.checkpoint)"
-    )
-
-
-def rng_state(rng: np.random.Generator) -> dict[str, Any]:
-    """A NumPy generator's state (its bit generator's: a dict of ints)."""
-    return dict(rng.bit_generator.state)
-
-
-def load_rng_state(rng: np.random.Generator, saved: dict[str, Any]) -> None:
-    rng.bit_generator.state = saved
-
-
-def load_array(name: str, array: Any, saved: Any) -> None:
-    """Copy the saved array into ``array`` (NumPy, or a torch tensor: in place, on its device),
-    refusing one of another shape (NumPy and torch would broadcast some)."""
-    check_shape(name, np.shape(saved), tuple(array.shape))
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(array, torch.Tensor):
-        with torch.no_grad():
-            array.copy_(torch.as_tensor(saved))
-    else:
-        array[...] = saved
-
-
-def tree_to_host(tree: Any) -> list[np.ndarray]:
-    """A JAX pytree's leaves as NumPy arrays (typed PRNG keys as their key data)."""
-    import jax
-    import jax.numpy as jnp
-
-    def host(leaf: jax.Array) -> np.ndarray:
-        if jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
-            leaf = jax.random.key_data(leaf)
-        return np.asarray(jax.device_get(leaf))
-
-    return [host(leaf) for leaf in jax.tree.leaves(tree)]
-
-
-def tree_from_host(template: Any, leaves: list[np.ndarray]) -> Any:
-    """``template``'s pytree with the saved ``leaves`` (from ``tree_to_host``) in it."""
-    import jax
-    import jax.numpy as jnp
-
-    old, treedef = jax.tree.flatten(template)
-    if len(old) != len(leaves):
-        raise ValueError(f"the saved state has {len(leaves)} arrays, this run's {len(old)}")
-
-    def device(like: jax.Array, saved: np.ndarray) -> jax.Array:
-        if jnp.issubdtype(like.dtype, jax.dtypes.prng_key):
-            key: jax.Array = jax.random.wrap_key_data(
-                jnp.asarray(saved), impl=jax.random.key_impl(like)
-            )
-            return key
-        if saved.shape != like.shape:
-            raise ValueError(f"a saved array has shape {saved.shape}, this run's {like.shape}")
-        return jnp.asarray(saved, dtype=like.dtype)
-
-    return jax.tree.unflatten(treedef, [device(a, b) for a, b in zip(old, leaves, strict=True)])
 
 
 # ---------------------------------------------------------------- reading
@@ -316,31 +214,29 @@ def agent_files(value: str) -> list[Path]:
     return []
 
 
-def load_pytree(template: Any, path: Path, agents: int = 1) -> Any:
-    """A ``save_pytree`` file read into ``template``'s structure; ``agents`` > 1: a fused
-    run's file, each array stacked over its agents on a new leading axis."""
-    import flax.serialization
-    import jax
-    import jax.numpy as jnp
-
-    if agents > 1:
-        template = jax.tree.map(lambda x: jnp.stack([x] * agents), template)
+def read_agent(path: Path, backend: str) -> dict[str, Any]:
+    """An agent file of a ``backend`` run as the tree its learner saved (``write_agent``),
+    checked whole first: torch's through ``torch.load(weights_only=True)`` onto the CPU
+    (tensors only: nothing in it runs code), flax's as msgpack's nested dict of NumPy
+    arrays. The format is the run's backend's, whatever the file's name. The algorithm's
+    ``load_policies`` puts the tree into its networks."""
+    path = Path(path)
     check_whole(path, "agent file")
-    restored = flax.serialization.from_bytes(template, Path(path).read_bytes())
-    # from_bytes takes each array's shape from the file, whatever the template's.
-    for (where, want), got in zip(
-        jax.tree_util.tree_leaves_with_path(template), jax.tree.leaves(restored), strict=True
-    ):
-        name = jax.tree_util.keystr(where, simple=True, separator="/")
-        check_shape(name, np.shape(got), np.shape(want))
-    return restored
+    saved: object
+    if backend == "torch":
+        import torch
+
+        saved = torch.load(path, weights_only=True, map_location="cpu")
+    else:
+        import flax.serialization
+
+        saved = flax.serialization.msgpack_restore(path.read_bytes())
+    if not isinstance(saved, dict):
+        raise ValueError(f"{path.name} holds no mapping")
+    return saved
 
 
-def check_shape(name: str, saved: tuple[int, ...], built: tuple[int, ...]) -> None:
-    """Raise ValueError if a saved array's shape is not the one its run's config builds
-    (an agent file of a run with another grid size, hidden sizes, ... in the folder)."""
-    if tuple(saved) != tuple(built):
-        raise ValueError(
-            f"the shapes differ: {name} has shape {tuple(saved)} in the file, its config.yaml "
-            f"makes {tuple(built)}"
-        )
+def write_agent(tree: dict[str, Any], path: Path) -> Path:
+    """Write a learner's ``agent_checkpoint()`` tree as its agent file: torch's with
+    ``torch.save`` (``.pt``), JAX's as flax msgpack (``.msgpack``)."""
+    return save_torch(tree, path) if Path(path).suffix == ".pt" else save_pytree(tree, path)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from rlspeed.checkpoint import agent_files, why
+from rlspeed.checkpoint import agent_files, read_agent, why
 from rlspeed.config import RunConfig, is_fused
 from rlspeed.config_tree import schema_node
 from rlspeed.core.tasks import Policy
@@ -118,7 +118,8 @@ def saved_run_config(saved: DictConfig) -> RunConfig:
 
 def _load_policies(saved: RunConfig, path: Path, obs_space: Any, action_space: Any) -> list[Policy]:
     module = ALGOS.get(saved.algo.name).backend_module(saved.backend.name)
-    return module.load_policies(saved, path, obs_space, action_space)
+    agent = read_agent(path, saved.backend.name)
+    return module.load_policies(saved, agent, obs_space, action_space)
 
 
 def _seed_index(path: Path) -> int:

@@ -14,13 +14,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from rlspeed.checkpoint import RESUME_FILE, atomic_write, save_resume, seed_file
+from rlspeed.checkpoint import RESUME_FILE, atomic_write, save_resume, seed_file, write_agent
 from rlspeed.config import RunConfig, is_fused
 from rlspeed.core.algos.loops import TrainResult
 from rlspeed.core.engines import EngineSpec
@@ -30,6 +30,9 @@ from rlspeed.registry import BACKENDS
 from rlspeed.seed_streams import RECENT_EPISODES
 from rlspeed.sweep import TrialReporter
 from rlspeed.tracking import Tracker, cause
+
+if TYPE_CHECKING:
+    from rlspeed.core import AgentCheckpoint
 
 log = logging.getLogger("rlspeed")
 
@@ -76,10 +79,10 @@ def set_agent_files(
     run: Run,
     index: int,
     name: str,
-    save: Callable[[Path], Path],
+    agent_checkpoint: Callable[[], AgentCheckpoint],
     resume_state: Callable[[], dict[str, Any] | None],
 ) -> None:
-    """Agent ``index``'s files: ``save(path)`` as its checkpoint, file ``name`` in the run
+    """Agent ``index``'s files: ``agent_checkpoint()`` as its checkpoint, file ``name`` in the run
     folder (``<stem>_seed<i><suffix>`` where the agents of several seeds train one by one),
     and ``resume_state()`` as what ``resume=`` continues from (``RESUME_FILE``, same naming)
     with the run's monitor, tracked run and training keys."""
@@ -100,10 +103,15 @@ def set_agent_files(
         return save_resume(state, path)
 
     # The resume state stays in the run folder: it holds the replay buffer (large).
-    run.outputs[index] = [OutputFile(path, save)]
+    save_agent = partial(_write_agent, agent_checkpoint)
+    run.outputs[index] = [OutputFile(path, save_agent)]
     if run.resumable:
         resume = OutputFile(resume_path, save_state, artifact=False, resume_state=True)
         run.outputs[index].append(resume)
+
+
+def _write_agent(agent_checkpoint: Callable[[], AgentCheckpoint], path: Path) -> Path:
+    return write_agent(agent_checkpoint(), path)
 
 
 def write_now(run: Run, index: int, step: int) -> bool:

@@ -18,7 +18,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from rlspeed import slurm
-from rlspeed.checkpoint import run_folder, save_pytree, training_keys, why
+from rlspeed.checkpoint import run_folder, training_keys, why
 from rlspeed.config import is_fused
 from rlspeed.config_tree import flatten, to_yaml
 from rlspeed.core.algos import import_named
@@ -51,7 +51,7 @@ from rlspeed.tracking import cause
 from rlspeed.validation import CheckedRun, check
 
 if TYPE_CHECKING:  # JAX: imported by the fused path alone
-    from rlspeed.core.algos.loops.fused_training import FusedTraining
+    pass
 
 log = logging.getLogger("rlspeed")
 
@@ -252,7 +252,7 @@ def _train_host(run: Run) -> TrainResult:
             learner, engine, cfg.total_steps, cfg.log_every, run.resumed.get(index)
         )
         name = CHECKPOINT_FILES[cfg.backend.name]
-        set_agent_files(run, index, name, learner.save, training.resume_state)
+        set_agent_files(run, index, name, learner.agent_checkpoint, training.resume_state)
         schedule = _schedule(run, index, training.step)
         try:
             _drive_host(run, index, training, schedule)
@@ -305,8 +305,8 @@ def _train_fused(runs: list[Run]) -> list[TrainResult | Exception]:
     training = FusedTraining([r.cfg for r in runs], first.task, make_train, resumed)
     schedules = []
     for t, started in enumerate(runs):
-        save = partial(_save_agents, training, t)
-        set_agent_files(started, 0, "checkpoint.msgpack", save, partial(training.resume_state, t))
+        agents, resume_state = partial(training.agents, t), partial(training.resume_state, t)
+        set_agent_files(started, 0, "checkpoint.msgpack", agents, resume_state)
         schedules.append(_schedule(started, 0, training.step))
     outcomes: list[TrainResult | Exception | None] = [None] * len(runs)
     every_seed = np.arange(first.cfg.num_seeds)
@@ -337,11 +337,6 @@ def _train_fused(runs: list[Run]) -> list[TrainResult | Exception]:
     return [
         outcome if outcome is not None else training.result(t) for t, outcome in enumerate(outcomes)
     ]
-
-
-def _save_agents(training: FusedTraining, run: int, path: Path) -> Path:
-    """Save run ``run``'s agents as of its last recorded chunk (its checkpoint file)."""
-    return save_pytree(training.agents(run), path)
 
 
 def _schedule(run: Run, index: int, start_step: int) -> CheckpointSchedule:

@@ -126,7 +126,7 @@ LAYERS = [
     ("files", ["rlspeed.checkpoint", "rlspeed.statefile", "rlspeed.digests"]),
     ("base", ["rlspeed.config_tree"]),
     ("base", [f"rlspeed.{name}" for name in ("config", "registry", "errors", "secrets")]),
-    ("base", ["rlspeed.core.__init__"]),
+    ("base", ["rlspeed.core.__init__", "rlspeed.core.state"]),
     ("base", ["rlspeed.seeding", "rlspeed.machine", "rlspeed.user_modules"]),
 ]
 LAYER_NAMES = list(dict.fromkeys(name for name, _ in LAYERS))

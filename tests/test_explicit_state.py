@@ -1,5 +1,5 @@
 """Every part a host-driven loop carries over ``resume=`` says what its state is
-(``state_dict`` / ``load_state_dict``), and ``rlspeed.checkpoint.capture`` / ``restore`` take
+(``state_dict`` / ``load_state_dict``), and ``rlspeed.core.state.capture`` / ``restore`` take
 that and nothing else: a part that says nothing is one line, never a state skipped in
 silence.
 
@@ -20,10 +20,11 @@ import pytest
 import torch
 
 from rlspeed import statefile
-from rlspeed.checkpoint import RESUME_FILE, capture, restore, save_resume
+from rlspeed.checkpoint import RESUME_FILE, save_resume
 from rlspeed.core.algos import import_named
 from rlspeed.core.algos.qlearn.torch import TorchQTable
 from rlspeed.core.algos.replay import ReplayBuffer
+from rlspeed.core.state import capture, restore
 from rlspeed.core.tasks.gridworld import GridWorldTaskConfig
 from rlspeed.errors import RLSpeedError
 from rlspeed.registry import ALGOS, BACKENDS, ENGINES, TASKS

@@ -19,9 +19,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from rlspeed.checkpoint import read_agent
 from rlspeed.core.algos.networks.flax import ActorCritic as FlaxActorCritic
 from rlspeed.core.algos.networks.torch import ActorCritic as TorchActorCritic
-from rlspeed.core.algos.networks.torch import load_checkpoint
 from rlspeed.core.algos.normalization import (
     EPS,
     HostNormalization,
@@ -200,7 +200,7 @@ def test_the_checkpoint_keeps_the_statistics_and_eval_scores_with_them(backend, 
     config = OmegaConf.load(tmp_path / "run" / "config.yaml")
     assert config.algo.normalize_obs and config.algo.scale_rewards and config.algo.orthogonal_init
     if backend == "torch":
-        stats = load_checkpoint(tmp_path / "run" / "checkpoint.pt")["obs_norm"]
+        stats = read_agent(tmp_path / "run" / "checkpoint.pt", "torch")["obs_norm"]
     else:
         saved = (tmp_path / "run" / "checkpoint.msgpack").read_bytes()
         stats = flax.serialization.msgpack_restore(saved)["obs_norm"]

@@ -172,9 +172,9 @@ class Learned:
         actions (td3) or V [B] (vpg, ppo)."""
         import torch
 
-        from rlspeed.core.algos.networks.torch import load_checkpoint
+        from rlspeed.checkpoint import read_agent
 
-        saved = load_checkpoint(self.path)
+        saved = read_agent(self.path, "torch")
         if self.algo == "qlearn":
             return lambda obs, _: saved["q_table"].numpy()[obs.astype(int)]
         learner_class = ALGOS.get(self.algo).backend_module("torch").TorchLearner
@@ -200,13 +200,15 @@ class Learned:
         import jax
         import jax.numpy as jnp
 
-        from rlspeed.checkpoint import load_pytree
+        from rlspeed.checkpoint import read_agent
         from rlspeed.core.algos.networks.flax import apply_output
+        from rlspeed.core.state import agents_from_saved
 
         module = ALGOS.get(self.algo).backend_module("flax")
+        saved = read_agent(self.path, "flax")
         obs_space, action_space, cfg = self.obs_space, self.action_space, self.cfg
         if self.algo == "qlearn":
-            table = load_pytree({"q_table": jnp.zeros((2, 2))}, self.path)["q_table"]
+            table = agents_from_saved({"q_table": jnp.zeros((2, 2))}, saved)["q_table"]
             return lambda obs, _: np.asarray(table)[obs.astype(int)]
         if self.algo == "dqn":
             fns = module.DQNFunctions(obs_space, action_space, cfg)
@@ -216,7 +218,7 @@ class Learned:
             fns = module.VPGFunctions(obs_space, action_space, cfg.algo)
         else:
             fns = module.functions(cfg, obs_space, action_space)
-        agent = load_pytree(fns.init(jax.random.key(0))._asdict(), self.path)
+        agent = agents_from_saved(fns.init(jax.random.key(0))._asdict(), saved)
 
         def q(obs: np.ndarray, actions: np.ndarray | None) -> np.ndarray:
             if self.algo == "dqn":

@@ -23,10 +23,11 @@ from omegaconf import OmegaConf
 
 import rlspeed
 from rlspeed import statefile
-from rlspeed.checkpoint import RESUME_FILE, capture, restore, save_resume
+from rlspeed.checkpoint import RESUME_FILE, save_resume
 from rlspeed.core.algos import check_replay
 from rlspeed.core.algos.replay import draw_slots, replay_buffer, truncation_gap
 from rlspeed.core.algos.replay_jax import JaxReplay, jax_replay_add, jax_replay_init
+from rlspeed.core.state import capture, restore
 from rlspeed.errors import ConfigError
 
 OBS = gym.spaces.Box(0.0, np.inf, (2,), np.float32)

@@ -29,3 +29,7 @@ if TYPE_CHECKING:
     # An array of any backend's library: NumPy, JAX or torch. What an engine takes as
     # actions (torch tensors and JAX arrays are read through ``np.asarray`` or DLPack).
     AnyArray: TypeAlias = np.ndarray | jax.Array | torch.Tensor
+    # An agent's checkpoint as its learner gives it and its ``load_policies`` takes it back:
+    # names to tensors or arrays, or to nested such dicts (torch state dicts, flax params).
+    # The run writes it as the agent file and reads it back (``rlspeed.checkpoint``).
+    AgentCheckpoint: TypeAlias = dict[str, Any]

@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar, cast
 
 import numpy as np
 
-from rlspeed.checkpoint import load_array, load_rng_state, rng_state
 from rlspeed.core.algos.loops.host import Iteration
 from rlspeed.core.algos.schedule import multiples_between
+from rlspeed.core.state import load_array, load_rng_state, rng_state
 from rlspeed.registry import TASKS
 from rlspeed.seeding import Stream, numpy_rng
 

@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, cast
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rlspeed.checkpoint import save_pytree, tree_from_host, tree_to_host
 from rlspeed.core.algos.loops.fused import FusedTrainer, per_seed_mean, scan_iterations
 from rlspeed.core.algos.loops.jax_learner import JaxLearner
 from rlspeed.core.algos.normalization import (
@@ -34,6 +32,7 @@ from rlspeed.core.algos.normalization import (
 from rlspeed.core.algos.rollout import RolloutBatch, RolloutLearner, advantage_terms, rollout_length
 from rlspeed.core.engines import StepResult
 from rlspeed.core.envs.vmap import VmapEnv, VmapState
+from rlspeed.core.state import tree_from_host, tree_to_host
 from rlspeed.seeding import JaxKeys, Stream, jax_key
 
 if TYPE_CHECKING:
@@ -41,7 +40,7 @@ if TYPE_CHECKING:
     from gymnasium import spaces
 
     from rlspeed.config import RunConfig
-    from rlspeed.core import PyTree, XpArray
+    from rlspeed.core import AgentCheckpoint, PyTree, XpArray
 
 
 class OnPolicyFunctions(Protocol):
@@ -160,9 +159,9 @@ class OnPolicyJaxLearner(JaxLearner, RolloutLearner):
         self.agent, metrics = self._update(self.agent, batch, key)
         return metrics
 
-    def save(self, path: Path) -> Path:
+    def agent_checkpoint(self) -> AgentCheckpoint:
         norm = None if self.normalization is None else self.normalization.state
-        return save_pytree(checkpoint_tree(self.agent, norm), path)
+        return checkpoint_tree(self.agent, norm)
 
     def state_dict(self) -> dict[str, Any]:
         """The resume state: the agent and its keys, the normalisation statistics (and the

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 import jax
 import jax.numpy as jnp
 
-from rlspeed.checkpoint import tree_from_host, tree_to_host
 from rlspeed.core.engines import StepResult
+from rlspeed.core.state import tree_from_host, tree_to_host
 from rlspeed.seeding import Stream, jax_key
 
 if TYPE_CHECKING:

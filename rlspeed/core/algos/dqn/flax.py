@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 from functools import partial
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 import flax.linen as nn
@@ -50,7 +49,7 @@ if TYPE_CHECKING:
     from gymnasium import spaces
 
     from rlspeed.config import RunConfig
-    from rlspeed.core import XpArray
+    from rlspeed.core import AgentCheckpoint, XpArray
 
 
 class Agent(NamedTuple):
@@ -293,8 +292,11 @@ def make_train(cfg: RunConfig, env: VmapEnv) -> FusedTrainer:
 
 
 def load_policies(
-    cfg: RunConfig, path: Path, obs_space: spaces.Space[Any], action_space: spaces.Discrete
+    cfg: RunConfig,
+    saved: AgentCheckpoint,
+    obs_space: spaces.Space[Any],
+    action_space: spaces.Discrete,
 ) -> list[Policy]:
     """The greedy policies of a saved ``checkpoint.msgpack`` (``mode=eval``)."""
     fns = DQNFunctions(obs_space, action_space, cfg)
-    return saved_agent_policies(cfg, path, fns.init, "params", fns.greedy)
+    return saved_agent_policies(cfg, saved, fns.init, "params", fns.greedy)

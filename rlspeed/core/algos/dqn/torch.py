@@ -8,7 +8,6 @@ often as due, then syncs the target network as due (``DQNSchedule.after_env_step
 from __future__ import annotations
 
 from functools import partial
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -17,13 +16,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.dlpack import from_dlpack
 
-from rlspeed.checkpoint import save_torch
 from rlspeed.core.algos.dqn import DQNSchedule, learning_rate_at
 from rlspeed.core.algos.networks.torch import (
     MLP,
     device_of_module,
     from_numpy,
-    load_checkpoint,
     optimizer,
 )
 from rlspeed.core.algos.replay import Batch, ReplayLearner, replay_buffer
@@ -35,7 +32,7 @@ if TYPE_CHECKING:
     from gymnasium import spaces
 
     from rlspeed.config import RunConfig
-    from rlspeed.core import AnyArray
+    from rlspeed.core import AgentCheckpoint, AnyArray
 
 
 @torch.no_grad()
@@ -131,21 +128,21 @@ class TorchLearner(DQNSchedule, ReplayLearner):
         self.updates = state["updates"]
         self.generator.set_state(state["generator"])
 
-    def save(self, path: Path) -> Path:
-        return save_torch(
-            {
-                "q_network": self.q_network.state_dict(),
-                "target_network": self.target_network.state_dict(),
-                "optimizer": self.optimizer.state_dict(),
-            },
-            path,
-        )
+    def agent_checkpoint(self) -> AgentCheckpoint:
+        return {
+            "q_network": self.q_network.state_dict(),
+            "target_network": self.target_network.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+        }
 
 
 def load_policies(
-    cfg: RunConfig, path: Path, obs_space: spaces.Space[Any], action_space: spaces.Discrete
+    cfg: RunConfig,
+    saved: AgentCheckpoint,
+    obs_space: spaces.Space[Any],
+    action_space: spaces.Discrete,
 ) -> list[Policy]:
     """The greedy policy of a saved ``checkpoint.pt`` (``mode=eval``)."""
     q_network = MLP(obs_space, int(action_space.n), cfg.algo.hidden_sizes, nn.ReLU)
-    q_network.load_state_dict(load_checkpoint(path)["q_network"])
+    q_network.load_state_dict(saved["q_network"])
     return [partial(greedy_actions, q_network)]

@@ -14,21 +14,20 @@ build on: the masked scan, the trainer's shape, the policies of a saved checkpoi
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rlspeed.checkpoint import load_pytree
 from rlspeed.config import is_fused
+from rlspeed.core.state import agents_from_saved
 from rlspeed.core.tasks import Policy
 from rlspeed.seeding import JaxKeys
 
 if TYPE_CHECKING:
     from rlspeed.config import RunConfig
-    from rlspeed.core import PyTree, XpArray
+    from rlspeed.core import AgentCheckpoint, PyTree, XpArray
 
     # How many of a scan's iterations run: a number (maybe traced), or None for all of them.
     Valid = int | jax.Array | None
@@ -131,7 +130,7 @@ def scan_iterations(
 
 def saved_agent_policies(
     cfg: RunConfig,
-    path: Path,
+    saved: AgentCheckpoint,
     init: Callable[[jax.Array], PyTree],
     params_field: str,
     greedy: Callable[[PyTree, jax.Array], jax.Array],
@@ -139,7 +138,7 @@ def saved_agent_policies(
     """``saved_policies`` of a checkpoint of the agent NamedTuple ``init`` makes, whose field
     ``params_field`` holds what ``greedy`` takes."""
     template = init(jax.random.key(0))._asdict()
-    return saved_policies(cfg, path, template, lambda agent: agent[params_field], greedy)
+    return saved_policies(cfg, saved, template, lambda agent: agent[params_field], greedy)
 
 
 # XLA options for a program that runs once (the init): its machine code need not be fast,
@@ -158,15 +157,15 @@ def scan_unroll(batch: int) -> int:
 
 def saved_policies(
     cfg: RunConfig,
-    path: Path,
+    saved: AgentCheckpoint,
     template: PyTree,
     params_of: Callable[[PyTree], PyTree],
     greedy: Callable[[PyTree, jax.Array], jax.Array],
 ) -> list[Policy]:
-    """The greedy policies of a flax checkpoint (``mode=eval``): one per agent it holds
-    (every seed of a fused run, stacked). ``template``: a checkpoint tree of one agent."""
+    """The greedy policies of a saved flax checkpoint (``mode=eval``): one per agent it
+    holds (every seed of a fused run, stacked). ``template``: a checkpoint tree of one agent."""
     agents = cfg.num_seeds if is_fused(cfg) else 1
-    params = params_of(load_pytree(template, path, agents))
+    params = params_of(agents_from_saved(template, saved, agents))
     return list(device_policies(greedy, jax.jit(greedy), params, agents))
 
 

@@ -21,7 +21,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rlspeed.checkpoint import tree_from_host, tree_to_host
 from rlspeed.config import RunConfig, TrackingConfig, TrialConfig
 from rlspeed.core.algos.loops import TrainResult
 from rlspeed.core.algos.loops.fused import (
@@ -32,6 +31,7 @@ from rlspeed.core.algos.loops.fused import (
     first_iterations,
 )
 from rlspeed.core.envs.vmap import VmapEnv, make_vmap_env
+from rlspeed.core.state import tree_from_host, tree_to_host
 from rlspeed.core.tasks import TaskSpec
 from rlspeed.seeding import JaxKeys, Stream, jax_key, jax_keys
 

@@ -10,18 +10,17 @@ state is what the run keeps (what ``resume=`` continues from)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Generator
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import numpy as np
 
-from rlspeed.checkpoint import capture, restore
 from rlspeed.core.engines import Engine
+from rlspeed.core.state import capture, restore
 from rlspeed.core.tasks import Policy
 from rlspeed.errors import EnvFailed
 
 if TYPE_CHECKING:
-    from rlspeed.core import XpArray
+    from rlspeed.core import AgentCheckpoint, XpArray
 
 
 class EpisodeSink(Protocol):
@@ -85,8 +84,8 @@ class HostLearner(Protocol):
     def greedy(self, obs: np.ndarray) -> np.ndarray:
         """Deterministic actions as NumPy, for evaluation."""
 
-    def save(self, path: Path) -> Path:
-        """Write the agent's checkpoint file."""
+    def agent_checkpoint(self) -> AgentCheckpoint:
+        """What the agent's checkpoint file holds (the run writes it)."""
 
 
 class HostChunk(NamedTuple):

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import jax
 
-from rlspeed.checkpoint import save_pytree, tree_from_host, tree_to_host
+from rlspeed.core.state import tree_from_host, tree_to_host
 from rlspeed.seeding import Stream, jax_key
 
 if TYPE_CHECKING:
-    from rlspeed.core import PyTree
+    from rlspeed.core import AgentCheckpoint, PyTree
 
 
 class JaxLearner:
@@ -34,8 +33,9 @@ class JaxLearner:
         self.key, key = jax.random.split(self.key)
         return key
 
-    def save(self, path: Path) -> Path:
-        return save_pytree(self.agent._asdict(), path)
+    def agent_checkpoint(self) -> AgentCheckpoint:
+        checkpoint: AgentCheckpoint = self.agent._asdict()
+        return checkpoint
 
     def agent_state(self) -> dict[str, Any]:
         """The key and the agent's arrays, as a resume file holds them."""

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
@@ -16,7 +15,6 @@ from torch import nn
 from torch.distributions import Categorical, Distribution, Independent, Normal
 from torch.utils.dlpack import from_dlpack
 
-from rlspeed.checkpoint import check_whole
 from rlspeed.core.algos.encoding import input_size, one_hot_classes
 from rlspeed.core.algos.networks import HIDDEN_GAIN, POLICY_GAIN, VALUE_GAIN, ActorCriticSettings
 from rlspeed.seeding import Stream, int_seed
@@ -24,7 +22,7 @@ from rlspeed.seeding import Stream, int_seed
 if TYPE_CHECKING:
     from gymnasium import spaces
 
-    from rlspeed.core import XpArray
+    from rlspeed.core import AgentCheckpoint, XpArray
 
 
 def lecun_normal_(layer: nn.Linear) -> nn.Linear:
@@ -53,14 +51,6 @@ def device_of_module(module: nn.Module) -> torch.device:
 def from_numpy(x: np.ndarray, device: torch.device) -> torch.Tensor:
     """A NumPy array as a tensor on ``device`` (sharing its memory on the CPU)."""
     return torch.from_numpy(np.asarray(x)).to(device)
-
-
-def load_checkpoint(path: Path) -> dict[str, Any]:
-    """A saved ``checkpoint.pt`` (tensors only: nothing in it runs code), on the CPU,
-    wherever it was saved from; a learner moves what it loads to its device."""
-    check_whole(path, "agent file")
-    saved: dict[str, Any] = torch.load(path, weights_only=True, map_location="cpu")
-    return saved
 
 
 def orthogonal_(layer: nn.Linear, gain: float) -> nn.Linear:
@@ -216,9 +206,9 @@ class ActorCritic:
 
 
 def saved_greedy_policy(
-    learner: ActorCritic, path: Path
+    learner: ActorCritic, saved: AgentCheckpoint
 ) -> list[Callable[[np.ndarray], np.ndarray]]:
-    """``learner``'s greedy policy with the policy network saved in ``checkpoint.pt``
-    ``path`` (``mode=eval`` of VPG and PPO)."""
-    learner.policy.load_state_dict(load_checkpoint(path)["policy"])
+    """``learner``'s greedy policy with the policy network of a saved ``checkpoint.pt``
+    (``mode=eval`` of VPG and PPO)."""
+    learner.policy.load_state_dict(saved["policy"])
     return [learner.greedy]

@@ -7,7 +7,6 @@ brings its own optimizer, loss and update.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 import jax
@@ -40,6 +39,7 @@ if TYPE_CHECKING:
     from gymnasium import spaces
 
     from rlspeed.config import RunConfig
+    from rlspeed.core import AgentCheckpoint
 
 
 class Agent(NamedTuple):
@@ -198,7 +198,7 @@ def make_train(cfg: RunConfig, env: VmapEnv) -> FusedTrainer:
 
 def load_policies(
     cfg: RunConfig,
-    path: Path,
+    saved: AgentCheckpoint,
     obs_space: spaces.Space[Any],
     action_space: spaces.Box | spaces.Discrete,
 ) -> list[GreedyPolicy]:
@@ -211,4 +211,4 @@ def load_policies(
     norm = init_state(fns.normalization, obs_shape, 1, jnp)
     template = checkpoint_tree(fns.init(jax.random.key(0)), norm)
     params_of, greedy = normalized_greedy(fns)
-    return saved_policies(cfg, path, template, params_of, greedy)
+    return saved_policies(cfg, saved, template, params_of, greedy)

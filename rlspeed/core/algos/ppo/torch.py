@@ -5,18 +5,15 @@ on-policy ``ActorCritic`` VPG has too (``rlspeed/core/algos/networks/torch.py``)
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from torch import nn
 
-from rlspeed.checkpoint import save_torch
 from rlspeed.core.algos.networks.torch import (
     ActorCritic,
     from_numpy,
-    load_checkpoint,
     saved_greedy_policy,
 )
 from rlspeed.core.algos.normalization import settings_of
@@ -30,6 +27,7 @@ if TYPE_CHECKING:
     from gymnasium import spaces
 
     from rlspeed.config import RunConfig
+    from rlspeed.core import AgentCheckpoint
 
 METRICS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac")
 
@@ -144,7 +142,7 @@ class TorchLearner(ActorCritic, RolloutLearner):
         self.minibatch_generator.set_state(state["minibatch_generator"])
         self.load_rollout_state(state)
 
-    def save(self, path: Path) -> Path:
+    def agent_checkpoint(self) -> AgentCheckpoint:
         saved = {
             "policy": self.policy.state_dict(),
             "value": self.value.state_dict(),
@@ -152,12 +150,12 @@ class TorchLearner(ActorCritic, RolloutLearner):
         }
         if self.normalization is not None and (stats := self.normalization.obs_moments()):
             saved["obs_norm"] = {name: torch.from_numpy(x) for name, x in stats.items()}
-        return save_torch(saved, path)
+        return saved
 
 
 def load_policies(
     cfg: RunConfig,
-    path: Path,
+    saved: AgentCheckpoint,
     obs_space: spaces.Space[Any],
     action_space: spaces.Box | spaces.Discrete,
 ) -> list[GreedyPolicy]:
@@ -165,6 +163,6 @@ def load_policies(
     normalisation, on observations normalised by its saved statistics."""
     learner = TorchLearner(obs_space, action_space, cfg, cfg.seed)
     if learner.normalization is not None and learner.normalization.obs_moments() is not None:
-        saved = load_checkpoint(path)["obs_norm"]
-        learner.normalization.load_obs_moments({k: x.numpy() for k, x in saved.items()})
-    return saved_greedy_policy(learner, path)
+        moments = saved["obs_norm"]
+        learner.normalization.load_obs_moments({k: x.numpy() for k, x in moments.items()})
+    return saved_greedy_policy(learner, saved)

@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import math
 from functools import partial, reduce
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rlspeed.checkpoint import save_pytree, tree_from_host, tree_to_host
 from rlspeed.core.algos.loops.fused import (
     FusedTrainer,
     masked_scan,
@@ -29,6 +27,7 @@ from rlspeed.core.algos.loops.fused import (
 from rlspeed.core.algos.qlearn import QTableLearner, table_shape
 from rlspeed.core.algos.schedule import epsilon_at
 from rlspeed.core.envs.vmap import VmapEnv, VmapState
+from rlspeed.core.state import tree_from_host, tree_to_host
 from rlspeed.core.tasks import Policy
 from rlspeed.registry import TASKS
 from rlspeed.seeding import JaxKeys, Stream, jax_key
@@ -37,7 +36,7 @@ if TYPE_CHECKING:
     from gymnasium import spaces
 
     from rlspeed.config import RunConfig
-    from rlspeed.core import XpArray
+    from rlspeed.core import AgentCheckpoint, XpArray
 
 
 def max_over_actions(values: jax.Array) -> jax.Array:
@@ -156,8 +155,8 @@ class FlaxQTable(QTableLearner):
         # Read by ``act`` when it is first traced: a resume puts it back before that.
         self.key = tree_from_host(self.key, state["key"])
 
-    def save(self, path: Path) -> Path:
-        return save_pytree({"q_table": self.q}, path)
+    def agent_checkpoint(self) -> AgentCheckpoint:
+        return {"q_table": self.q}
 
 
 # ---------------------------------------------------------------- fused jax-vmap path
@@ -263,14 +262,17 @@ def make_train(cfg: RunConfig, env: VmapEnv) -> FusedTrainer:
 
 
 def load_policies(
-    cfg: RunConfig, path: Path, obs_space: spaces.Space[Any], action_space: spaces.Discrete
+    cfg: RunConfig,
+    saved: AgentCheckpoint,
+    obs_space: spaces.Space[Any],
+    action_space: spaces.Discrete,
 ) -> list[Policy]:
     """The greedy policies of a saved ``checkpoint.msgpack`` (``mode=eval``)."""
     tabular = TASKS.get(cfg.task.name).tabular
     template = {"q_table": jnp.zeros(table_shape(cfg, action_space))}
     return saved_policies(
         cfg,
-        path,
+        saved,
         template,
         lambda saved: saved["q_table"],
         lambda q, obs: greedy(q, tabular.state_index(cfg.task, obs, jnp)),

@@ -6,17 +6,16 @@ the table with ``update`` (the TD targets and the averaged step of ``td_update_`
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from torch.utils.dlpack import from_dlpack
 
-from rlspeed.checkpoint import check_shape, load_array, save_torch
-from rlspeed.core.algos.networks.torch import from_numpy, load_checkpoint
+from rlspeed.core.algos.networks.torch import from_numpy
 from rlspeed.core.algos.qlearn import QTableLearner, table_shape
 from rlspeed.core.backends.torch import device_of
+from rlspeed.core.state import check_shape, load_array
 from rlspeed.core.tasks import Policy
 from rlspeed.registry import TASKS
 from rlspeed.seeding import Stream, int_seed
@@ -25,7 +24,7 @@ if TYPE_CHECKING:
     from gymnasium import spaces
 
     from rlspeed.config import RunConfig
-    from rlspeed.core import XpArray
+    from rlspeed.core import AgentCheckpoint, XpArray
 
 
 def explore_greedy(
@@ -127,15 +126,18 @@ class TorchQTable(QTableLearner):
         load_array("q", self.q, state["q"])
         self.generator.set_state(state["generator"])
 
-    def save(self, path: Path) -> Path:
-        return save_torch({"q_table": self.q}, path)
+    def agent_checkpoint(self) -> AgentCheckpoint:
+        return {"q_table": self.q}
 
 
 def load_policies(
-    cfg: RunConfig, path: Path, obs_space: spaces.Space[Any], action_space: spaces.Discrete
+    cfg: RunConfig,
+    saved: AgentCheckpoint,
+    obs_space: spaces.Space[Any],
+    action_space: spaces.Discrete,
 ) -> list[Policy]:
     """The greedy policy of a saved ``checkpoint.pt`` (``mode=eval``)."""
-    q: torch.Tensor = load_checkpoint(path)["q_table"]
+    q: torch.Tensor = saved["q_table"]
     check_shape("q_table", q.shape, table_shape(cfg, action_space))
     tabular = TASKS.get(cfg.task.name).tabular
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from functools import partial
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 import flax.linen as nn
@@ -58,7 +57,7 @@ if TYPE_CHECKING:
     from gymnasium import spaces
 
     from rlspeed.config import RunConfig
-    from rlspeed.core import XpArray
+    from rlspeed.core import AgentCheckpoint, XpArray
 
 
 def _flat(obs: jax.Array) -> jax.Array:
@@ -339,8 +338,8 @@ def make_train(cfg: RunConfig, env: VmapEnv) -> FusedTrainer:
 
 
 def load_policies(
-    cfg: RunConfig, path: Path, obs_space: spaces.Box, action_space: spaces.Box
+    cfg: RunConfig, saved: AgentCheckpoint, obs_space: spaces.Box, action_space: spaces.Box
 ) -> list[Policy]:
     """The deterministic policies of a saved ``checkpoint.msgpack`` (``mode=eval``)."""
     fns = TD3Functions(obs_space, action_space, cfg.algo)
-    return saved_agent_policies(cfg, path, fns.init, "actor_params", fns.actor)
+    return saved_agent_policies(cfg, saved, fns.init, "actor_params", fns.actor)

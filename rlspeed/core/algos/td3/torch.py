@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -18,8 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.dlpack import from_dlpack
 
-from rlspeed.checkpoint import save_torch
-from rlspeed.core.algos.networks.torch import from_numpy, lecun_normal_, load_checkpoint, optimizer
+from rlspeed.core.algos.networks.torch import from_numpy, lecun_normal_, optimizer
 from rlspeed.core.algos.replay import Batch, ReplayLearner, replay_buffer
 from rlspeed.core.algos.td3 import (
     action_bounds,
@@ -37,7 +35,7 @@ if TYPE_CHECKING:
     from gymnasium import spaces
 
     from rlspeed.config import RunConfig
-    from rlspeed.core import AnyArray
+    from rlspeed.core import AgentCheckpoint, AnyArray
 
 
 def mlp(sizes: Sequence[int]) -> nn.Sequential:
@@ -199,15 +197,15 @@ class TorchLearner(ReplayLearner):
         self.generator.set_state(state["generator"])
         self.updates = state["updates"]
 
-    def save(self, path: Path) -> Path:
+    def agent_checkpoint(self) -> AgentCheckpoint:
         parts = self._networks_and_optimizers().items()
-        return save_torch({name: part.state_dict() for name, part in parts}, path)
+        return {name: part.state_dict() for name, part in parts}
 
 
 def load_policies(
-    cfg: RunConfig, path: Path, obs_space: spaces.Box, action_space: spaces.Box
+    cfg: RunConfig, saved: AgentCheckpoint, obs_space: spaces.Box, action_space: spaces.Box
 ) -> list[Policy]:
     """The deterministic policy of a saved ``checkpoint.pt`` (``mode=eval``)."""
     learner = TorchLearner(obs_space, action_space, cfg, cfg.seed)
-    learner.actor.load_state_dict(load_checkpoint(path)["actor"])
+    learner.actor.load_state_dict(saved["actor"])
     return [learner.greedy]

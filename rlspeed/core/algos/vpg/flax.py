@@ -5,7 +5,6 @@ the host learner (Gymnasium engines) and the fused program (``env=jax-vmap``).
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 import jax
@@ -30,6 +29,7 @@ if TYPE_CHECKING:
     from gymnasium import spaces
 
     from rlspeed.config import RunConfig
+    from rlspeed.core import AgentCheckpoint
 
 
 class Agent(NamedTuple):
@@ -146,10 +146,10 @@ def make_train(cfg: RunConfig, env: VmapEnv) -> FusedTrainer:
 
 def load_policies(
     cfg: RunConfig,
-    path: Path,
+    saved: AgentCheckpoint,
     obs_space: spaces.Space[Any],
     action_space: spaces.Box | spaces.Discrete,
 ) -> list[GreedyPolicy]:
     """The greedy policies of a saved ``checkpoint.msgpack`` (``mode=eval``)."""
     fns = VPGFunctions(obs_space, action_space, cfg.algo)
-    return saved_agent_policies(cfg, path, fns.init, "policy_params", fns.greedy)
+    return saved_agent_policies(cfg, saved, fns.init, "policy_params", fns.greedy)

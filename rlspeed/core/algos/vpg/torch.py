@@ -5,14 +5,12 @@ on-policy ``ActorCritic`` (``rlspeed/core/algos/networks/torch.py``)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rlspeed.checkpoint import save_torch
 from rlspeed.core.algos.networks.torch import (
     ActorCritic,
     from_numpy,
@@ -27,6 +25,7 @@ if TYPE_CHECKING:
     from gymnasium import spaces
 
     from rlspeed.config import RunConfig
+    from rlspeed.core import AgentCheckpoint
 
 
 class TorchLearner(ActorCritic, RolloutLearner):
@@ -95,23 +94,20 @@ class TorchLearner(ActorCritic, RolloutLearner):
         self.value_optimizer.load_state_dict(state["value_optimizer"])
         self.load_rollout_state(state)
 
-    def save(self, path: Path) -> Path:
-        return save_torch(
-            {
-                "policy": self.policy.state_dict(),
-                "value": self.value.state_dict(),
-                "policy_optimizer": self.policy_optimizer.state_dict(),
-                "value_optimizer": self.value_optimizer.state_dict(),
-            },
-            path,
-        )
+    def agent_checkpoint(self) -> AgentCheckpoint:
+        return {
+            "policy": self.policy.state_dict(),
+            "value": self.value.state_dict(),
+            "policy_optimizer": self.policy_optimizer.state_dict(),
+            "value_optimizer": self.value_optimizer.state_dict(),
+        }
 
 
 def load_policies(
     cfg: RunConfig,
-    path: Path,
+    saved: AgentCheckpoint,
     obs_space: spaces.Space[Any],
     action_space: spaces.Box | spaces.Discrete,
 ) -> list[GreedyPolicy]:
     """The greedy policy of a saved ``checkpoint.pt`` (``mode=eval``)."""
-    return saved_greedy_policy(TorchLearner(obs_space, action_space, cfg, cfg.seed), path)
+    return saved_greedy_policy(TorchLearner(obs_space, action_space, cfg, cfg.seed), saved)

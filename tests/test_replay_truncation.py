@@ -24,8 +24,7 @@ from omegaconf import OmegaConf
 import rlspeed
 from rlspeed import statefile
 from rlspeed.checkpoint import RESUME_FILE, save_resume
-from rlspeed.core.algos import check_replay
-from rlspeed.core.algos.replay import draw_slots, replay_buffer, truncation_gap
+from rlspeed.core.algos.replay import check_replay, draw_slots, replay_buffer, truncation_gap
 from rlspeed.core.algos.replay_jax import JaxReplay, jax_replay_add, jax_replay_init
 from rlspeed.core.state import capture, restore
 from rlspeed.errors import ConfigError

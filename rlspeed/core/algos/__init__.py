@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from rlspeed.config import ROLLING_EPISODES, plain
-from rlspeed.core.algos.schedule import updates_in_run
 from rlspeed.errors import ConfigError
 from rlspeed.machine import physical_memory
 from rlspeed.registry import ENGINES, TASKS
@@ -56,19 +55,6 @@ class NetworkSettings(Protocol):
 
     @property
     def hidden_sizes(self) -> Sequence[int]: ...
-
-
-class ReplaySettings(Protocol):
-    """What ``check_replay`` reads of a replay-buffer algorithm's config (DQN's, TD3's)."""
-
-    @property
-    def buffer_size(self) -> int: ...
-    @property
-    def batch_size(self) -> int: ...
-    @property
-    def train_frequency(self) -> int: ...
-    @property
-    def learning_starts(self) -> int: ...
 
 
 def check_ranges(algo: object, **keys_by_range: tuple[str, ...]) -> None:
@@ -143,35 +129,6 @@ def check_network_memory(cfg: RunConfig) -> None:
             f"{WEIGHT_COPIES} copies each, and batches of {entries:,} input entries; they need "
             f"{needed / 2**30:,.1f} GiB, this machine has {available / 2**30:,.1f} GiB",
         )
-
-
-def check_replay(algo: ReplaySettings, cfg: RunConfig, min_updates: int = 1) -> None:
-    """What a replay-buffer algorithm (DQN, TD3) needs: a buffer that holds a batch and a step
-    of every env, and a budget that reaches ``min_updates`` gradient updates (a run without
-    any would end FINISHED having learned nothing). Its memory is checked too."""
-    check_ranges(algo, count=("buffer_size", "batch_size", "train_frequency"))
-    check_ranges(algo, steps=("learning_starts",))
-    for key, value in (("algo.batch_size", algo.batch_size), ("num_envs", cfg.num_envs)):
-        if value > algo.buffer_size:
-            raise ConfigError(key, value, f"<= algo.buffer_size ({algo.buffer_size})")
-    every, start, n = algo.train_frequency, algo.learning_starts, cfg.num_envs
-    # Updates fall on multiples of train_frequency after learning_starts, and a run ends at
-    # the first multiple of num_envs at or past total_steps.
-    if updates_in_run(cfg.total_steps, n, every, start) < min_updates:
-        last_needed = (start // every + min_updates) * every
-        least = (math.ceil(last_needed / n) - 1) * n + 1
-        what = "a gradient update" if min_updates == 1 else f"{min_updates} gradient updates"
-        raise ConfigError(
-            "total_steps",
-            cfg.total_steps,
-            f">= {least}, a budget with {what} (updates start after "
-            f"algo.learning_starts={start}, one every algo.train_frequency={every} env steps)",
-        )
-    # Imported here: the replay module imports this package.
-    from rlspeed.core.algos.replay import final_capacity, truncation_gap
-
-    finals = final_capacity(algo.buffer_size, cfg.num_envs, truncation_gap(cfg))
-    check_memory(cfg, ("algo.buffer_size", algo.buffer_size), observations=finals)
 
 
 def check_memory(cfg: RunConfig, *stores: tuple[str, int], observations: int = 0) -> None:

@@ -20,13 +20,16 @@ task's time limit, one per transition where the env may truncate them itself (``
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar, cast
+import math
+from typing import TYPE_CHECKING, Any, Generic, NamedTuple, Protocol, TypeVar, cast
 
 import numpy as np
 
+from rlspeed.core.algos import check_memory, check_ranges
 from rlspeed.core.algos.loops.host import Iteration
-from rlspeed.core.algos.schedule import multiples_between
+from rlspeed.core.algos.schedule import multiples_between, updates_in_run
 from rlspeed.core.state import load_array, load_rng_state, rng_state
+from rlspeed.errors import ConfigError
 from rlspeed.registry import TASKS
 from rlspeed.seeding import Stream, numpy_rng
 
@@ -47,6 +50,45 @@ if TYPE_CHECKING:
 
 
 ArrayT = TypeVar("ArrayT")
+
+
+class ReplaySettings(Protocol):
+    """What ``check_replay`` reads of a replay-buffer algorithm's config (DQN's, TD3's)."""
+
+    @property
+    def buffer_size(self) -> int: ...
+    @property
+    def batch_size(self) -> int: ...
+    @property
+    def train_frequency(self) -> int: ...
+    @property
+    def learning_starts(self) -> int: ...
+
+
+def check_replay(algo: ReplaySettings, cfg: RunConfig, min_updates: int = 1) -> None:
+    """What a replay-buffer algorithm (DQN, TD3) needs: a buffer that holds a batch and a step
+    of every env, and a budget that reaches ``min_updates`` gradient updates (a run without
+    any would end FINISHED having learned nothing). Its memory is checked too."""
+    check_ranges(algo, count=("buffer_size", "batch_size", "train_frequency"))
+    check_ranges(algo, steps=("learning_starts",))
+    for key, value in (("algo.batch_size", algo.batch_size), ("num_envs", cfg.num_envs)):
+        if value > algo.buffer_size:
+            raise ConfigError(key, value, f"<= algo.buffer_size ({algo.buffer_size})")
+    every, start, n = algo.train_frequency, algo.learning_starts, cfg.num_envs
+    # Updates fall on multiples of train_frequency after learning_starts, and a run ends at
+    # the first multiple of num_envs at or past total_steps.
+    if updates_in_run(cfg.total_steps, n, every, start) < min_updates:
+        last_needed = (start // every + min_updates) * every
+        least = (math.ceil(last_needed / n) - 1) * n + 1
+        what = "a gradient update" if min_updates == 1 else f"{min_updates} gradient updates"
+        raise ConfigError(
+            "total_steps",
+            cfg.total_steps,
+            f">= {least}, a budget with {what} (updates start after "
+            f"algo.learning_starts={start}, one every algo.train_frequency={every} env steps)",
+        )
+    finals = final_capacity(algo.buffer_size, cfg.num_envs, truncation_gap(cfg))
+    check_memory(cfg, ("algo.buffer_size", algo.buffer_size), observations=finals)
 
 
 class Batch(NamedTuple, Generic[ArrayT]):

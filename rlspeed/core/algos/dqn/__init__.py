@@ -11,7 +11,6 @@ from rlspeed.core.algos import (
     check_hidden_sizes,
     check_network_memory,
     check_ranges,
-    check_replay,
 )
 from rlspeed.core.algos.schedule import epsilon_at, multiples_between, polyak_weight, updates_in_run
 from rlspeed.errors import ConfigError
@@ -115,6 +114,9 @@ def validate(algo: DQNConfig, cfg: RunConfig) -> None:
         positive=("learning_rate",),
     )
     check_hidden_sizes(algo)
+    # Imported here: the replay module loads NumPy, which a config error is printed without.
+    from rlspeed.core.algos.replay import check_replay
+
     check_replay(algo, cfg)
     check_network_memory(cfg)
 

@@ -18,7 +18,6 @@ from rlspeed.core.algos import (
     check_hidden_sizes,
     check_network_memory,
     check_ranges,
-    check_replay,
 )
 
 if TYPE_CHECKING:
@@ -141,6 +140,9 @@ def validate(algo: TD3Config, cfg: RunConfig) -> None:
     )
     check_hidden_sizes(algo)
     # Until policy_frequency critic updates, the actor (the trained policy) never moves.
+    # Imported here: the replay module loads NumPy, which a config error is printed without.
+    from rlspeed.core.algos.replay import check_replay
+
     check_replay(algo, cfg, min_updates=algo.policy_frequency)
     check_network_memory(cfg)
 

@@ -4,7 +4,8 @@
 Unlike the built-in tasks', what fits this task depends on its settings: the env's spaces.
 They are read once per (import, id, kwargs) by making the env (``env_facts``), and every
 answer the spec gives (which algorithms fit, observation bytes, network inputs, the tabular
-state) comes from them. There is no JAX twin: it runs on the Gymnasium engines.
+state) comes from them (``rlspeed.core.tasks._spaces``). There is no JAX twin: it runs on the
+Gymnasium engines.
 """
 
 from __future__ import annotations
@@ -12,29 +13,21 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple, cast
+from typing import TYPE_CHECKING, Any
 
 from rlspeed.config import MAX_EPISODE_STEPS, MISSING, TaskConfig, plain
-from rlspeed.core.tasks import AlgoKinds, Policy, TabularSpec, TaskSpec, check_settings
+from rlspeed.core.tasks import Policy, TaskSpec, check_settings
+from rlspeed.core.tasks._spaces import EnvFacts, SpaceAnswers, check_observations
 from rlspeed.errors import ConfigError, one_line
-from rlspeed.registry import ALGOS
 from rlspeed.secrets import masked_accounts, reveal_value
 from rlspeed.user_modules import import_user_module
 
 # Gymnasium (and NumPy) load when an env is built or checked, not when the task is chosen.
 if TYPE_CHECKING:
-    from types import ModuleType
-
     import gymnasium as gym
 
-    from rlspeed.core import XpArray
 
-# ``AlgoSpec.observation_kinds`` by observation space, and how each kind is named to a user.
-OBSERVATION_KINDS = {"Box": "continuous", "Discrete": "categorical", "MultiDiscrete": "categorical"}
-OBSERVATION_NAMES = {"continuous": "Box", "categorical": "Discrete or MultiDiscrete"}
-ACTION_NAMES = {"discrete": "Discrete", "continuous": "bounded 1-D Box"}
 # The render modes task.kwargs may make an env with: frames drawn only when asked for
 # (mode=eval's video= picks its own), never a window (human: a display and pygame, and a
 # frame drawn at every step).
@@ -67,7 +60,7 @@ def _init(self: GymTaskConfig, **values: object) -> None:
             value = item.default
         object.__setattr__(self, item.name, value)  # frozen: set as dataclasses do
     if values:
-        raise TypeError(f"GymTaskConfig got unexpected keys: {', '.join(sorted(values))}")
+        raise TypeError(f"{type(self).__name__} got unexpected keys: {', '.join(sorted(values))}")
 
 
 # task.import: a module imported before the env is made. `import` is a Python keyword, so no
@@ -78,22 +71,6 @@ GymTaskConfig.__annotations__["import"] = "str | None"
 setattr(GymTaskConfig, "import", field(default=None, repr=False, compare=False))
 GymTaskConfig.__init__ = _init  # type: ignore[assignment]
 dataclass(frozen=True, init=False)(GymTaskConfig)
-
-
-class EnvFacts(NamedTuple):
-    """What the checks and the networks need to know of one env."""
-
-    observation_space: Any
-    action_space: Any
-    # The id's registered episode limit (None where it registers none).
-    max_episode_steps: int | None
-
-
-def _describe(space: gym.Space[Any]) -> str:
-    """A space on one line: as Gymnasium prints it, or its type, shape and dtype where that
-    is long (a Box's bounds print entry by entry where they differ)."""
-    shown = " ".join(str(space).split())
-    return shown if len(shown) <= 100 else f"{type(space).__name__}({space.shape}, {space.dtype})"
 
 
 def _kwargs(cfg: GymTaskConfig) -> dict[str, Any]:
@@ -172,63 +149,8 @@ def _read_env(module: str | None, env_id: str, kwargs_json: str) -> EnvFacts:
     except Exception as error:  # it would fail so at the end of every run
         allowed = f"an env that closes ({one_line(error)} in its close())"
         raise ConfigError("task.id", env_id, allowed) from None
-    observations = facts.observation_space
-    if _observation_kind(observations) is None or _entries(observations) == 0:
-        kinds = "Box, Discrete or MultiDiscrete (from 0)"
-        shown = _describe(observations)
-        allowed = f"an env with {kinds} observations of 1 entry or more, not {shown}"
-        raise ConfigError("task.id", env_id, allowed)
+    check_observations(facts.observation_space, "task.id", env_id)
     return facts
-
-
-def _from_zero(space: gym.Space[Any]) -> bool:
-    """Categorical values from 0: one-hot classes, table rows and network outputs index them."""
-    import numpy as np
-
-    return not np.any(getattr(space, "start", 0))
-
-
-def _observation_kind(space: gym.Space[Any]) -> str | None:
-    kind = OBSERVATION_KINDS.get(type(space).__name__)
-    return None if kind == "categorical" and not _from_zero(space) else kind
-
-
-def _action_kind(space: gym.Space[Any]) -> str | None:
-    """``AlgoSpec.action_kinds``' name for the space, None where no algorithm takes it."""
-    name = type(space).__name__
-    if name == "Discrete" and _from_zero(space):
-        return "discrete"
-    box = cast("gym.spaces.Box", space)  # read only where its class is named Box
-    if name == "Box" and len(box.shape) == 1 and box.shape[0] >= 1 and box.is_bounded():
-        return "continuous"
-    return None
-
-
-def check_algo(cfg: GymTaskConfig, algo: AlgoKinds) -> None:
-    """Refuse an algorithm that cannot work with the env's spaces, naming the space."""
-    facts = env_facts(cfg)
-    actions, observations = facts.action_space, facts.observation_space
-    kinds = (_action_kind(actions), _observation_kind(observations))
-    fits = [
-        other.name
-        for other in ALGOS
-        if kinds[0] in other.action_kinds
-        and kinds[1] in other.observation_kinds
-        and (other.tasks is None or "gym" in other.tasks)
-    ]
-    if kinds[0] not in algo.action_kinds:
-        what, space, needs = "actions", actions, [ACTION_NAMES[k] for k in algo.action_kinds]
-    elif kinds[1] not in algo.observation_kinds:
-        what, space = "observations", observations
-        needs = [OBSERVATION_NAMES[k] for k in algo.observation_kinds]
-    else:
-        return
-    raise ConfigError(
-        "algo",
-        algo.name,
-        f"an algorithm for task.id={cfg.id}'s {what}, {_describe(space)} ({algo.name} needs "
-        f"{' or '.join(needs)} {what}): {', '.join(fits) or 'none fits this env'}",
-    )
 
 
 def settle(cfg: GymTaskConfig) -> GymTaskConfig:
@@ -280,51 +202,8 @@ def evaluate(cfg: GymTaskConfig, policy: Policy, seed: int) -> float:
     return mean_greedy_return(lambda: make_env(cfg, standard), policy, cfg.eval_episodes, seed)
 
 
-def observation_bytes(cfg: GymTaskConfig) -> int:
-    space = env_facts(cfg).observation_space
-    itemsize: int = space.dtype.itemsize
-    return _entries(space) * itemsize
-
-
-def network_inputs(cfg: GymTaskConfig) -> int:
-    """The observation's entries, times the most classes of one where they are categorical
-    (``rlspeed.core.algos.encoding.input_size``, which the networks are built with)."""
-    space = env_facts(cfg).observation_space
-    if _observation_kind(space) == "continuous":
-        return _entries(space)
-    counts = _class_counts(space)
-    return len(counts) * max(counts)
-
-
-def _entries(space: gym.Space[Any]) -> int:
-    import numpy as np
-
-    # Box, Discrete and MultiDiscrete, the kinds env_facts lets through, have a shape.
-    return int(np.prod(cast("tuple[int, ...]", space.shape)))
-
-
-def _class_counts(space: gym.spaces.Discrete | gym.spaces.MultiDiscrete) -> list[int]:
-    """Classes of each entry of a categorical observation, row-major."""
-    import numpy as np
-
-    return [int(n) for n in np.ravel(space.nvec)] if hasattr(space, "nvec") else [int(space.n)]
-
-
-def num_states(cfg: GymTaskConfig) -> int:
-    return math.prod(_class_counts(env_facts(cfg).observation_space))
-
-
-def num_actions(cfg: GymTaskConfig) -> int:
-    return int(env_facts(cfg).action_space.n)
-
-
-def state_index(cfg: GymTaskConfig, obs: XpArray, xp: ModuleType) -> Any:
-    """A categorical observation's entries read as one mixed-radix number (row-major)."""
-    counts = _class_counts(env_facts(cfg).observation_space)
-    places = [math.prod(counts[i + 1 :]) for i in range(len(counts))]
-    flat = obs.reshape(obs.shape[0], -1).astype(xp.int32)
-    return (flat * xp.asarray(places, dtype=xp.int32)).sum(axis=-1).astype(xp.int32)
-
+# Which algorithms fit, and the sizes the checks and networks need: from the env's spaces.
+ANSWERS = SpaceAnswers("gym", env_facts)
 
 SPEC = TaskSpec(
     name="gym",
@@ -334,10 +213,10 @@ SPEC = TaskSpec(
     make_env=make_env,
     make_functional=None,
     evaluate=evaluate,
-    observation_bytes=observation_bytes,
-    network_inputs=network_inputs,
-    tabular=TabularSpec(num_states=num_states, state_index=state_index, num_actions=num_actions),
+    observation_bytes=ANSWERS.observation_bytes,
+    network_inputs=ANSWERS.network_inputs,
+    tabular=ANSWERS.tabular(),
     settle=settle,
     validate=validate,
-    check_algo=check_algo,
+    check_algo=ANSWERS.check_algo,
 )

@@ -373,7 +373,7 @@ def test_the_jax_twin_steps_as_the_env_does():
     [
         (["algo=dqn", "task.kind=discounted"], "task.kind", "one of constant, observation"),
         (["algo=dqn", "task.actions=box"], "task.actions", "one of discrete, continuous"),
-        (["algo=dqn", "task.actions=continuous"], "algo", "): ppo, td3, vpg"),
+        (["algo=dqn", "task.actions=continuous"], "algo", "): ppo, sac, td3, vpg"),
         (["algo=td3"], "algo", "task.actions=discrete (Discrete(2); td3 needs"),
         (["algo=td3", "task.actions=continuous", "task.observations=categorical"], "algo", ""),
         (["algo=qlearn"], "algo", "task.observations=continuous"),

@@ -45,6 +45,11 @@ RUNS = {
         + ["algo.buffer_size=40", "algo.batch_size=8"],
         (30, 10),
     ),
+    "sac": (
+        ["algo=sac", "task=pendulum", "algo.hidden_sizes=[8]", "algo.learning_starts=20"]
+        + ["algo.buffer_size=40", "algo.batch_size=8"],
+        (30, 10),
+    ),
     "vpg": (["algo=vpg", "task=pendulum", "algo.hidden_sizes=[8]", "algo.num_steps=8"], (2, 2)),
     "ppo": (
         ["algo=ppo", "task=pendulum", "algo.hidden_sizes=[8]", "algo.num_steps=8"]

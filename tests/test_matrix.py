@@ -18,6 +18,7 @@ INVALID = [
     ("td3", "doors", "jax-vmap", "algo", ["algo=td3", "discrete", "dqn"]),
     ("td3", "gridworld", "gym-sync", "algo", ["algo=td3", "discrete"]),
     ("td3", "cartpole", "jax-vmap", "algo", ["algo=td3", "discrete"]),
+    ("sac", "doors", "gym-sync", "algo", ["algo=sac", "discrete", "dqn"]),
     ("dqn", "pendulum", "gym-sync", "algo", ["algo=dqn", "continuous", "td3"]),
     ("dqn", "halfcheetah", "gym-async", "algo", ["algo=dqn", "continuous", "td3"]),
     ("qlearn", "pendulum", "jax-vmap", "algo", ["algo=qlearn", "continuous"]),
@@ -148,6 +149,7 @@ def test_gym_async_cell_trains_exactly_as_gym_sync(
 # evaluates and records finite numbers. One multirun process per (algo, task).
 SMOKE = {
     ("td3", "halfcheetah"): ["algo.learning_starts=100", "algo.batch_size=16"],
+    ("sac", "halfcheetah"): ["algo.learning_starts=100", "algo.batch_size=16"],
     ("vpg", "halfcheetah"): ["algo.num_steps=25"],
     ("vpg", "pendulum"): ["algo.num_steps=25"],
     # Batches of 2 envs x 25 steps, in 2 minibatches.

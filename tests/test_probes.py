@@ -64,6 +64,21 @@ SETTINGS: dict[str, list[str]] = {
         "algo.learning_rate=3e-3",
         "algo.tau=0.05",
     ],
+    "sac": [
+        "total_steps=1200",
+        "num_envs=4",
+        "algo.learning_starts=100",
+        "algo.buffer_size=1000",
+        "algo.batch_size=32",
+        "algo.hidden_sizes=[16]",
+        "algo.q_lr=3e-3",
+        "algo.policy_lr=3e-3",
+        "algo.tau=0.05",
+        # A small fixed entropy bonus: the soft values it adds stay within a few hundredths
+        # of the closed forms.
+        "algo.autotune=false",
+        "algo.alpha=0.01",
+    ],
     "vpg": [
         "total_steps=4096",
         "num_envs=4",
@@ -97,10 +112,13 @@ SETTINGS: dict[str, list[str]] = {
 SPACES = {
     "dqn": [("discrete", "continuous")],
     "td3": [("continuous", "continuous")],
+    "sac": [("continuous", "continuous")],
     "vpg": [("discrete", "continuous"), ("continuous", "continuous")],
     "ppo": [("discrete", "continuous"), ("continuous", "continuous")],
     "qlearn": [("discrete", "categorical")],
 }
+# The algorithms with twin critics of (observation, action), read at the greedy actions.
+TWIN_CRITICS = ("td3", "sac")
 PATHS = [("torch", "gym-sync"), ("torch", "jax-vmap"), ("flax", "gym-sync"), ("flax", "jax-vmap")]
 # gym-async steps the same envs in worker processes: what it changes is how final
 # observations and the end flags come back, so it runs the probes that end episodes in both
@@ -118,6 +136,7 @@ FAST_PATH = ("torch", "gym-sync")
 FAST = {
     "dqn": "alternation",
     "td3": "discount",
+    "sac": "discount",
     "vpg": "discount",
     "ppo": "discount",
     "qlearn": "truncation",
@@ -169,7 +188,7 @@ class Learned:
 
     def _torch(self) -> Any:
         """(obs, actions or None) -> Q [B, actions] (dqn, qlearn), Q1 and Q2 [2, B] of the
-        actions (td3) or V [B] (vpg, ppo)."""
+        actions (td3, sac) or V [B] (vpg, ppo)."""
         import torch
 
         from rlspeed.checkpoint import read_agent
@@ -180,7 +199,8 @@ class Learned:
         learner_class = ALGOS.get(self.algo).backend_module("torch").TorchLearner
         cfg = self.cfg
         learner = learner_class(self.obs_space, self.action_space, cfg, cfg.seed)
-        names = {"dqn": ["q_network"], "td3": ["qf1", "qf2"]}.get(self.algo, ["value"])
+        twin = ["qf1", "qf2"]
+        names = {"dqn": ["q_network"], "td3": twin, "sac": twin}.get(self.algo, ["value"])
         for name in names:
             getattr(learner, name).load_state_dict(saved[name])
 
@@ -189,7 +209,7 @@ class Learned:
             x = torch.from_numpy(obs)
             if self.algo == "dqn":
                 return learner.q_network(x).numpy()
-            if self.algo == "td3":
+            if self.algo in TWIN_CRITICS:
                 a = torch.from_numpy(actions)
                 return np.stack([learner.qf1(x, a).numpy(), learner.qf2(x, a).numpy()])
             return learner.values(obs)
@@ -214,6 +234,8 @@ class Learned:
             fns = module.DQNFunctions(obs_space, action_space, cfg)
         elif self.algo == "td3":
             fns = module.TD3Functions(obs_space, action_space, cfg.algo)
+        elif self.algo == "sac":
+            fns = module.SACFunctions(obs_space, action_space, cfg.algo)
         elif self.algo == "vpg":
             fns = module.VPGFunctions(obs_space, action_space, cfg.algo)
         else:
@@ -223,7 +245,7 @@ class Learned:
         def q(obs: np.ndarray, actions: np.ndarray | None) -> np.ndarray:
             if self.algo == "dqn":
                 return np.asarray(apply_output(fns.network, agent["params"], obs))
-            if self.algo == "td3":
+            if self.algo in TWIN_CRITICS:
                 return np.asarray(fns.critics(agent["critic_params"], obs, actions))
             return np.asarray(fns.values(agent["value_params"], obs))
 
@@ -253,8 +275,8 @@ def check(learned: Learned, kind: str, actions: str, observations_kind: str) -> 
     obs = observations(kind, observations_kind)
     greedy = learned.greedy(obs)
     algo = learned.algo
-    # TD3: its critics at the actor's actions.
-    values = learned.q(obs, greedy.astype(np.float32) if algo == "td3" else None)
+    # TD3, SAC: their critics at the actor's (greedy) actions.
+    values = learned.q(obs, greedy.astype(np.float32) if algo in TWIN_CRITICS else None)
     shown = f"values {np.round(values, 3).tolist()}, greedy actions {greedy.tolist()}"
     if kind == "action":
         if actions == "discrete":
@@ -264,14 +286,14 @@ def check(learned: Learned, kind: str, actions: str, observations_kind: str) -> 
             assert np.abs(greedy[:, 0] - optimum).max() < ACTION_TOLERANCE, shown
         if algo in ("dqn", "qlearn"):  # Q(s, s) = 1, Q(s, 1 - s) = 0
             np.testing.assert_allclose(values, np.eye(2), atol=TOLERANCE, err_msg=shown)
-        if algo == "td3":  # Q(s, a) = 1 - (a - t_s)^2, near 1 at the actor's action
+        if algo in TWIN_CRITICS:  # Q(s, a) = 1 - (a - t_s)^2, near 1 at the actor's action
             exact = 1.0 - (greedy[:, 0] - optimum) ** 2
             np.testing.assert_allclose(values, np.stack([exact, exact]), atol=TOLERANCE)
         return
     for s, value in enumerate(expected_values(kind)):
         if value is None:
             continue
-        # Every action's Q (dqn, qlearn), both critics' (td3) or V (vpg, ppo): the reward
+        # Every action's Q (dqn, qlearn), both critics' (td3, sac) or V (vpg, ppo): the reward
         # does not depend on the action, so each is the state's value.
         learned_values = values[s] if algo in ("dqn", "qlearn") else values[..., s]
         np.testing.assert_allclose(learned_values, value, atol=TOLERANCE, err_msg=shown)
@@ -375,7 +397,7 @@ def test_the_jax_twin_steps_as_the_env_does():
     [
         (["algo=dqn", "task.kind=discounted"], "task.kind", "one of constant, observation"),
         (["algo=dqn", "task.actions=box"], "task.actions", "one of discrete, continuous"),
-        (["algo=dqn", "task.actions=continuous"], "algo", "): ppo, td3, vpg"),
+        (["algo=dqn", "task.actions=continuous"], "algo", "): ppo, sac, td3, vpg"),
         (["algo=td3"], "algo", "task.actions=discrete (Discrete(2); td3 needs"),
         (["algo=td3", "task.actions=continuous", "task.observations=categorical"], "algo", ""),
         (["algo=qlearn"], "algo", "task.observations=continuous"),

@@ -86,8 +86,8 @@ def test_torch_and_flax_compute_the_same_updates():
     critic_metrics = {"losses/qf1_loss", "losses/qf2_loss", "losses/qf1_values"}
     for update in range(1, 5):  # updates 2 and 4 also move the actor and the targets
         noise = rng.normal(size=(n, 2)).astype(np.float32)  # the same smoothing noise for both
-        flax_metrics = flax_learner.update(batch, target_noise=noise)
-        torch_metrics = torch_learner.update(batch, target_noise=noise)
+        flax_metrics = flax_learner.update(batch, noise=noise)
+        torch_metrics = torch_learner.update(batch, noise=noise)
         expected = critic_metrics | ({"losses/actor_loss"} if update % 2 == 0 else set())
         assert flax_metrics.keys() == torch_metrics.keys() == expected
         for name, value in flax_metrics.items():

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol, TypeVar
 
 from rlspeed.core.algos import (
     AlgoSpec,
@@ -124,7 +124,14 @@ def smoothed_target_actions(
     return xp.clip(actions + noise, bounds.low, bounds.high)
 
 
-def is_actor_step(updates: int | jax.Array, algo: TD3Config) -> Any:
+class DelayedActor(Protocol):
+    """What ``is_actor_step`` reads of an algorithm's config (TD3's, SAC's)."""
+
+    @property
+    def policy_frequency(self) -> int: ...
+
+
+def is_actor_step(updates: int | jax.Array, algo: DelayedActor) -> Any:
     """Whether critic update number ``updates`` (counted from 1) also updates the actor."""
     return updates % algo.policy_frequency == 0
 

@@ -8,15 +8,16 @@ then learns with ``update`` as often as due. With ``env=jax-vmap`` everything is
 inside one ``lax.scan`` with the replay buffer in JAX arrays (driven by
 ``rlspeed/core/algos/loops/fused.py``).
 The twin critics are one parameter pytree stacked on a leading axis of 2, evaluated
-with ``jax.vmap``.
+with ``jax.vmap``. SAC's learner and fused program are these (``ActorCriticLearner``,
+``actor_critic_program``) with its own functions.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
-from typing import TYPE_CHECKING, Any, NamedTuple, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, cast
 
 import flax.linen as nn
 import jax
@@ -40,6 +41,7 @@ from rlspeed.core.algos.replay_jax import (
     replay_step,
 )
 from rlspeed.core.algos.td3 import (
+    DelayedActor,
     TD3Config,
     action_bounds,
     explore,
@@ -98,8 +100,51 @@ class Agent(NamedTuple):
     critic_opt_state: optax.OptState
 
 
+class ActorCriticFunctions(Protocol):
+    """The pure functions of an actor-critic replay algorithm (TD3's, SAC's) that its host
+    learner (``ActorCriticLearner``) and fused program (``actor_critic_program``) call. The
+    agent is a NamedTuple whose field ``actor_params`` holds what ``actor`` and ``act``
+    take."""
+
+    @property
+    def algo(self) -> DelayedActor: ...
+    @property
+    def metric_names(self) -> tuple[str, ...]:
+        """Every metric ``update`` returns."""
+        ...
+
+    @property
+    def actor_metrics(self) -> tuple[str, ...]:
+        """Those of them only an actor step computes (0 on the other updates)."""
+        ...
+
+    def init(self, key: jax.Array) -> Any: ...
+    def actor(self, params: VariableDict, obs: jax.Array) -> jax.Array:
+        """The greedy actions."""
+        ...
+
+    def act(
+        self, params: VariableDict, obs: jax.Array, key: jax.Array, step: jax.Array
+    ) -> jax.Array:
+        """Exploratory actions at env step ``step``."""
+        ...
+
+    def noise(self, key: jax.Array, actions_shape: tuple[int, ...]) -> jax.Array:
+        """The standard-normal draws of one update on a batch of ``actions_shape``."""
+        ...
+
+    def update(
+        self, agent: Any, batch: Batch[jax.Array], noise: jax.Array, actor_step: jax.Array
+    ) -> tuple[Any, dict[str, jax.Array]]:
+        """One critic update, and the actor's where ``actor_step``."""
+        ...
+
+
 class TD3Functions:
     """Pure functions of one TD3 configuration: init, act, and the update."""
+
+    metric_names = ("losses/qf1_loss", "losses/qf2_loss", "losses/qf1_values", "losses/actor_loss")
+    actor_metrics = ("losses/actor_loss",)
 
     def __init__(self, obs_space: spaces.Box, action_space: spaces.Box, algo: TD3Config) -> None:
         self.algo = algo
@@ -142,6 +187,10 @@ class TD3Functions:
         )
         random = uniform_actions(jax.random.uniform(random_key, actions.shape), self.bounds)
         return jnp.where(step < self.algo.learning_starts, random, noisy)
+
+    def noise(self, key: jax.Array, actions_shape: tuple[int, ...]) -> jax.Array:
+        """Target policy smoothing's draws: one per action entry."""
+        return jax.random.normal(key, actions_shape)
 
     def update_critics(
         self, agent: Agent, batch: Batch[jax.Array], target_noise: jax.Array
@@ -208,20 +257,23 @@ class TD3Functions:
         return agent, metrics
 
 
-class FlaxLearner(JaxLearner, ReplayLearner):
-    """Jitted act/update for the Python-driven loop (Gymnasium engines)."""
+class ActorCriticLearner(JaxLearner, ReplayLearner):
+    """Jitted act/update of an actor-critic algorithm's ``functions`` for the Python-driven
+    loop (Gymnasium engines)."""
+
+    functions: Callable[[spaces.Box, spaces.Box, Any], ActorCriticFunctions]
 
     def __init__(
         self, obs_space: spaces.Box, action_space: spaces.Box, cfg: RunConfig, seed: int
     ) -> None:
         self.algo = cfg.algo
-        self.fns = TD3Functions(obs_space, action_space, cfg.algo)
+        self.fns = type(self).functions(obs_space, action_space, cfg.algo)
         super().__init__(self.fns.init, seed)
         self.updates = 0
         self._act = jax.jit(self.fns.act)
         self._greedy = jax.jit(self.fns.actor)
         self._update = jax.jit(self.fns.update)
-        self._normal = jax.jit(jax.random.normal, static_argnums=1)
+        self._noise = jax.jit(self.fns.noise, static_argnums=1)
         self.buffer = replay_buffer(obs_space, action_space, cfg, seed)
 
     def act(self, obs: XpArray, step: int) -> jax.Array:
@@ -232,19 +284,19 @@ class FlaxLearner(JaxLearner, ReplayLearner):
         return np.asarray(self._greedy(self.agent.actor_params, obs))
 
     def update(
-        self, batch: Batch[np.ndarray], target_noise: XpArray | None = None
+        self, batch: Batch[np.ndarray], noise: XpArray | None = None
     ) -> dict[str, jax.Array]:
-        """One critic update, plus the actor and target updates every ``policy_frequency``.
-        ``target_noise``: the standard-normal draws of target policy smoothing (drawn
-        here unless given)."""
-        if target_noise is None:
-            target_noise = self._normal(self.next_key(), batch.actions.shape)
+        """One critic update, plus the actor's every ``policy_frequency``. ``noise``: the
+        update's standard-normal draws (``fns.noise``; drawn here unless given)."""
+        if noise is None:
+            noise = self._noise(self.next_key(), batch.actions.shape)
         self.updates += 1
         actor_step = bool(is_actor_step(self.updates, self.algo))
         metrics: dict[str, jax.Array]
-        self.agent, metrics = self._update(self.agent, batch, target_noise, actor_step)
+        self.agent, metrics = self._update(self.agent, batch, noise, actor_step)
         if not actor_step:
-            del metrics["losses/actor_loss"]
+            for name in self.fns.actor_metrics:
+                del metrics[name]
         return metrics
 
     def state_dict(self) -> dict[str, Any]:
@@ -255,6 +307,10 @@ class FlaxLearner(JaxLearner, ReplayLearner):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.load_agent_state(state)
         self.updates = state["updates"]
+
+
+class FlaxLearner(ActorCriticLearner):
+    functions = TD3Functions
 
 
 # ---------------------------------------------------------------- fused jax-vmap path
@@ -271,14 +327,22 @@ class ChunkStats(NamedTuple):
     n_actor_updates: jax.Array
 
 
-def make_train(cfg: RunConfig, env: VmapEnv) -> FusedTrainer:
-    algo, n = cfg.algo, env.num_envs
-    # TD3 takes Box spaces only (its SPEC's observation and action kinds: the checks see to it).
-    obs_space, action_space = (
-        cast("spaces.Box", space)
-        for space in (env.single_observation_space, env.single_action_space)
+def box_spaces(env: VmapEnv) -> tuple[spaces.Box, spaces.Box]:
+    """The env's observation and action spaces, Boxes (TD3's and SAC's SPECs take no other
+    kinds: the checks see to it)."""
+    return cast("spaces.Box", env.single_observation_space), cast(
+        "spaces.Box", env.single_action_space
     )
-    fns = TD3Functions(obs_space, action_space, algo)
+
+
+def make_train(cfg: RunConfig, env: VmapEnv) -> FusedTrainer:
+    return actor_critic_program(cfg, env, TD3Functions(*box_spaces(env), cfg.algo))
+
+
+def actor_critic_program(cfg: RunConfig, env: VmapEnv, fns: ActorCriticFunctions) -> FusedTrainer:
+    """The fused program of an actor-critic replay algorithm: act, step, store, then the
+    updates due, each on a fresh batch with fresh noise."""
+    algo, n = cfg.algo, env.num_envs
     total_iterations = math.ceil(cfg.total_steps / n)
 
     def init(keys: JaxKeys) -> ReplayState:
@@ -295,15 +359,12 @@ def make_train(cfg: RunConfig, env: VmapEnv) -> FusedTrainer:
             agent, sums = carry
             sample_key, noise_key = jax.random.split(jax.random.fold_in(update_key, i))
             batch = jax_replay_sample(replay, sample_key, algo.batch_size, env.num_envs)
-            noise = jax.random.normal(noise_key, batch.actions.shape)
+            noise = fns.noise(noise_key, batch.actions.shape)
             actor_step = is_actor_step(state.updates + i + 1, algo)
             agent, metrics = fns.update(agent, batch, noise, actor_step)
             return agent, jax.tree.map(jnp.add, sums, metrics)
 
-        zeros = dict.fromkeys(
-            ("losses/qf1_loss", "losses/qf2_loss", "losses/qf1_values", "losses/actor_loss"),
-            jnp.float32(0.0),
-        )
+        zeros = dict.fromkeys(fns.metric_names, jnp.float32(0.0))
         agent, sums = jax.lax.fori_loop(0, n_updates, one_update, (state.agent, zeros))
         updates = state.updates + n_updates
         stats = ChunkStats(
@@ -319,7 +380,7 @@ def make_train(cfg: RunConfig, env: VmapEnv) -> FusedTrainer:
     def summarize(stats: ChunkStats) -> dict[str, np.ndarray]:
         # Every seed follows the same update schedule: the counts are equal across seeds.
         metrics = {}
-        counts = {"losses/actor_loss": per_seed_sum(stats.n_actor_updates)}
+        counts = dict.fromkeys(fns.actor_metrics, per_seed_sum(stats.n_actor_updates))
         for name, values in stats.loss_sums.items():
             count = counts.get(name, per_seed_sum(stats.n_updates))
             if count.min() > 0:

@@ -3,7 +3,8 @@
 ``TorchLearner`` runs under ``rlspeed.core.algos.loops.host.HostTraining``: each iteration
 (``ReplayLearner.iteration``, shared with DQN) collects with ``act`` into the replay buffer,
 then learns with ``update`` (smoothed targets from the target networks, the critics' loss
-and step, the delayed actor and target updates) as often as due."""
+and step, the delayed actor and target updates) as often as due. ``ActorCriticLearner``
+and the networks are SAC's too."""
 
 from __future__ import annotations
 
@@ -77,7 +78,44 @@ class QNetwork(nn.Module):
         return q.squeeze(1)
 
 
-class TorchLearner(ReplayLearner):
+@torch.no_grad()
+def soft_update(target: nn.Module, online: nn.Module, tau: float) -> None:
+    """Polyak averaging: ``target`` moves by ``tau`` of the way to ``online``."""
+    for t, o in zip(target.parameters(), online.parameters(), strict=True):
+        t.lerp_(o, tau)
+
+
+class ActorCriticLearner(ReplayLearner):
+    """What TD3's and SAC's torch learners share besides the replay iteration: a CPU
+    generator for their random draws, a count of critic updates (which says when the actor
+    learns), and networks and optimizers by name (``_networks_and_optimizers``) that make
+    the agent file and, with the generator and the count, the resume state."""
+
+    generator: torch.Generator
+    updates: int
+
+    def _networks_and_optimizers(self) -> dict[str, nn.Module | torch.optim.Optimizer]:
+        """What the agent file and the resume state hold of the learner, by name."""
+        raise NotImplementedError
+
+    def state_dict(self) -> dict[str, Any]:
+        """The resume state: networks, optimizers, generator, update count."""
+        parts = self._networks_and_optimizers().items()
+        state: dict[str, Any] = {name: part.state_dict() for name, part in parts}
+        return state | {"generator": self.generator.get_state(), "updates": self.updates}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for name, part in self._networks_and_optimizers().items():
+            part.load_state_dict(state[name])
+        self.generator.set_state(state["generator"])
+        self.updates = state["updates"]
+
+    def agent_checkpoint(self) -> AgentCheckpoint:
+        parts = self._networks_and_optimizers().items()
+        return {name: part.state_dict() for name, part in parts}
+
+
+class TorchLearner(ActorCriticLearner):
     def __init__(
         self, obs_space: spaces.Box, action_space: spaces.Box, cfg: RunConfig, seed: int
     ) -> None:
@@ -123,17 +161,17 @@ class TorchLearner(ReplayLearner):
         return actions.cpu().numpy()
 
     def update(
-        self, batch: Batch[np.ndarray], target_noise: torch.Tensor | np.ndarray | None = None
+        self, batch: Batch[np.ndarray], noise: torch.Tensor | np.ndarray | None = None
     ) -> dict[str, torch.Tensor]:
         """One critic update, plus the actor and target updates every ``policy_frequency``.
-        ``target_noise``: the standard-normal draws of target policy smoothing (drawn
-        here unless given)."""
+        ``noise``: the standard-normal draws of target policy smoothing (drawn here unless
+        given)."""
         algo = self.algo
         obs, next_obs, actions, rewards, dones = (from_numpy(x, self.device) for x in batch)
         with torch.no_grad():
-            if target_noise is None:
-                target_noise = torch.randn(actions.shape, generator=self.generator)
-            noise = torch.as_tensor(target_noise).to(self.device)
+            if noise is None:
+                noise = torch.randn(actions.shape, generator=self.generator)
+            noise = torch.as_tensor(noise).to(self.device)
             next_actions = smoothed_target_actions(
                 self.actor_target(next_obs), noise, self.bounds, algo, torch
             )
@@ -161,18 +199,15 @@ class TorchLearner(ReplayLearner):
             metrics["losses/actor_loss"] = actor_loss.detach()
         return metrics
 
-    @torch.no_grad()
     def _update_targets(self) -> None:
         for target, online in (
             (self.actor_target, self.actor),
             (self.qf1_target, self.qf1),
             (self.qf2_target, self.qf2),
         ):
-            for t, o in zip(target.parameters(), online.parameters(), strict=True):
-                t.lerp_(o, self.algo.tau)
+            soft_update(target, online, self.algo.tau)
 
     def _networks_and_optimizers(self) -> dict[str, nn.Module | torch.optim.Optimizer]:
-        """What the agent file and the resume state hold of the learner, by name."""
         return {
             "actor": self.actor,
             "qf1": self.qf1,
@@ -183,23 +218,6 @@ class TorchLearner(ReplayLearner):
             "q_optimizer": self.q_optimizer,
             "actor_optimizer": self.actor_optimizer,
         }
-
-    def state_dict(self) -> dict[str, Any]:
-        """The resume state: networks, optimizers, generator, update count (which says
-        when the actor learns)."""
-        parts = self._networks_and_optimizers().items()
-        state: dict[str, Any] = {name: part.state_dict() for name, part in parts}
-        return state | {"generator": self.generator.get_state(), "updates": self.updates}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        for name, part in self._networks_and_optimizers().items():
-            part.load_state_dict(state[name])
-        self.generator.set_state(state["generator"])
-        self.updates = state["updates"]
-
-    def agent_checkpoint(self) -> AgentCheckpoint:
-        parts = self._networks_and_optimizers().items()
-        return {name: part.state_dict() for name, part in parts}
 
 
 def load_policies(

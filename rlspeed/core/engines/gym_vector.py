@@ -6,7 +6,7 @@ import contextlib
 import os
 import signal
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -130,7 +130,9 @@ class GymVectorEngine:
             raise
 
 
-def _make_env(task: TaskSpec, task_cfg: TaskConfig, main_pid: int) -> gym.Env:
+def _make_env(
+    make_env: Callable[[TaskConfig], gym.Env], task_cfg: TaskConfig, main_pid: int
+) -> gym.Env:
     """One env copy. In a gym-async worker, the stop signals that a terminal or a scheduler
     sends every process of the job (Ctrl-C, SIGTERM, SIGUSR2) are ignored: the main process
     stops at the end of an iteration, takes the envs' state from the workers, then closes
@@ -138,7 +140,7 @@ def _make_env(task: TaskSpec, task_cfg: TaskConfig, main_pid: int) -> gym.Env:
     if os.getpid() != main_pid:
         for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2):
             signal.signal(signum, signal.SIG_IGN)
-    return with_state_access(task.make_env(task_cfg))
+    return with_state_access(make_env(task_cfg))
 
 
 def make_vector_engine(
@@ -149,10 +151,14 @@ def make_vector_engine(
     seed: int,
     asynchronous: bool,
 ) -> GymVectorEngine:
-    env_fns = [partial(_make_env, task, task_cfg, os.getpid())] * num_envs
+    # The task's make_env alone goes to the workers: with spawn, what they get is pickled.
+    env_fns = [partial(_make_env, task.make_env, task_cfg, os.getpid())] * num_envs
     if asynchronous:
         envs: gym.vector.SyncVectorEnv | gym.vector.AsyncVectorEnv = gym.vector.AsyncVectorEnv(
-            env_fns, shared_memory=engine_cfg.shared_memory, autoreset_mode=AutoresetMode.SAME_STEP
+            env_fns,
+            shared_memory=engine_cfg.shared_memory,
+            autoreset_mode=AutoresetMode.SAME_STEP,
+            context="spawn" if task.env_runs_jax else None,
         )
     else:
         envs = gym.vector.SyncVectorEnv(env_fns, autoreset_mode=AutoresetMode.SAME_STEP)

@@ -81,17 +81,18 @@ Settings = TypeVar("Settings", bound=ScoredSettings)
 
 
 def mean_return_on_device(
-    make_functional: Callable[[Settings], FunctionalEnv], standard: Settings
+    make_functional: Callable[[Settings], FunctionalEnv], standard: Callable[[Settings], Settings]
 ) -> Callable[[Settings, Callable[[jax.Array], jax.Array], jax.Array], jax.Array]:
     """``TaskSpec.evaluate_on_device`` of a task scored as the mean greedy return over
-    ``eval_episodes`` episodes at its ``standard`` settings, on its JAX twin."""
+    ``eval_episodes`` episodes at the settings ``standard(cfg)``, on its JAX twin."""
 
     def evaluate_on_device(
         cfg: Settings, act: Callable[[jax.Array], jax.Array], key: jax.Array
     ) -> jax.Array:
         from rlspeed.core.envs.vmap import VmapEnv, mean_greedy_return
 
-        env = VmapEnv(make_functional(standard), cfg.eval_episodes, standard.max_steps)
+        scored = standard(cfg)
+        env = VmapEnv(make_functional(scored), cfg.eval_episodes, scored.max_steps)
         return mean_greedy_return(env, act, key)
 
     return evaluate_on_device
@@ -139,3 +140,6 @@ class TaskSpec:
     # then keeps few final observations (``rlspeed.core.algos.replay.final_capacity``). False,
     # the safe answer for an env that may truncate itself, keeps one per transition.
     truncates_only_at_time_limit: bool = False
+    # True where the Gymnasium env itself runs JAX (task=gymnax's face of its twin): JAX's
+    # threads do not survive a fork, so gym-async starts its workers with spawn.
+    env_runs_jax: bool = False

@@ -67,7 +67,7 @@ SPEC = TaskSpec(
     make_env=make_env,
     make_functional=make_functional,
     evaluate=evaluate,
-    evaluate_on_device=mean_return_on_device(make_functional, CartPoleTaskConfig()),
+    evaluate_on_device=mean_return_on_device(make_functional, lambda cfg: CartPoleTaskConfig()),
     # (x, x_dot, theta, theta_dot) as float32.
     observation_bytes=lambda cfg: 4 * 4,
     network_inputs=lambda cfg: 4,

@@ -73,7 +73,7 @@ GymTaskConfig.__init__ = _init  # type: ignore[assignment]
 dataclass(frozen=True, init=False)(GymTaskConfig)
 
 
-def _kwargs(cfg: GymTaskConfig) -> dict[str, Any]:
+def settings_kwargs(cfg: GymTaskConfig) -> dict[str, Any]:
     """``task.kwargs`` as ``gym.make`` takes them: plain Python values, with the password of
     each URL in them put back (the config holds it masked, as everything stored does:
     ``rlspeed.secrets``), so that the user's env can connect."""
@@ -108,18 +108,18 @@ def _check_keywords(kwargs: dict[str, Any]) -> None:
         )
 
 
-def _import_user_modules(module: str | None, env_id: str) -> None:
+def import_user_modules(module: str | None, env_id: str | None) -> None:
     """``task.import``, then the module of an id written ``module:Env-v0`` (which Gymnasium
     would import itself, with nothing to stop one that ends the process)."""
     if module:
         import_user_module("task.import", module)
-    if ":" in env_id:
+    if env_id is not None and ":" in env_id:
         import_user_module("task.id", env_id.split(":")[0])
 
 
 def env_facts(cfg: GymTaskConfig) -> EnvFacts:
     """The env's spaces and registered episode limit, read once per settings."""
-    kwargs = _kwargs(cfg)
+    kwargs = settings_kwargs(cfg)
     _check_keywords(kwargs)
     return _read_env(getattr(cfg, "import"), str(cfg.id), json.dumps(kwargs, sort_keys=True))
 
@@ -128,7 +128,7 @@ def env_facts(cfg: GymTaskConfig) -> EnvFacts:
 def _read_env(module: str | None, env_id: str, kwargs_json: str) -> EnvFacts:
     import gymnasium as gym
 
-    _import_user_modules(module, env_id)
+    import_user_modules(module, env_id)
     try:
         spec = gym.spec(env_id)
     except gym.error.Error as error:
@@ -188,9 +188,9 @@ def make_env(cfg: GymTaskConfig, max_steps: int | None = None) -> gym.Env:
     import gymnasium as gym
 
     # In every gym-async worker too: a spawned process has only the envs its imports register.
-    _import_user_modules(getattr(cfg, "import"), str(cfg.id))
+    import_user_modules(getattr(cfg, "import"), str(cfg.id))
     steps = cfg.max_steps if max_steps is None else max_steps
-    return gym.make(cfg.id, max_episode_steps=steps, **_kwargs(cfg))
+    return gym.make(cfg.id, max_episode_steps=steps, **settings_kwargs(cfg))
 
 
 def evaluate(cfg: GymTaskConfig, policy: Policy, seed: int) -> float:

@@ -64,7 +64,7 @@ SPEC = TaskSpec(
     make_env=make_env,
     make_functional=make_functional,
     evaluate=evaluate,
-    evaluate_on_device=mean_return_on_device(make_functional, PendulumTaskConfig()),
+    evaluate_on_device=mean_return_on_device(make_functional, lambda cfg: PendulumTaskConfig()),
     # (cos theta, sin theta, theta_dot) as float32.
     observation_bytes=lambda cfg: 3 * 4,
     network_inputs=lambda cfg: 3,

@@ -1,0 +1,154 @@
+"""A gymnax environment (a built-in, or a user's in gymnax's interface) as rlspeed runs it: a
+functional twin for ``env=jax-vmap`` (``GymnaxTwin``) and a Gymnasium face of the same twin
+for the Gymnasium engines (``GymnaxGymEnv``), so that one env compares across every stack.
+
+The semantics are the same on every stack:
+
+- the twin steps gymnax's ``step_env`` and ``reset_env``, never its auto-resetting ``step``:
+  rlspeed's engines reset an ended env themselves and keep its final observation, which the
+  algorithms bootstrap from at a truncation;
+- ``terminated`` is gymnax's natural end of an episode (no bootstrap); the time limit is
+  rlspeed's ``task.max_steps``, which the twin also writes into the env's params as
+  ``max_steps_in_episode``, so that the env's own limit and rlspeed's are one (a truncation,
+  which bootstraps);
+- Box observations are float32 (MinAtar's and Catch's 0/1 grids too), Discrete ones int32,
+  rewards float32 scalars.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import gymnasium as gym
+import jax
+import jax.numpy as jnp
+import numpy as np
+from gymnax.environments import spaces as gymnax_spaces
+
+from rlspeed.core.state import tree_from_host, tree_to_host
+from rlspeed.seeding import Stream, jax_key
+
+if TYPE_CHECKING:
+    from gymnax.environments.environment import Environment, EnvParams
+
+    from rlspeed.core import PyTree
+
+
+class GymnaxState(NamedTuple):
+    """The twin's state: gymnax's, with what its last step gave (gymnax returns them from
+    ``step_env`` at once, where a functional env asks for each on its own)."""
+
+    env: PyTree
+    obs: jax.Array
+    reward: jax.Array
+    terminated: jax.Array
+
+
+def gymnasium_space(space: gymnax_spaces.Space, observations: bool) -> gym.Space[Any]:
+    """A gymnax space as Gymnasium's: gymnax's own conversion, with observation Boxes as
+    float32 (the twin casts its observations so)."""
+    converted: gym.Space[Any] = gymnax_spaces.gymnax_space_to_gym_space(space)
+    if observations and isinstance(converted, gym.spaces.Box):
+        low, high = (np.asarray(bound, np.float32) for bound in (converted.low, converted.high))
+        return gym.spaces.Box(low, high, converted.shape, np.float32)
+    return converted
+
+
+class GymnaxTwin:
+    """gymnax's ``reset_env``/``step_env`` of one env and its params as the functional env
+    ``rlspeed.core.envs.vmap.VmapEnv`` steps (``FunctionalEnv``)."""
+
+    def __init__(self, env: Environment[Any, Any], params: EnvParams) -> None:
+        self.env, self.params = env, params
+        # Built eagerly: gymnax computes some bounds with jax.numpy, and a twin may be made
+        # while a program is traced (the fused path's on-device scores).
+        with jax.ensure_compile_time_eval():
+            self.observation_space = gymnasium_space(env.observation_space(params), True)
+            self.action_space = gymnasium_space(env.action_space(params), False)
+        self._obs_dtype = self.observation_space.dtype
+
+    def _observed(self, obs: jax.Array) -> jax.Array:
+        return jnp.asarray(obs).astype(self._obs_dtype)
+
+    def initial(self, rng: jax.Array, params: None = None) -> GymnaxState:
+        obs, state = self.env.reset_env(rng, self.params)
+        no = jnp.zeros((), bool)
+        return GymnaxState(state, self._observed(obs), jnp.zeros((), jnp.float32), no)
+
+    def transition(
+        self,
+        state: GymnaxState,
+        action: jax.Array,
+        rng: jax.Array | None = None,
+        params: None = None,
+    ) -> GymnaxState:
+        obs, following, reward, terminated, _ = self.env.step_env(
+            rng, state.env, action, self.params
+        )
+        reward = jnp.asarray(reward, jnp.float32).reshape(())
+        ended = jnp.asarray(terminated, bool).reshape(())
+        return GymnaxState(following, self._observed(obs), reward, ended)
+
+    def observation(
+        self, state: GymnaxState, rng: jax.Array | None = None, params: None = None
+    ) -> jax.Array:
+        return state.obs
+
+    def reward(
+        self,
+        state: GymnaxState,
+        action: jax.Array,
+        next_state: GymnaxState,
+        rng: jax.Array | None = None,
+        params: None = None,
+    ) -> jax.Array:
+        return next_state.reward
+
+    def terminal(
+        self, state: GymnaxState, rng: jax.Array | None = None, params: None = None
+    ) -> jax.Array:
+        return state.terminated
+
+
+class GymnaxGymEnv(gym.Env[np.ndarray, Any]):
+    """A Gymnasium env stepping a ``GymnaxTwin``'s jitted functions (NumPy out); wrapped in
+    ``TimeLimit`` at ``task.max_steps`` by the task. Its key and the twin's state are its
+    state: it hands them over for resume files (``rlspeed_get_state``)."""
+
+    metadata: dict[str, Any] = {"render_modes": []}  # noqa: RUF012 - Gymnasium's own field
+
+    def __init__(self, twin: GymnaxTwin) -> None:
+        self.observation_space = twin.observation_space
+        self.action_space = twin.action_space
+        self._initial = jax.jit(twin.initial)
+        self._transition = jax.jit(twin.transition)
+        self._key = jax.random.key(0)
+        self._state: GymnaxState | None = None
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        super().reset(seed=seed)
+        if seed is not None:  # Gymnasium's 64-bit reset seeds: hashed into a key
+            self._key = jax_key(seed, Stream.ENV)
+        self._key, key = jax.random.split(self._key)
+        self._state = self._initial(key)
+        return np.asarray(self._state.obs), {}
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        assert self._state is not None, "reset() before step()"
+        self._key, key = jax.random.split(self._key)
+        self._state = self._transition(self._state, jnp.asarray(action), key)
+        state = self._state
+        return np.asarray(state.obs), float(state.reward), bool(state.terminated), False, {}
+
+    def rlspeed_get_state(self) -> dict[str, Any]:
+        """The key and the twin's state as NumPy arrays (README, An env's own state)."""
+        state = None if self._state is None else tree_to_host(self._state)
+        return {"key": tree_to_host(self._key), "state": state}
+
+    def rlspeed_set_state(self, saved: dict[str, Any]) -> None:
+        self._key = tree_from_host(self._key, saved["key"])
+        if saved["state"] is not None:
+            template = self._state if self._state is not None else self._initial(self._key)
+            self._state = tree_from_host(template, saved["state"])

@@ -85,6 +85,18 @@ SETTINGS: dict[str, list[str]] = {
         "algo.learning_rate=1e-2",
         "algo.initial_log_std=-1.0",
     ],
+    "pqn": [
+        "total_steps=4096",
+        "num_envs=4",
+        "algo.num_steps=16",
+        "algo.num_minibatches=2",
+        "algo.hidden_sizes=[16]",
+        "algo.learning_rate=1e-2",
+        "algo.anneal_lr=false",
+        # Random actions throughout: every action's Q is learned.
+        "algo.start_e=1.0",
+        "algo.end_e=0.5",
+    ],
     "qlearn": [
         "total_steps=400",
         "num_envs=4",
@@ -99,6 +111,7 @@ SPACES = {
     "td3": [("continuous", "continuous")],
     "vpg": [("discrete", "continuous"), ("continuous", "continuous")],
     "ppo": [("discrete", "continuous"), ("continuous", "continuous")],
+    "pqn": [("discrete", "continuous")],
     "qlearn": [("discrete", "categorical")],
 }
 PATHS = [("torch", "gym-sync"), ("torch", "jax-vmap"), ("flax", "gym-sync"), ("flax", "jax-vmap")]
@@ -109,7 +122,11 @@ ASYNC_PATHS = [("torch", "gym-async"), ("flax", "gym-async")]
 ASYNC_KINDS = ("discount", "truncation", "alternation")
 # Categorical observations one-hot into a network (the same code on every engine): on one
 # path per backend.
-ONE_HOT = [("dqn", "discrete", "categorical"), ("ppo", "discrete", "categorical")]
+ONE_HOT = [
+    ("dqn", "discrete", "categorical"),
+    ("ppo", "discrete", "categorical"),
+    ("pqn", "discrete", "categorical"),
+]
 ONE_HOT_PATHS = [("torch", "gym-sync"), ("flax", "jax-vmap")]
 # The probe each algorithm trains in the default selection, on torch + gym-sync: on a
 # 2-core CPU a run there takes 0.3-2 s, where the fused program (flax + jax-vmap) spends
@@ -120,6 +137,7 @@ FAST = {
     "td3": "discount",
     "vpg": "discount",
     "ppo": "discount",
+    "pqn": "alternation",
     "qlearn": "truncation",
 }
 
@@ -146,6 +164,9 @@ def cases() -> list[Any]:
 
 # ---------------------------------------------------------------- what an agent learned
 
+# The algorithms whose agents hold Q-values of every action.
+Q_ALGOS = ("dqn", "pqn", "qlearn")
+
 
 class Learned:
     """A run's saved agent as numbers: its values, Q-values and greedy actions of
@@ -168,8 +189,8 @@ class Learned:
         return rlspeed.load(folder).act_batch
 
     def _torch(self) -> Any:
-        """(obs, actions or None) -> Q [B, actions] (dqn, qlearn), Q1 and Q2 [2, B] of the
-        actions (td3) or V [B] (vpg, ppo)."""
+        """(obs, actions or None) -> Q [B, actions] (dqn, pqn, qlearn), Q1 and Q2 [2, B] of
+        the actions (td3) or V [B] (vpg, ppo)."""
         import torch
 
         from rlspeed.core.algos.networks.torch import load_checkpoint
@@ -180,14 +201,15 @@ class Learned:
         learner_class = ALGOS.get(self.algo).backend_module("torch").TorchLearner
         cfg = self.cfg
         learner = learner_class(self.obs_space, self.action_space, cfg, cfg.seed)
-        names = {"dqn": ["q_network"], "td3": ["qf1", "qf2"]}.get(self.algo, ["value"])
+        names = {"dqn": ["q_network"], "pqn": ["q_network"], "td3": ["qf1", "qf2"]}
+        names = names.get(self.algo, ["value"])
         for name in names:
             getattr(learner, name).load_state_dict(saved[name])
 
         @torch.no_grad()
         def q(obs: np.ndarray, actions: np.ndarray | None) -> np.ndarray:
             x = torch.from_numpy(obs)
-            if self.algo == "dqn":
+            if self.algo in Q_ALGOS:
                 return learner.q_network(x).numpy()
             if self.algo == "td3":
                 a = torch.from_numpy(actions)
@@ -221,6 +243,9 @@ class Learned:
         def q(obs: np.ndarray, actions: np.ndarray | None) -> np.ndarray:
             if self.algo == "dqn":
                 return np.asarray(apply_output(fns.network, agent["params"], obs))
+            if self.algo == "pqn":
+                q_params = agent["policy_params"].q_params
+                return np.asarray(apply_output(fns.network, q_params, obs))
             if self.algo == "td3":
                 return np.asarray(fns.critics(agent["critic_params"], obs, actions))
             return np.asarray(fns.values(agent["value_params"], obs))
@@ -260,7 +285,7 @@ def check(learned: Learned, kind: str, actions: str, observations_kind: str) -> 
         else:
             optimum = target_action(np.array([0.0, 1.0]))
             assert np.abs(greedy[:, 0] - optimum).max() < ACTION_TOLERANCE, shown
-        if algo in ("dqn", "qlearn"):  # Q(s, s) = 1, Q(s, 1 - s) = 0
+        if algo in Q_ALGOS:  # Q(s, s) = 1, Q(s, 1 - s) = 0
             np.testing.assert_allclose(values, np.eye(2), atol=TOLERANCE, err_msg=shown)
         if algo == "td3":  # Q(s, a) = 1 - (a - t_s)^2, near 1 at the actor's action
             exact = 1.0 - (greedy[:, 0] - optimum) ** 2
@@ -269,9 +294,9 @@ def check(learned: Learned, kind: str, actions: str, observations_kind: str) -> 
     for s, value in enumerate(expected_values(kind)):
         if value is None:
             continue
-        # Every action's Q (dqn, qlearn), both critics' (td3) or V (vpg, ppo): the reward
-        # does not depend on the action, so each is the state's value.
-        learned_values = values[s] if algo in ("dqn", "qlearn") else values[..., s]
+        # Every action's Q (dqn, pqn, qlearn), both critics' (td3) or V (vpg, ppo): the
+        # reward does not depend on the action, so each is the state's value.
+        learned_values = values[s] if algo in Q_ALGOS else values[..., s]
         np.testing.assert_allclose(learned_values, value, atol=TOLERANCE, err_msg=shown)
 
 

@@ -55,7 +55,7 @@ BAD = [
     # config groups, types and keys
     (["backend=jax"], ["backend=jax", "flax, torch"]),
     (["env=gym-fast"], ["env=gym-fast", "gym-async, gym-sync, jax-vmap"]),
-    (["algo=a2c"], ["algo=a2c", "dqn, ppo, qlearn, sac, td3, vpg"]),
+    (["algo=a2c"], ["algo=a2c", "dqn, ppo, pqn, qlearn, sac, td3, vpg"]),
     (["num_envs=abc"], ["num_envs", "'abc'", "Integer"]),
     (["algo.learning_rate=fast"], ["algo.learning_rate", "'fast'", "Float"]),
     (["algo.optimizer=rmsprop"], ["algo.optimizer=rmsprop", "adam, sgd"]),
@@ -312,7 +312,7 @@ BAD = [
     ),
     # malformed command lines
     (["=5"], ["invalid override '=5': expected KEY=VALUE"]),
-    (["algo=null"], ["invalid algo=null: expected one of dqn, ppo, qlearn, sac, td3, vpg"]),
+    (["algo=null"], ["invalid algo=null: expected one of dqn, ppo, pqn, qlearn, sac, td3, vpg"]),
     (["backend="], ["invalid backend=: expected one of flax, torch"]),
     (["-m", "--cfg", "job"], ["expected at most one of --run, --multirun (-m), --cfg"]),
     (["+algo.lerning_rate=0.1"], ["unknown key 'algo.lerning_rate' in '+algo.lerning_rate=0.1'"]),

@@ -33,7 +33,7 @@ from rlspeed.validation import check
 SMALL = ["num_envs=2", "total_steps=2000", "tracking=none", "progress=none"]
 # Per algorithm: its run (small networks, updates from the first iterations on) and the
 # iterations before and after the cut. Continuous actions on VPG (the action bounds), both
-# normalisations on PPO.
+# normalisations on PPO, PQN's exploration clock.
 RUNS = {
     "dqn": (
         ["algo=dqn", "task=gridworld", "algo.hidden_sizes=[8]", "algo.learning_starts=20"]
@@ -55,6 +55,11 @@ RUNS = {
         ["algo=ppo", "task=pendulum", "algo.hidden_sizes=[8]", "algo.num_steps=8"]
         + ["algo.num_minibatches=2", "algo.update_epochs=2"]
         + ["algo.normalize_obs=true", "algo.scale_rewards=true"],
+        (2, 2),
+    ),
+    "pqn": (
+        ["algo=pqn", "task=gridworld", "algo.hidden_sizes=[8]", "algo.num_steps=8"]
+        + ["algo.num_minibatches=2", "algo.update_epochs=2"],
         (2, 2),
     ),
     "qlearn": (["algo=qlearn", "task=gridworld"], (10, 20)),

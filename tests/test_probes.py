@@ -100,6 +100,19 @@ SETTINGS: dict[str, list[str]] = {
         "algo.learning_rate=1e-2",
         "algo.initial_log_std=-1.0",
     ],
+    "pqn": [
+        "total_steps=4096",
+        "num_envs=4",
+        "algo.num_steps=16",
+        "algo.num_minibatches=2",
+        "algo.hidden_sizes=[16]",
+        "algo.learning_rate=1e-2",
+        # Annealed to 0 over so short a run, the truncation probe's Q stopped at 1.6-1.8 of 2.
+        "algo.anneal_lr=false",
+        # Random actions throughout: every action's Q is learned.
+        "algo.start_e=1.0",
+        "algo.end_e=0.5",
+    ],
     "qlearn": [
         "total_steps=400",
         "num_envs=4",
@@ -115,6 +128,7 @@ SPACES = {
     "sac": [("continuous", "continuous")],
     "vpg": [("discrete", "continuous"), ("continuous", "continuous")],
     "ppo": [("discrete", "continuous"), ("continuous", "continuous")],
+    "pqn": [("discrete", "continuous")],
     "qlearn": [("discrete", "categorical")],
 }
 # The algorithms with twin critics of (observation, action), read at the greedy actions.
@@ -127,7 +141,11 @@ ASYNC_PATHS = [("torch", "gym-async"), ("flax", "gym-async")]
 ASYNC_KINDS = ("discount", "truncation", "alternation")
 # Categorical observations one-hot into a network (the same code on every engine): on one
 # path per backend.
-ONE_HOT = [("dqn", "discrete", "categorical"), ("ppo", "discrete", "categorical")]
+ONE_HOT = [
+    ("dqn", "discrete", "categorical"),
+    ("ppo", "discrete", "categorical"),
+    ("pqn", "discrete", "categorical"),
+]
 ONE_HOT_PATHS = [("torch", "gym-sync"), ("flax", "jax-vmap")]
 # The probe each algorithm trains in the default selection, on torch + gym-sync: on a
 # 2-core CPU a run there takes 0.3-2 s, where the fused program (flax + jax-vmap) spends
@@ -139,6 +157,7 @@ FAST = {
     "sac": "discount",
     "vpg": "discount",
     "ppo": "discount",
+    "pqn": "alternation",
     "qlearn": "truncation",
 }
 
@@ -165,6 +184,9 @@ def cases() -> list[Any]:
 
 # ---------------------------------------------------------------- what an agent learned
 
+# The algorithms whose agents hold Q-values of every action.
+Q_ALGOS = ("dqn", "pqn", "qlearn")
+
 
 class Learned:
     """A run's saved agent as numbers: its values, Q-values and greedy actions of
@@ -187,8 +209,8 @@ class Learned:
         return rlspeed.load(folder).act_batch
 
     def _torch(self) -> Any:
-        """(obs, actions or None) -> Q [B, actions] (dqn, qlearn), Q1 and Q2 [2, B] of the
-        actions (td3, sac) or V [B] (vpg, ppo)."""
+        """(obs, actions or None) -> Q [B, actions] (dqn, pqn, qlearn), Q1 and Q2 [2, B] of
+        the actions (td3, sac) or V [B] (vpg, ppo)."""
         import torch
 
         from rlspeed.checkpoint import read_agent
@@ -200,14 +222,15 @@ class Learned:
         cfg = self.cfg
         learner = learner_class(self.obs_space, self.action_space, cfg, cfg.seed)
         twin = ["qf1", "qf2"]
-        names = {"dqn": ["q_network"], "td3": twin, "sac": twin}.get(self.algo, ["value"])
+        names = {"dqn": ["q_network"], "pqn": ["q_network"], "td3": twin, "sac": twin}
+        names = names.get(self.algo, ["value"])
         for name in names:
             getattr(learner, name).load_state_dict(saved[name])
 
         @torch.no_grad()
         def q(obs: np.ndarray, actions: np.ndarray | None) -> np.ndarray:
             x = torch.from_numpy(obs)
-            if self.algo == "dqn":
+            if self.algo in Q_ALGOS:
                 return learner.q_network(x).numpy()
             if self.algo in TWIN_CRITICS:
                 a = torch.from_numpy(actions)
@@ -245,6 +268,9 @@ class Learned:
         def q(obs: np.ndarray, actions: np.ndarray | None) -> np.ndarray:
             if self.algo == "dqn":
                 return np.asarray(apply_output(fns.network, agent["params"], obs))
+            if self.algo == "pqn":
+                q_params = agent["policy_params"].q_params
+                return np.asarray(apply_output(fns.network, q_params, obs))
             if self.algo in TWIN_CRITICS:
                 return np.asarray(fns.critics(agent["critic_params"], obs, actions))
             return np.asarray(fns.values(agent["value_params"], obs))
@@ -284,7 +310,7 @@ def check(learned: Learned, kind: str, actions: str, observations_kind: str) -> 
         else:
             optimum = target_action(np.array([0.0, 1.0]))
             assert np.abs(greedy[:, 0] - optimum).max() < ACTION_TOLERANCE, shown
-        if algo in ("dqn", "qlearn"):  # Q(s, s) = 1, Q(s, 1 - s) = 0
+        if algo in Q_ALGOS:  # Q(s, s) = 1, Q(s, 1 - s) = 0
             np.testing.assert_allclose(values, np.eye(2), atol=TOLERANCE, err_msg=shown)
         if algo in TWIN_CRITICS:  # Q(s, a) = 1 - (a - t_s)^2, near 1 at the actor's action
             exact = 1.0 - (greedy[:, 0] - optimum) ** 2
@@ -293,9 +319,9 @@ def check(learned: Learned, kind: str, actions: str, observations_kind: str) -> 
     for s, value in enumerate(expected_values(kind)):
         if value is None:
             continue
-        # Every action's Q (dqn, qlearn), both critics' (td3, sac) or V (vpg, ppo): the reward
-        # does not depend on the action, so each is the state's value.
-        learned_values = values[s] if algo in ("dqn", "qlearn") else values[..., s]
+        # Every action's Q (dqn, pqn, qlearn), both critics' (td3, sac) or V (vpg, ppo): the
+        # reward does not depend on the action, so each is the state's value.
+        learned_values = values[s] if algo in Q_ALGOS else values[..., s]
         np.testing.assert_allclose(learned_values, value, atol=TOLERANCE, err_msg=shown)
 
 

@@ -45,8 +45,9 @@ if TYPE_CHECKING:
 
 class OnPolicyFunctions(Protocol):
     """Pure functions of one on-policy configuration. The agent they make is a NamedTuple
-    with fields ``policy_params`` and ``value_params`` (flax variables: the networks'
-    parameters) and whatever else it needs."""
+    with attributes ``policy_params`` and ``value_params`` (what acting and the values
+    take: flax variables, the networks' parameters; PQN's Q-network's with its exploration
+    clock) and whatever else it needs."""
 
     # Gradient steps one ``update`` takes.
     updates_per_batch: int
@@ -54,14 +55,14 @@ class OnPolicyFunctions(Protocol):
     def init(self, key: jax.Array) -> PyTree: ...
 
     def act(
-        self, policy_params: VariableDict, obs: jax.Array, key: jax.Array
+        self, policy_params: PyTree, obs: jax.Array, key: jax.Array
     ) -> tuple[jax.Array, jax.Array, jax.Array]:
         """Sampled actions: (as sampled, as sent to the env, their log-probabilities)."""
 
-    def values(self, value_params: VariableDict, obs: jax.Array) -> jax.Array:
+    def values(self, value_params: PyTree, obs: jax.Array) -> jax.Array:
         """V(obs) [B]."""
 
-    def greedy(self, policy_params: VariableDict, obs: jax.Array) -> jax.Array: ...
+    def greedy(self, policy_params: PyTree, obs: jax.Array) -> jax.Array: ...
 
     def update(
         self,

@@ -13,7 +13,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from rlspeed.core.algos.encoding import one_hot_classes
-from rlspeed.core.algos.networks import HIDDEN_GAIN, POLICY_GAIN, VALUE_GAIN, ActorCriticSettings
+from rlspeed.core.algos.networks import (
+    HIDDEN_GAIN,
+    LAYER_NORM_EPSILON,
+    POLICY_GAIN,
+    VALUE_GAIN,
+    ActorCriticSettings,
+)
 
 if TYPE_CHECKING:
     from flax.typing import VariableDict
@@ -32,13 +38,15 @@ def apply_output(module: nn.Module, params: VariableDict, *inputs: jax.Array) ->
 class MLP(nn.Module):
     """Observations -> ``activation`` after each hidden layer -> ``out_size`` outputs.
     ``output_gain``: orthogonal weights (``HIDDEN_GAIN`` in the hidden layers, this gain on
-    the output; biases 0) instead of flax's default LeCun normal."""
+    the output; biases 0) instead of flax's default LeCun normal. ``layer_norm``: a
+    LayerNorm between each hidden layer and its activation (PQN)."""
 
     out_size: int
     hidden_sizes: Sequence[int]
     classes: int  # one-hot classes per observation entry, 0 for continuous
     activation: Callable[[jax.Array], jax.Array] = nn.tanh
     output_gain: float | None = None
+    layer_norm: bool = False
 
     @nn.compact
     def __call__(self, obs: jax.Array) -> jax.Array:
@@ -55,7 +63,10 @@ class MLP(nn.Module):
             return nn.Dense(size, kernel_init=nn.initializers.orthogonal(gain))
 
         for size in self.hidden_sizes:
-            x = self.activation(dense(size, HIDDEN_GAIN)(x))
+            x = dense(size, HIDDEN_GAIN)(x)
+            if self.layer_norm:
+                x = nn.LayerNorm(epsilon=LAYER_NORM_EPSILON)(x)
+            x = self.activation(x)
         return dense(self.out_size, self.output_gain)(x)
 
 

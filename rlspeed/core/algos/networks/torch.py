@@ -16,7 +16,13 @@ from torch.distributions import Categorical, Distribution, Independent, Normal
 from torch.utils.dlpack import from_dlpack
 
 from rlspeed.core.algos.encoding import input_size, one_hot_classes
-from rlspeed.core.algos.networks import HIDDEN_GAIN, POLICY_GAIN, VALUE_GAIN, ActorCriticSettings
+from rlspeed.core.algos.networks import (
+    HIDDEN_GAIN,
+    LAYER_NORM_EPSILON,
+    POLICY_GAIN,
+    VALUE_GAIN,
+    ActorCriticSettings,
+)
 from rlspeed.seeding import Stream, int_seed
 
 if TYPE_CHECKING:
@@ -63,7 +69,8 @@ def orthogonal_(layer: nn.Linear, gain: float) -> nn.Linear:
 class MLP(nn.Module):
     """Observations -> ``activation`` after each hidden layer -> ``out_size`` outputs.
     ``output_gain``: orthogonal weights (``HIDDEN_GAIN`` in the hidden layers, this gain on
-    the output; biases 0) instead of LeCun normal."""
+    the output; biases 0) instead of LeCun normal. ``layer_norm``: a LayerNorm between each
+    hidden layer and its activation (PQN)."""
 
     def __init__(
         self,
@@ -72,6 +79,7 @@ class MLP(nn.Module):
         hidden_sizes: Sequence[int],
         activation: type[nn.Module] = nn.Tanh,
         output_gain: float | None = None,
+        layer_norm: bool = False,
     ) -> None:
         super().__init__()
         self.classes = one_hot_classes(obs_space)
@@ -84,7 +92,10 @@ class MLP(nn.Module):
 
         layers: list[nn.Module] = []
         for fan_in, fan_out in zip(sizes[:-1], sizes[1:], strict=True):
-            layers += [init(nn.Linear(fan_in, fan_out), HIDDEN_GAIN), activation()]
+            layers.append(init(nn.Linear(fan_in, fan_out), HIDDEN_GAIN))
+            if layer_norm:
+                layers.append(nn.LayerNorm(fan_out, eps=LAYER_NORM_EPSILON))
+            layers.append(activation())
         layers.append(init(nn.Linear(sizes[-1], out_size), output_gain))
         self.net = nn.Sequential(*layers)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from rlspeed.core.algos import (
     AlgoSpec,
@@ -34,6 +34,23 @@ if TYPE_CHECKING:
     import jax
 
     from rlspeed.config import RunConfig
+
+
+class MinibatchSettings(Protocol):
+    """What PPO's minibatched passes over a batch read of a config (PPO's, PQN's)."""
+
+    @property
+    def num_steps(self) -> int: ...
+    @property
+    def learning_rate(self) -> float: ...
+    @property
+    def anneal_lr(self) -> bool: ...
+    @property
+    def update_epochs(self) -> int: ...
+    @property
+    def num_minibatches(self) -> int: ...
+    @property
+    def max_grad_norm(self) -> float: ...
 
 
 @dataclass(frozen=True)
@@ -113,37 +130,21 @@ def minibatch_positions(
     return positions, xp.broadcast_to(index < per, positions.shape)
 
 
-def batches_in_run(algo: PPOConfig, cfg: RunConfig) -> int:
+def batches_in_run(algo: MinibatchSettings, cfg: RunConfig) -> int:
     """Batches (iterations) the run collects, the last one cut to end at ``total_steps``
     (``rollout.rollout_length``): the annealed step size reaches 0 after them."""
     return math.ceil(cfg.total_steps / (algo.num_steps * cfg.num_envs))
 
 
-def annealed_rate(algo: PPOConfig, batch: int | jax.Array, batches: int) -> Any:
+def annealed_rate(algo: MinibatchSettings, batch: int | jax.Array, batches: int) -> Any:
     """``anneal_lr``'s step size for batch ``batch`` (from 0; a Python or a traced JAX
     number): ``learning_rate`` decayed linearly to 0 over the run's ``batches``."""
     return algo.learning_rate * (1.0 - batch / batches)
 
 
-def validate(algo: PPOConfig, cfg: RunConfig) -> None:
-    check_ranges(
-        algo,
-        count=("num_steps", "num_minibatches"),
-        passes=("update_epochs",),
-        unit=("gamma", "gae_lambda"),
-        positive=("learning_rate", "clip_coef", "obs_clip", "reward_clip"),
-        off_at_zero=("ent_coef", "max_grad_norm"),
-        non_negative=("vf_coef",),
-        finite=("initial_log_std",),
-    )
-    check_hidden_sizes(algo)
-    # Categorical observations are one-hot encoded: a normalised cell code is no class.
-    if algo.normalize_obs and TASKS.get(cfg.task.name).tabular is not None:
-        raise ConfigError(
-            "algo.normalize_obs",
-            algo.normalize_obs,
-            f"false on {cfg.task.name}, whose observations are categorical (one-hot encoded)",
-        )
+def check_minibatches(algo: MinibatchSettings, cfg: RunConfig) -> None:
+    """What PPO's minibatched passes need (PQN's too): a batch that splits into equal
+    minibatches and that fits in memory, with every pass's order of it."""
     batch = algo.num_steps * cfg.num_envs
     # Equal minibatches: every transition is used once per epoch, and the fused update
     # has one static minibatch shape.
@@ -165,6 +166,28 @@ def validate(algo: PPOConfig, cfg: RunConfig) -> None:
             f"at most {most:,} for batches of {batch:,} (each pass's order of the batch is "
             "kept: more do not fit in this machine's memory)",
         )
+
+
+def validate(algo: PPOConfig, cfg: RunConfig) -> None:
+    check_ranges(
+        algo,
+        count=("num_steps", "num_minibatches"),
+        passes=("update_epochs",),
+        unit=("gamma", "gae_lambda"),
+        positive=("learning_rate", "clip_coef", "obs_clip", "reward_clip"),
+        off_at_zero=("ent_coef", "max_grad_norm"),
+        non_negative=("vf_coef",),
+        finite=("initial_log_std",),
+    )
+    check_hidden_sizes(algo)
+    # Categorical observations are one-hot encoded: a normalised cell code is no class.
+    if algo.normalize_obs and TASKS.get(cfg.task.name).tabular is not None:
+        raise ConfigError(
+            "algo.normalize_obs",
+            algo.normalize_obs,
+            f"false on {cfg.task.name}, whose observations are categorical (one-hot encoded)",
+        )
+    check_minibatches(algo, cfg)
     check_network_memory(cfg)
 
 

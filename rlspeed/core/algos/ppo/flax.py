@@ -7,7 +7,7 @@ brings its own optimizer, loss and update.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, NamedTuple, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar, cast
 
 import jax
 import jax.numpy as jnp
@@ -17,6 +17,7 @@ from rlspeed.core.algos.loops.fused import FusedTrainer, saved_policies
 from rlspeed.core.algos.networks.flax import ActorCritic
 from rlspeed.core.algos.normalization import init_state, settings_of
 from rlspeed.core.algos.ppo import (
+    MinibatchSettings,
     PPOConfig,
     annealed_rate,
     batches_in_run,
@@ -119,43 +120,78 @@ class PPOFunctions(ActorCritic):
         *,
         valid: jax.Array | None = None,
     ) -> tuple[Agent, dict[str, jax.Array]]:
-        """``update_epochs`` passes over the batch in ``num_minibatches`` minibatches, one
-        gradient step each; metrics are the means over the steps. ``orders``
-        [update_epochs, batch]: each pass's order (default: permutations drawn from ``key``).
-        ``valid``: only the batch's first ``valid`` samples count (a run's last batch on the
-        fused path); the drawn orders put them first."""
-        algo = self.algo
-        size = batch.obs.shape[0]
-        if orders is None:
-            keys = jax.random.split(key, algo.update_epochs)
-            orders = jax.vmap(lambda k: jax.random.permutation(k, size))(keys)
-            if valid is not None:  # stable: whole batches keep the drawn order
-                orders = jax.vmap(lambda o: o[jnp.argsort(o >= valid, stable=True)])(orders)
-        positions, counts = minibatch_positions(size, algo.num_minibatches, jnp, valid)
-        minibatches = orders[:, positions].reshape(self.updates_per_batch, -1)
-        weights = jnp.tile(counts.astype(jnp.float32), (algo.update_epochs, 1))
-
-        def step(
-            carry: tuple[tuple[VariableDict, VariableDict], optax.OptState],
-            minibatch: tuple[jax.Array, jax.Array],
-        ) -> tuple[tuple[tuple[VariableDict, VariableDict], optax.OptState], dict[str, jax.Array]]:
-            params, opt_state = carry
-            indices, minibatch_weights = minibatch
-            samples = jax.tree.map(lambda x: x[indices], batch)
-            grads, metrics = jax.grad(self.loss, has_aux=True)(params, samples, minibatch_weights)
-            updates, opt_state = self.optimizer.update(grads, opt_state, params)
-            return (optax.apply_updates(params, updates), opt_state), metrics
-
-        start = ((agent.policy_params, agent.value_params), agent.opt_state)
-        ((policy_params, value_params), opt_state), metrics = jax.lax.scan(
-            step, start, (minibatches, weights)
+        """``minibatch_steps`` of the policy and value networks on the batch."""
+        params = (agent.policy_params, agent.value_params)
+        (policy_params, value_params), opt_state, metrics = minibatch_steps(
+            self, params, agent.opt_state, batch, key, orders, valid
         )
-        agent = Agent(policy_params, value_params, opt_state)
-        return agent, {name: values.mean() for name, values in metrics.items()}
+        return Agent(policy_params, value_params, opt_state), metrics
+
+
+# The parameters one optimizer steps: a pytree of the algorithm's.
+Params = TypeVar("Params")
+ParamsIn = TypeVar("ParamsIn", contravariant=True)
+
+
+class MinibatchLoss(Protocol[ParamsIn]):
+    """What ``minibatch_steps`` takes of an algorithm's functions (PPO's, PQN's)."""
+
+    @property
+    def algo(self) -> MinibatchSettings: ...
+    @property
+    def optimizer(self) -> optax.GradientTransformation: ...
+    @property
+    def updates_per_batch(self) -> int: ...
+
+    def loss(
+        self, params: ParamsIn, minibatch: RolloutBatch, weights: jax.Array
+    ) -> tuple[jax.Array, dict[str, jax.Array]]:
+        """The minibatch's loss, and the step's metrics; means over the samples whose
+        ``weights`` are 1."""
+
+
+def minibatch_steps(
+    fns: MinibatchLoss[Params],
+    params: Params,
+    opt_state: optax.OptState,
+    batch: RolloutBatch,
+    key: jax.Array,
+    orders: jax.Array | None = None,
+    valid: jax.Array | None = None,
+) -> tuple[Params, optax.OptState, dict[str, jax.Array]]:
+    """PPO's update of a batch (PQN's too): ``update_epochs`` passes over it in
+    ``num_minibatches`` minibatches, one gradient step of ``fns.optimizer`` on ``fns.loss``
+    each; metrics are the means over the steps. ``orders`` [update_epochs, batch]: each
+    pass's order (default: permutations drawn from ``key``). ``valid``: only the batch's
+    first ``valid`` samples count (a run's last batch on the fused path); the drawn orders
+    put them first."""
+    algo = fns.algo
+    size = batch.obs.shape[0]
+    if orders is None:
+        keys = jax.random.split(key, algo.update_epochs)
+        orders = jax.vmap(lambda k: jax.random.permutation(k, size))(keys)
+        if valid is not None:  # stable: whole batches keep the drawn order
+            orders = jax.vmap(lambda o: o[jnp.argsort(o >= valid, stable=True)])(orders)
+    positions, counts = minibatch_positions(size, algo.num_minibatches, jnp, valid)
+    minibatches = orders[:, positions].reshape(fns.updates_per_batch, -1)
+    weights = jnp.tile(counts.astype(jnp.float32), (algo.update_epochs, 1))
+
+    def step(
+        carry: tuple[Params, optax.OptState], minibatch: tuple[jax.Array, jax.Array]
+    ) -> tuple[tuple[Params, optax.OptState], dict[str, jax.Array]]:
+        params, opt_state = carry
+        indices, minibatch_weights = minibatch
+        samples = jax.tree.map(lambda x: x[indices], batch)
+        grads, metrics = jax.grad(fns.loss, has_aux=True)(params, samples, minibatch_weights)
+        updates, opt_state = fns.optimizer.update(grads, opt_state, params)
+        return (optax.apply_updates(params, updates), opt_state), metrics
+
+    (params, opt_state), metrics = jax.lax.scan(step, (params, opt_state), (minibatches, weights))
+    return params, opt_state, {name: values.mean() for name, values in metrics.items()}
 
 
 def optimizer(
-    algo: PPOConfig, updates_per_batch: int, batches: int
+    algo: MinibatchSettings, updates_per_batch: int, batches: int
 ) -> optax.GradientTransformation:
     """Adam (eps 1e-5) after global-norm clipping; annealed, the step size of each batch is
     ``annealed_rate``'s (optax counts gradient steps: ``updates_per_batch`` a batch)."""

@@ -17,7 +17,13 @@ from rlspeed.core.algos.networks.torch import (
     saved_greedy_policy,
 )
 from rlspeed.core.algos.normalization import settings_of
-from rlspeed.core.algos.ppo import annealed_rate, batches_in_run, minibatch_positions
+from rlspeed.core.algos.ppo import (
+    MinibatchSettings,
+    PPOConfig,
+    annealed_rate,
+    batches_in_run,
+    minibatch_positions,
+)
 from rlspeed.core.algos.rollout import RolloutBatch, RolloutLearner
 from rlspeed.core.backends.torch import device_of
 from rlspeed.core.tasks import Policy as GreedyPolicy
@@ -32,7 +38,68 @@ if TYPE_CHECKING:
 METRICS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac")
 
 
-class TorchLearner(ActorCritic, RolloutLearner):
+class MinibatchUpdates:
+    """PPO's update of a batch (PQN's too): ``update_epochs`` passes over it in
+    ``num_minibatches`` minibatches, one step of the learner's ``optimizer`` on its ``loss``
+    each, after global-norm clipping; ``anneal_lr`` sets the step size per batch."""
+
+    algo: MinibatchSettings
+    device: torch.device
+    optimizer: torch.optim.Optimizer
+    # What the optimizer steps, what the gradient norm is clipped over.
+    params: list[nn.Parameter]
+    updates_per_batch: int
+    # The run's batches and those done: the annealed step size's clock.
+    batches: int
+    batches_done: int
+    minibatch_generator: torch.Generator
+
+    def loss(
+        self, minibatch: tuple[torch.Tensor, ...]
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The minibatch's (a ``RolloutBatch``'s fields) loss, and the metrics of the step."""
+        raise NotImplementedError
+
+    def update(
+        self, batch: RolloutBatch, orders: torch.Tensor | np.ndarray | None = None
+    ) -> dict[str, torch.Tensor]:
+        """``update_epochs`` passes over the batch in ``num_minibatches`` minibatches, one
+        gradient step each; metrics are the means over the steps. ``orders``
+        [update_epochs, batch]: each pass's order (default: drawn permutations)."""
+        algo = self.algo
+        tensors = [from_numpy(x, self.device) for x in batch]
+        size = len(tensors[0])
+        if algo.anneal_lr:
+            for group in self.optimizer.param_groups:
+                group["lr"] = annealed_rate(algo, self.batches_done, self.batches)
+        self.batches_done += 1
+        if orders is None:
+            orders = torch.stack(
+                [
+                    torch.randperm(size, generator=self.minibatch_generator)
+                    for _ in range(algo.update_epochs)
+                ]
+            )
+        # A run's last batch may be cut short: any size, split as the flax update splits it.
+        positions, _ = minibatch_positions(size, algo.num_minibatches, np)
+        orders = torch.as_tensor(orders)[:, torch.as_tensor(positions)]
+        minibatches = orders.reshape(self.updates_per_batch, -1).to(self.device)
+        metrics: dict[str, list[torch.Tensor]] = {}
+        for indices in minibatches:
+            loss, step_metrics = self.loss(tuple(x[indices] for x in tensors))
+            self.optimizer.zero_grad()
+            loss.backward()  # type: ignore[no-untyped-call]  # unannotated in torch
+            if algo.max_grad_norm > 0:
+                nn.utils.clip_grad_norm_(self.params, algo.max_grad_norm)
+            self.optimizer.step()
+            for name, value in step_metrics.items():
+                metrics.setdefault(name, []).append(value)
+        return {name: torch.stack(values).mean() for name, values in metrics.items()}
+
+
+class TorchLearner(ActorCritic, MinibatchUpdates, RolloutLearner):
+    algo: PPOConfig
+
     def __init__(
         self,
         obs_space: spaces.Space[Any],
@@ -84,42 +151,6 @@ class TorchLearner(ActorCritic, RolloutLearner):
             clipfrac = ((ratio - 1).abs() > algo.clip_coef).float().mean()
         parts = (policy_loss, value_loss, entropy, approx_kl, clipfrac)
         return total, {f"losses/{name}": x.detach() for name, x in zip(METRICS, parts, strict=True)}
-
-    def update(
-        self, batch: RolloutBatch, orders: torch.Tensor | np.ndarray | None = None
-    ) -> dict[str, torch.Tensor]:
-        """``update_epochs`` passes over the batch in ``num_minibatches`` minibatches, one
-        gradient step each; metrics are the means over the steps. ``orders``
-        [update_epochs, batch]: each pass's order (default: drawn permutations)."""
-        algo = self.algo
-        tensors = [from_numpy(x, self.device) for x in batch]
-        size = len(tensors[0])
-        if algo.anneal_lr:
-            for group in self.optimizer.param_groups:
-                group["lr"] = annealed_rate(algo, self.batches_done, self.batches)
-        self.batches_done += 1
-        if orders is None:
-            orders = torch.stack(
-                [
-                    torch.randperm(size, generator=self.minibatch_generator)
-                    for _ in range(algo.update_epochs)
-                ]
-            )
-        # A run's last batch may be cut short: any size, split as the flax update splits it.
-        positions, _ = minibatch_positions(size, algo.num_minibatches, np)
-        orders = torch.as_tensor(orders)[:, torch.as_tensor(positions)]
-        minibatches = orders.reshape(self.updates_per_batch, -1).to(self.device)
-        metrics: dict[str, list[torch.Tensor]] = {}
-        for indices in minibatches:
-            loss, step_metrics = self.loss(tuple(x[indices] for x in tensors))
-            self.optimizer.zero_grad()
-            loss.backward()  # type: ignore[no-untyped-call]  # unannotated in torch
-            if algo.max_grad_norm > 0:
-                nn.utils.clip_grad_norm_(self.params, algo.max_grad_norm)
-            self.optimizer.step()
-            for name, value in step_metrics.items():
-                metrics.setdefault(name, []).append(value)
-        return {name: torch.stack(values).mean() for name, values in metrics.items()}
 
     def state_dict(self) -> dict[str, Any]:
         """The resume state: networks, optimizer, generators, the batches done (the learning

@@ -103,15 +103,10 @@ def set_agent_files(
         return save_resume(state, path)
 
     # The resume state stays in the run folder: it holds the replay buffer (large).
-    save_agent = partial(_write_agent, agent_checkpoint)
-    run.outputs[index] = [OutputFile(path, save_agent)]
+    run.outputs[index] = [OutputFile(path, lambda to: write_agent(agent_checkpoint(), to))]
     if run.resumable:
         resume = OutputFile(resume_path, save_state, artifact=False, resume_state=True)
         run.outputs[index].append(resume)
-
-
-def _write_agent(agent_checkpoint: Callable[[], AgentCheckpoint], path: Path) -> Path:
-    return write_agent(agent_checkpoint(), path)
 
 
 def write_now(run: Run, index: int, step: int) -> bool:

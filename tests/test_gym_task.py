@@ -4,6 +4,7 @@ line naming the key and the space, before anything is created."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -308,3 +309,13 @@ def test_dqn_learns_acrobot(tmp_path):
     result = run_cli(args, cwd=tmp_path, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     assert finished(run_dir)["score"] > -200, time.monotonic() - start
+
+
+def test_task_gymnax_without_its_extra_is_one_line(tmp_path):
+    """Without the gymnax extra, task=gymnax says how to install it (tests/test_gymnax.py
+    runs the task where it is installed)."""
+    if importlib.util.find_spec("gymnax") is not None:
+        pytest.skip("gymnax is installed: the gymnax selection runs task=gymnax")
+    result = run_cli(["task=gymnax", "task.id=CartPole-v1", "tracking=none"], cwd=tmp_path)
+    assert_one_line_error(result, "task=gymnax", 'pip install "rlspeed[gymnax]"')
+    assert not (tmp_path / "outputs").exists()

@@ -177,7 +177,8 @@ def test_the_returns_are_q_lambda_returns():
         ),
         (
             ["task=gym", "task.id=MountainCarContinuous-v0"],
-            "actions, Box(-1.0, 1.0, (1,), float32) (pqn needs Discrete actions): ppo, sac, td3, vpg",
+            "actions, Box(-1.0, 1.0, (1,), float32) (pqn needs Discrete actions): "
+            "ppo, sac, td3, vpg",
         ),
     ],
     ids=["num_minibatches", "end_e", "pendulum", "gym-box"],

@@ -12,12 +12,16 @@ parts' own methods only name what they hold.
 
 from __future__ import annotations
 
-import sys
-from typing import Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import numpy as np
 
 from rlspeed.errors import RLSpeedError
+
+if TYPE_CHECKING:
+    import torch
+
+    from rlspeed.core import AgentCheckpoint, PyTree
 
 
 class Stateful(Protocol):
@@ -28,13 +32,13 @@ class Stateful(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
-def capture(part: Any) -> dict[str, Any]:
+def capture(part: object) -> dict[str, Any]:
     """The state of ``part`` (a learner, a replay buffer, an engine, ...) as the resume file
     holds it: what its ``state_dict()`` says."""
     return _stateful(part).state_dict()
 
 
-def restore(part: Any, state: dict[str, Any]) -> None:
+def restore(part: object, state: dict[str, Any]) -> None:
     """Put a ``capture`` of a part of the same kind back into ``part``: its
     ``load_state_dict``. A saved array of another shape than the part's is a ValueError
     (``check_shape``), a missing entry a KeyError."""
@@ -63,19 +67,20 @@ def load_rng_state(rng: np.random.Generator, saved: dict[str, Any]) -> None:
     rng.bit_generator.state = saved
 
 
-def load_array(name: str, array: Any, saved: Any) -> None:
+def load_array(name: str, array: np.ndarray | torch.Tensor, saved: np.ndarray) -> None:
     """Copy the saved array into ``array`` (NumPy, or a torch tensor: in place, on its device),
     refusing one of another shape (NumPy and torch would broadcast some)."""
     check_shape(name, np.shape(saved), tuple(array.shape))
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(array, torch.Tensor):
-        with torch.no_grad():
-            array.copy_(torch.as_tensor(saved))
-    else:
+    if isinstance(array, np.ndarray):
         array[...] = saved
+        return
+    import torch  # loaded already: the array is one of its tensors
+
+    with torch.no_grad():
+        array.copy_(torch.as_tensor(saved))
 
 
-def tree_to_host(tree: Any) -> list[np.ndarray]:
+def tree_to_host(tree: PyTree) -> list[np.ndarray]:
     """A JAX pytree's leaves as NumPy arrays (typed PRNG keys as their key data)."""
     import jax
     import jax.numpy as jnp
@@ -88,7 +93,7 @@ def tree_to_host(tree: Any) -> list[np.ndarray]:
     return [host(leaf) for leaf in jax.tree.leaves(tree)]
 
 
-def tree_from_host(template: Any, leaves: list[np.ndarray]) -> Any:
+def tree_from_host(template: PyTree, leaves: list[np.ndarray]) -> PyTree:
     """``template``'s pytree with the saved ``leaves`` (from ``tree_to_host``) in it."""
     import jax
     import jax.numpy as jnp
@@ -110,7 +115,7 @@ def tree_from_host(template: Any, leaves: list[np.ndarray]) -> Any:
     return jax.tree.unflatten(treedef, [device(a, b) for a, b in zip(old, leaves, strict=True)])
 
 
-def agents_from_saved(template: Any, saved: Any, agents: int = 1) -> Any:
+def agents_from_saved(template: PyTree, saved: AgentCheckpoint, agents: int = 1) -> PyTree:
     """A flax agent file's tree (``flax.serialization.msgpack_restore`` of it) in
     ``template``'s structure: one agent's, or with ``agents`` > 1 a fused run's, each array
     stacked over its agents on a new leading axis. A saved array of another shape than the

@@ -135,7 +135,9 @@ class GymnaxGymEnv(gym.Env[np.ndarray, Any]):
         self._state = self._initial(key)
         return np.asarray(self._state.obs), {}
 
-    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+    def step(
+        self, action: np.ndarray | int
+    ) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         assert self._state is not None, "reset() before step()"
         self._key, key = jax.random.split(self._key)
         self._state = self._transition(self._state, jnp.asarray(action), key)

@@ -59,7 +59,7 @@ if TYPE_CHECKING:
     from gymnasium import spaces
 
     from rlspeed.config import RunConfig
-    from rlspeed.core import AgentCheckpoint, XpArray
+    from rlspeed.core import AgentCheckpoint, PyTree, XpArray
 
 
 def _flat(obs: jax.Array) -> jax.Array:
@@ -134,8 +134,8 @@ class ActorCriticFunctions(Protocol):
         ...
 
     def update(
-        self, agent: Any, batch: Batch[jax.Array], noise: jax.Array, actor_step: jax.Array
-    ) -> tuple[Any, dict[str, jax.Array]]:
+        self, agent: PyTree, batch: Batch[jax.Array], noise: jax.Array, actor_step: jax.Array
+    ) -> tuple[PyTree, dict[str, jax.Array]]:
         """One critic update, and the actor's where ``actor_step``."""
         ...
 

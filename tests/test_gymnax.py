@@ -1,0 +1,241 @@
+"""task=gymnax: the twin steps as gymnax does, ends episodes as rlspeed's engines must (final
+observation kept, termination apart from truncation), runs under jit and vmap over seeds,
+trains on every stack, takes a user's registered env, and says what cannot work in one line.
+
+These need the extra (``pip install "rlspeed[gymnax]"``): they carry the ``gymnax`` marker,
+which CI runs after installing it. gymnax is imported inside the tests, so the default
+selection collects this file without it."""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rlspeed.core.tasks.gymnax import GymnaxTaskConfig, make_env, make_functional
+from tests.conftest import assert_one_line_error, run_cli
+
+pytestmark = pytest.mark.gymnax
+
+TINY = ["tracking=none", "progress=plain"]
+# PPO settings that learn CartPole in seconds (conf/algo_task/ppo_cartpole.yaml's).
+PPO_CARTPOLE = [
+    "algo=ppo", "num_envs=8", "algo.num_steps=32", "algo.gamma=0.98", "algo.gae_lambda=0.8",
+    "algo.learning_rate=0.001", "algo.update_epochs=20", "algo.num_minibatches=1",
+    "algo.ent_coef=0.0",
+]  # fmt: skip
+
+# A user's package registering a gymnax env: a corridor of 5 cells walked right to the last,
+# -1 per step, the observation (cell / 4, 1) as a Box. The shortest walk returns -4.
+USER_MODULE = """
+import jax
+import jax.numpy as jnp
+from flax import struct
+import gymnax
+from gymnax.environments import environment, spaces
+
+
+@struct.dataclass
+class State(environment.EnvState):
+    cell: jax.Array
+
+
+class Corridor(environment.Environment):
+    @property
+    def default_params(self):
+        return environment.EnvParams(max_steps_in_episode=20)
+
+    def step_env(self, key, state, action, params):
+        cell = jnp.clip(state.cell + jnp.where(action == 1, 1, -1), 0, 4)
+        state = State(time=state.time + 1, cell=cell)
+        return self.get_obs(state), state, jnp.float32(-1.0), cell == 4, {}
+
+    def reset_env(self, key, params):
+        state = State(time=0, cell=jnp.int32(0))
+        return self.get_obs(state), state
+
+    def get_obs(self, state, params=None, key=None):
+        return jnp.array([state.cell / 4.0, 1.0], dtype=jnp.float32)
+
+    def action_space(self, params=None):
+        return spaces.Discrete(2)
+
+    def observation_space(self, params):
+        return spaces.Box(0.0, 1.0, (2,), jnp.float32)
+
+
+gymnax.register("usertask/Corridor-v0", lambda **kwargs: Corridor())
+"""
+
+
+def _cfg(env_id: str, max_steps: int | None = None, **values: object) -> GymnaxTaskConfig:
+    from rlspeed.core.tasks.gymnax import settle
+
+    return settle(GymnaxTaskConfig(id=env_id, max_steps=max_steps, **values))
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Breakout-MinAtar", "Pendulum-v1"])
+def test_the_twin_steps_as_gymnax_does(env_id):
+    """Key for key, the twin's start and steps are gymnax's ``reset_env``/``step_env``: the
+    same observations (as float32), rewards and natural ends."""
+    import gymnax
+
+    env, params = gymnax.make(env_id)
+    twin = make_functional(_cfg(env_id))
+    key = jax.random.key(3)
+    obs, state = env.reset_env(key, params)
+    ours = twin.initial(key)
+    np.testing.assert_array_equal(ours.obs, np.asarray(obs, np.float32))
+    for t in range(40):
+        step_key = jax.random.fold_in(key, t)
+        action = twin.action_space.sample()
+        obs, state, reward, terminated, _ = env.step_env(step_key, state, action, params)
+        ours = twin.transition(ours, jnp.asarray(action), step_key)
+        np.testing.assert_array_equal(twin.observation(ours), np.asarray(obs, np.float32))
+        assert float(twin.reward(None, action, ours)) == pytest.approx(float(reward))
+        assert bool(twin.terminal(ours)) == bool(terminated)
+        if bool(terminated):
+            break
+
+
+def _vmap_env(env_id: str, num_envs: int, max_steps: int | None = None):
+    from rlspeed.core.envs.vmap import VmapEnv
+
+    cfg = _cfg(env_id, max_steps)
+    return VmapEnv(make_functional(cfg), num_envs, cfg.max_steps)
+
+
+def test_jit_and_vmap_over_seeds_with_rlspeeds_dtypes():
+    """Two seeds' envs as lanes of one jitted program: their own streams, float32
+    observations and rewards, boolean end flags."""
+    env = _vmap_env("Breakout-MinAtar", 4)
+    init = jax.jit(jax.vmap(env.init))
+    step = jax.jit(jax.vmap(env.step))
+    state = init(jax.random.split(jax.random.key(0), 2))
+    assert state.obs.shape == (2, 4, 10, 10, 4) and state.obs.dtype == jnp.float32
+    actions = jnp.zeros((2, 4), jnp.int32)
+    for _ in range(5):
+        state, result = step(state, actions)
+    assert result.reward.dtype == jnp.float32
+    assert result.terminated.dtype == jnp.bool_ and result.truncated.dtype == jnp.bool_
+    assert not np.array_equal(state.obs[0], state.obs[1])  # each seed its own envs
+
+
+def test_an_ended_episode_keeps_its_final_observation_and_says_why():
+    """At task.max_steps an episode is truncated (not terminated) and its final observation
+    is the step's, not the next episode's start; at a natural end it is terminated."""
+    env = _vmap_env("CartPole-v1", 1, max_steps=5)
+    state = env.init(jax.random.key(1))
+    for t in range(5):
+        before = state
+        state, result = env.step(state, jnp.array([t % 2], jnp.int32))
+    assert bool(result.truncated[0]) and not bool(result.terminated[0])
+    assert not np.allclose(result.final_obs, result.obs)  # the next episode has begun
+    assert int(result.episode_length[0]) == 5
+    # Pushed one way, the pole falls: a termination, whose final observation is past the edge.
+    env = _vmap_env("CartPole-v1", 1)
+    state = env.init(jax.random.key(2))
+    for _ in range(100):
+        before = state
+        state, result = env.step(before, jnp.array([1], jnp.int32))
+        if bool(result.terminated[0]):
+            break
+    assert bool(result.terminated[0]) and not bool(result.truncated[0])
+    assert abs(float(result.final_obs[0, 2])) > 0.2  # beyond 12 degrees: the end it had
+    assert abs(float(result.obs[0, 2])) <= 0.05  # a fresh start
+
+
+def test_the_gymnasium_face_resumes_exactly():
+    """The face hands its key and state over (rlspeed_get_state): put back into a fresh env,
+    the same actions give the same episode as the original's."""
+    from rlspeed.core.engines.env_state import unsaved_state
+
+    cfg = _cfg("Breakout-MinAtar", 50)
+    env, copy = make_env(cfg), make_env(cfg)
+    assert unsaved_state(env) is None
+    env.reset(seed=7)
+    for _ in range(3):
+        env.step(1)
+    copy.reset(seed=0)
+    copy.unwrapped.rlspeed_set_state(env.unwrapped.rlspeed_get_state())
+    for _ in range(20):
+        a, b = env.step(2), copy.step(2)
+        np.testing.assert_array_equal(a[0], b[0])
+        assert a[1:4] == b[1:4]
+
+
+@pytest.mark.parametrize(
+    ("backend", "engine"),
+    [("flax", "jax-vmap"), ("torch", "jax-vmap"), ("flax", "gym-sync"), ("torch", "gym-async")],
+)
+def test_every_stack_trains_on_the_same_env(tmp_path, backend, engine):
+    run_dir = tmp_path / "run"
+    args = ["task=gymnax", "task.id=CartPole-v1", *PPO_CARTPOLE, f"backend={backend}"]
+    budget = ["total_steps=2048", "log_every=1024", "eval_every=2048", f"env={engine}"]
+    result = run_cli([*args, *budget, *TINY, f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["status"] == "FINISHED" and metrics["env_steps"] >= 2048
+    assert 8 <= metrics["score"] <= 500  # CartPole-v1's bounds, whatever the agent
+
+
+def test_ppo_learns_cartpole_fused(tmp_path):
+    """gymnax's CartPole in the fused program: PPO's CartPole settings, 3 seeds, 102k steps
+    each (about 15 s)."""
+    run_dir = tmp_path / "run"
+    args = ["task=gymnax", "task.id=CartPole-v1", *PPO_CARTPOLE, "num_seeds=3"]
+    budget = ["total_steps=102400", "log_every=10240", "eval_every=51200"]
+    result = run_cli([*args, *budget, *TINY, f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    # A random policy scores about 22; each seed's greedy agent holds the pole far longer.
+    scores = [seed["score"] for seed in metrics["seeds"]]
+    assert min(scores) >= 250, scores
+
+
+def test_dqn_runs_a_minatar_game_fused(tmp_path):
+    """MinAtar's 10x10x4 grids reach DQN's network (flattened, until a CNN torso exists)."""
+    run_dir = tmp_path / "run"
+    args = ["task=gymnax", "task.id=Breakout-MinAtar", "algo=dqn", "num_envs=8"]
+    budget = ["total_steps=2000", "algo.learning_starts=500", "log_every=1000"]
+    result = run_cli([*args, *budget, *TINY, f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["status"] == "FINISHED" and metrics["gradient_updates"] > 0
+
+
+def test_a_users_registered_env_trains_fused(tmp_path):
+    """task.import registers the user's gymnax env; PPO walks its corridor."""
+    folder = tmp_path / "pkg"
+    folder.mkdir()
+    (folder / "usertask_gymnax.py").write_text(USER_MODULE)
+    run_dir = tmp_path / "run"
+    args = ["task=gymnax", "task.import=usertask_gymnax", "task.id=usertask/Corridor-v0"]
+    budget = ["algo=ppo", "num_envs=8", "total_steps=8192", "log_every=4096", "eval_every=8192"]
+    result = run_cli(
+        [*args, *budget, *TINY, f"hydra.run.dir={run_dir}"],
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(folder)},
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["score"] == -4.0  # the shortest walk
+
+
+@pytest.mark.parametrize(
+    ("args", "fragments"),
+    [
+        (["task.id=Nope-v0"], ["task.id=Nope-v0", "a registered gymnax id", "CartPole-v1"]),
+        (["task.id=CartPole-v1", "algo=td3"], ["algo=td3", "Discrete(2)", "dqn", "ppo"]),
+        (["task.id=Pendulum-v1", "algo=dqn"], ["algo=dqn", "Box(-2.0, 2.0, (1,)", "td3"]),
+        (["task.id=CartPole-v1", "task.max_steps=0"], ["task.max_steps=0", "own limit: 500"]),
+        (["task.id=CartPole-v1", "+task.kwargs.nope=1"], ["task.kwargs=", "CartPole-v1 takes"]),
+    ],
+)
+def test_what_cannot_work_is_one_line(tmp_path, args, fragments):
+    result = run_cli(["task=gymnax", *args, *TINY], cwd=tmp_path)
+    assert_one_line_error(result, *fragments)
+    assert not (tmp_path / "outputs").exists()

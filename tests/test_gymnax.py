@@ -9,6 +9,7 @@ selection collects this file without it."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -28,13 +29,12 @@ PPO_CARTPOLE = [
     "algo.ent_coef=0.0",
 ]  # fmt: skip
 
-# A user's package registering a gymnax env: a corridor of 5 cells walked right to the last,
-# -1 per step, the observation (cell / 4, 1) as a Box. The shortest walk returns -4.
-USER_MODULE = """
+# A user's gymnax env: a corridor of 5 cells walked right to the last, -1 per step, the
+# observation (cell / 4, 1) as a Box. The shortest walk returns -4.
+USER_ENV = """
 import jax
 import jax.numpy as jnp
 from flax import struct
-import gymnax
 from gymnax.environments import environment, spaces
 
 
@@ -65,10 +65,26 @@ class Corridor(environment.Environment):
 
     def observation_space(self, params):
         return spaces.Box(0.0, 1.0, (2,), jnp.float32)
-
+"""
+# The user's package registering it with gymnax, for task.import.
+USER_MODULE = """
+import gymnax
+from usertask_corridor import Corridor
 
 gymnax.register("usertask/Corridor-v0", lambda **kwargs: Corridor())
 """
+CORRIDOR_PPO = ["algo=ppo", "num_envs=8", "total_steps=8192", "log_every=4096"]
+
+
+@pytest.fixture
+def user_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """The user's env and registering module on this process's path and the CLI's."""
+    folder = tmp_path / "pkg"
+    folder.mkdir()
+    (folder / "usertask_corridor.py").write_text(USER_ENV)
+    (folder / "usertask_gymnax.py").write_text(USER_MODULE)
+    monkeypatch.syspath_prepend(str(folder))
+    return {"PYTHONPATH": str(folder)}
 
 
 def _cfg(env_id: str, max_steps: int | None = None, **values: object) -> GymnaxTaskConfig:
@@ -207,22 +223,31 @@ def test_dqn_runs_a_minatar_game_fused(tmp_path):
     assert metrics["status"] == "FINISHED" and metrics["gradient_updates"] > 0
 
 
-def test_a_users_registered_env_trains_fused(tmp_path):
+def test_a_users_registered_env_trains_fused(tmp_path, user_package):
     """task.import registers the user's gymnax env; PPO walks its corridor."""
-    folder = tmp_path / "pkg"
-    folder.mkdir()
-    (folder / "usertask_gymnax.py").write_text(USER_MODULE)
     run_dir = tmp_path / "run"
     args = ["task=gymnax", "task.import=usertask_gymnax", "task.id=usertask/Corridor-v0"]
-    budget = ["algo=ppo", "num_envs=8", "total_steps=8192", "log_every=4096", "eval_every=8192"]
-    result = run_cli(
-        [*args, *budget, *TINY, f"hydra.run.dir={run_dir}"],
-        cwd=tmp_path,
-        env={"PYTHONPATH": str(folder)},
-    )
+    budget = [*CORRIDOR_PPO, "eval_every=8192", f"hydra.run.dir={run_dir}"]
+    result = run_cli([*args, *budget, *TINY], cwd=tmp_path, env=user_package)
     assert result.returncode == 0, result.stderr[-2000:]
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["score"] == -4.0  # the shortest walk
+
+
+def test_a_users_env_object_trains_from_python(tmp_path, user_package, monkeypatch):
+    """An env object, no registry of the user's: rlspeed.train(task=gymnax_task(...))."""
+    from usertask_corridor import Corridor
+
+    import rlspeed
+    from rlspeed.core.tasks.gymnax import gymnax_task
+
+    monkeypatch.chdir(tmp_path)
+    task = gymnax_task("corridor", Corridor())
+    overrides = {key: value for key, value in (arg.split("=") for arg in CORRIDOR_PPO)}
+    result = rlspeed.train(task=task, tracking="none", out_dir=tmp_path / "run", **overrides)
+    assert result.score == -4.0
+    saved = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert saved["status"] == "FINISHED" and saved["env_steps"] >= 8192
 
 
 @pytest.mark.parametrize(

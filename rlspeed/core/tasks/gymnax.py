@@ -24,6 +24,7 @@ from rlspeed.errors import ConfigError, one_line
 
 if TYPE_CHECKING:
     import gymnasium as gym
+    from gymnax.environments.environment import Environment
 
     from rlspeed.core.envs.gymnax import GymnaxTwin
 
@@ -161,3 +162,21 @@ SPEC = TaskSpec(
     truncates_only_at_time_limit=True,
     env_runs_jax=True,
 )
+
+
+def gymnax_task(name: str, env: Environment[Any, Any]) -> TaskSpec:
+    """A task of a user's own env in gymnax's interface (an ``Environment`` object, with its
+    ``default_params``), without a module of its own: ``rlspeed.train(task=gymnax_task(
+    "corridor", Corridor()), ...)``. It is ``task=gymnax`` with the env registered in gymnax
+    under ``name`` (``task.id``, ``task.name``), for this process: ``env=gym-async``'s
+    workers are other processes, which need a module registering it (``task.import``)."""
+    gymnax = _gymnax()
+    if name not in gymnax.registered_envs:
+        gymnax.register(name, lambda **kwargs: env)
+    schema = type(
+        f"{type(env).__name__}TaskConfig",
+        (GymnaxTaskConfig,),
+        {"__annotations__": {"name": "str", "id": "str"}, "name": name, "id": name},
+    )
+    dataclasses.dataclass(frozen=True, init=False)(schema)
+    return dataclasses.replace(SPEC, name=name, schema=schema)

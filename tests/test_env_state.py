@@ -36,7 +36,6 @@ from tests.conftest import (
     logged_rows,
     run_cli,
     saved_agent,
-    slow_but,
     start_cli,
 )
 
@@ -207,17 +206,17 @@ def _cut_after_first_log(args: list[str], cwd: Path) -> None:
     assert proc.returncode == 128 + signal.SIGTERM, "".join(lines)[-2000:]
 
 
+# Whole processes, all slow: the default selection checks the same states in one process
+# (test_a_saved_env_steps_on_as_the_original_does) and a SIGTERM resume in test_resume.py.
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("walk", "engine"),
-    slow_but(
+    [
         ("HookedDequeWalk", "gym-sync"),
-        [
-            ("HookedDequeWalk", "gym-sync"),
-            ("HookedDequeWalk", "gym-async"),  # the hook runs in the worker processes
-            ("ListWalk", "gym-sync"),
-            ("DictWalk", "gym-sync"),
-        ],
-    ),
+        ("HookedDequeWalk", "gym-async"),  # the hook runs in the worker processes
+        ("ListWalk", "gym-sync"),
+        ("DictWalk", "gym-sync"),
+    ],
 )
 def test_sigterm_then_resume_ends_like_an_uninterrupted_run(
     tmp_path: Path, walk: str, engine: str

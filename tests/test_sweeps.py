@@ -26,7 +26,7 @@ from hydra_plugins.rlspeed_optuna_sweeper._space import build
 from rlspeed.cli import CONF_DIR
 from rlspeed.sweep import open_storage
 from rlspeed.validation import check
-from tests.conftest import run_cli, script_sources, slow_but, start_cli, wait_for_log
+from tests.conftest import run_cli, script_sources, start_cli, wait_for_log
 
 # Tiny trials: torch on 4 synchronous envs, 3000 env steps, a report every 1000 steps.
 TINY = [
@@ -231,7 +231,8 @@ RESULTS_SWEEPS = {
 }  # fmt: skip
 
 
-@pytest.mark.parametrize("sweep", slow_but("one at a time", list(RESULTS_SWEEPS)))
+@pytest.mark.slow  # fault injection in a whole sweep
+@pytest.mark.parametrize("sweep", list(RESULTS_SWEEPS))
 def test_results_the_sweep_folder_cannot_take_are_one_line_and_lose_nothing(tmp_path, sweep):
     """The sweep folder takes no more files when the sweep writes its results (a full disk;
     here plots/ is a file, so no plot can be written): one line names the file and the error,

@@ -29,6 +29,7 @@ from rlspeed.core.algos.td3.flax import (
     QNetwork,
     actor_critic_program,
     box_spaces,
+    critic_step,
 )
 from rlspeed.core.envs.vmap import VmapEnv
 from rlspeed.core.tasks import Policy
@@ -137,22 +138,11 @@ class SACFunctions:
         next_actions, next_log_prob = self.policy(agent.actor_params, batch.next_obs, normal)
         next_q = self.critics(agent.critic_target, batch.next_obs, next_actions).min(axis=0)
         target = batch.rewards + algo.gamma * (1.0 - batch.dones) * (next_q - alpha * next_log_prob)
-
-        def loss_fn(params: VariableDict) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
-            q = self.critics(params, batch.obs, batch.actions)
-            losses = jnp.mean((q - target) ** 2, axis=1)
-            return losses.sum(), (losses, q.mean(axis=1))
-
-        (_, (losses, q_means)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-            agent.critic_params
+        critics, opt_state = agent.critic_params, agent.critic_opt_state
+        params, opt_state, losses, q_means = critic_step(
+            self.critics, self.q_optimizer, critics, opt_state, batch, target
         )
-        updates, opt_state = self.q_optimizer.update(
-            grads, agent.critic_opt_state, agent.critic_params
-        )
-        agent = agent._replace(
-            critic_params=optax.apply_updates(agent.critic_params, updates),
-            critic_opt_state=opt_state,
-        )
+        agent = agent._replace(critic_params=params, critic_opt_state=opt_state)
         metrics = {
             "losses/qf1_values": q_means[0],
             "losses/qf2_values": q_means[1],

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.utils.dlpack import from_dlpack
 
@@ -133,17 +132,13 @@ class TorchLearner(ActorCriticLearner):
                 self.qf1_target(next_obs, next_actions), self.qf2_target(next_obs, next_actions)
             )
             target = rewards + algo.gamma * (1.0 - dones) * (next_q - alpha * next_log_prob)
-        q1, q2 = self.qf1(obs, actions), self.qf2(obs, actions)
-        qf1_loss, qf2_loss = F.mse_loss(q1, target), F.mse_loss(q2, target)
-        self.q_optimizer.zero_grad()
-        (qf1_loss + qf2_loss).backward()  # type: ignore[no-untyped-call]  # unannotated in torch
-        self.q_optimizer.step()
+        q1, q2, qf1_loss, qf2_loss = self.critic_step(obs, actions, target)
         metrics = {
-            "losses/qf1_values": q1.detach().mean(),
-            "losses/qf2_values": q2.detach().mean(),
-            "losses/qf1_loss": qf1_loss.detach(),
-            "losses/qf2_loss": qf2_loss.detach(),
-            "losses/qf_loss": (qf1_loss.detach() + qf2_loss.detach()) / 2,
+            "losses/qf1_values": q1.mean(),
+            "losses/qf2_values": q2.mean(),
+            "losses/qf1_loss": qf1_loss,
+            "losses/qf2_loss": qf2_loss,
+            "losses/qf_loss": (qf1_loss + qf2_loss) / 2,
             "losses/alpha": alpha,
         }
         self.updates += 1

@@ -100,6 +100,28 @@ class Agent(NamedTuple):
     critic_opt_state: optax.OptState
 
 
+def critic_step(
+    critics: Callable[[VariableDict, jax.Array, jax.Array], jax.Array],
+    optimizer: optax.GradientTransformation,
+    params: VariableDict,
+    opt_state: optax.OptState,
+    batch: Batch[jax.Array],
+    target: jax.Array,
+) -> tuple[VariableDict, optax.OptState, jax.Array, jax.Array]:
+    """One step of the twin critics' (``critics``: Q1 and Q2 stacked) regression onto
+    ``target`` [B], TD3's and SAC's alike: the new parameters and optimizer state, and each
+    critic's loss and mean value [2]."""
+
+    def loss_fn(params: VariableDict) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+        q = critics(params, batch.obs, batch.actions)
+        losses = jnp.mean((q - target) ** 2, axis=1)
+        return losses.sum(), (losses, q.mean(axis=1))
+
+    (_, (losses, q_means)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, losses, q_means
+
+
 class ActorCriticFunctions(Protocol):
     """The pure functions of an actor-critic replay algorithm (TD3's, SAC's) that its host
     learner (``ActorCriticLearner``) and fused program (``actor_critic_program``) call. The
@@ -201,26 +223,14 @@ class TD3Functions:
         )
         next_q = self.critics(agent.critic_target, batch.next_obs, next_actions).min(axis=0)
         target = batch.rewards + algo.gamma * (1.0 - batch.dones) * next_q
-
-        def loss_fn(params: VariableDict) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
-            q = self.critics(params, batch.obs, batch.actions)
-            losses = jnp.mean((q - target) ** 2, axis=1)
-            return losses.sum(), (losses, q[0].mean())
-
-        (_, (losses, q1_mean)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-            agent.critic_params
+        params, opt_state, losses, q_means = critic_step(
+            self.critics, self.optimizer, agent.critic_params, agent.critic_opt_state, batch, target
         )
-        updates, opt_state = self.optimizer.update(
-            grads, agent.critic_opt_state, agent.critic_params
-        )
-        agent = agent._replace(
-            critic_params=optax.apply_updates(agent.critic_params, updates),
-            critic_opt_state=opt_state,
-        )
+        agent = agent._replace(critic_params=params, critic_opt_state=opt_state)
         metrics = {
             "losses/qf1_loss": losses[0],
             "losses/qf2_loss": losses[1],
-            "losses/qf1_values": q1_mean,
+            "losses/qf1_values": q_means[0],
         }
         return agent, metrics
 

@@ -93,6 +93,21 @@ class ActorCriticLearner(ReplayLearner):
 
     generator: torch.Generator
     updates: int
+    qf1: QNetwork
+    qf2: QNetwork
+    q_optimizer: torch.optim.Optimizer
+
+    def critic_step(
+        self, obs: torch.Tensor, actions: torch.Tensor, target: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One step of the twin critics' regression onto ``target`` [B], TD3's and SAC's
+        alike: Q1's and Q2's values and losses, detached."""
+        q1, q2 = self.qf1(obs, actions), self.qf2(obs, actions)
+        qf1_loss, qf2_loss = F.mse_loss(q1, target), F.mse_loss(q2, target)
+        self.q_optimizer.zero_grad()
+        (qf1_loss + qf2_loss).backward()  # type: ignore[no-untyped-call]  # unannotated in torch
+        self.q_optimizer.step()
+        return q1.detach(), q2.detach(), qf1_loss.detach(), qf2_loss.detach()
 
     def _networks_and_optimizers(self) -> dict[str, nn.Module | torch.optim.Optimizer]:
         """What the agent file and the resume state hold of the learner, by name."""
@@ -179,15 +194,11 @@ class TorchLearner(ActorCriticLearner):
                 self.qf1_target(next_obs, next_actions), self.qf2_target(next_obs, next_actions)
             )
             target = rewards + algo.gamma * (1.0 - dones) * next_q
-        q1, q2 = self.qf1(obs, actions), self.qf2(obs, actions)
-        qf1_loss, qf2_loss = F.mse_loss(q1, target), F.mse_loss(q2, target)
-        self.q_optimizer.zero_grad()
-        (qf1_loss + qf2_loss).backward()  # type: ignore[no-untyped-call]  # unannotated in torch
-        self.q_optimizer.step()
+        q1, _, qf1_loss, qf2_loss = self.critic_step(obs, actions, target)
         metrics = {
-            "losses/qf1_loss": qf1_loss.detach(),
-            "losses/qf2_loss": qf2_loss.detach(),
-            "losses/qf1_values": q1.detach().mean(),
+            "losses/qf1_loss": qf1_loss,
+            "losses/qf2_loss": qf2_loss,
+            "losses/qf1_values": q1.mean(),
         }
         self.updates += 1
         if is_actor_step(self.updates, algo):

@@ -264,3 +264,24 @@ def test_what_cannot_work_is_one_line(tmp_path, args, fragments):
     result = run_cli(["task=gymnax", *args, *TINY], cwd=tmp_path)
     assert_one_line_error(result, *fragments)
     assert not (tmp_path / "outputs").exists()
+
+
+def test_a_name_given_again_takes_the_new_object_and_a_gymnax_id_is_refused(user_package):
+    from usertask_corridor import Corridor
+
+    from rlspeed.core.tasks.gymnax import env_facts, gymnax_task
+    from rlspeed.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="invalid task=CartPole-v1: expected a name that is"):
+        gymnax_task("CartPole-v1", Corridor())
+
+    class Wider(Corridor):
+        def observation_space(self, params):
+            from gymnax.environments import spaces
+
+            return spaces.Box(0.0, 1.0, (3,), jnp.float32)
+
+    first = gymnax_task("again", Corridor())
+    assert env_facts(first.schema()).observation_space.shape == (2,)
+    second = gymnax_task("again", Wider())
+    assert env_facts(second.schema()).observation_space.shape == (3,)

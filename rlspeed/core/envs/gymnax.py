@@ -66,6 +66,9 @@ class GymnaxTwin:
             self.observation_space = gymnasium_space(env.observation_space(params), True)
             self.action_space = gymnasium_space(env.action_space(params), False)
         self._obs_dtype = self.observation_space.dtype
+        # Compiled once per twin: every Gymnasium face of these settings steps with them.
+        self.jitted_initial = jax.jit(self.initial)
+        self.jitted_transition = jax.jit(self.transition)
 
     def _observed(self, obs: jax.Array) -> jax.Array:
         return jnp.asarray(obs).astype(self._obs_dtype)
@@ -120,8 +123,7 @@ class GymnaxGymEnv(gym.Env[np.ndarray, Any]):
     def __init__(self, twin: GymnaxTwin) -> None:
         self.observation_space = twin.observation_space
         self.action_space = twin.action_space
-        self._initial = jax.jit(twin.initial)
-        self._transition = jax.jit(twin.transition)
+        self._initial, self._transition = twin.jitted_initial, twin.jitted_transition
         self._key = jax.random.key(0)
         self._state: GymnaxState | None = None
 

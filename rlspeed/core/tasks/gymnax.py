@@ -109,11 +109,18 @@ def validate(cfg: GymnaxTaskConfig) -> None:
 
 
 def make_functional(cfg: GymnaxTaskConfig) -> GymnaxTwin:
-    """The env's twin, its own limit (``max_steps_in_episode``) set to ``task.max_steps``."""
+    """The env's twin, its own limit (``max_steps_in_episode``) set to ``task.max_steps``:
+    one per settings in a process, so the envs of a run share its compiled functions."""
+    kwargs = json.dumps(settings_kwargs(cfg), sort_keys=True)
+    return _twin(getattr(cfg, "import"), str(cfg.id), kwargs, cast(int, cfg.max_steps))
+
+
+@functools.cache
+def _twin(module: str | None, env_id: str, kwargs_json: str, max_steps: int) -> GymnaxTwin:
     from rlspeed.core.envs.gymnax import GymnaxTwin
 
-    env, params = _make(getattr(cfg, "import"), str(cfg.id), settings_kwargs(cfg))
-    return GymnaxTwin(env, params.replace(max_steps_in_episode=cfg.max_steps))
+    env, params = _make(module, env_id, json.loads(kwargs_json))
+    return GymnaxTwin(env, params.replace(max_steps_in_episode=max_steps))
 
 
 def make_env(cfg: GymnaxTaskConfig) -> gym.Env:
@@ -164,6 +171,10 @@ SPEC = TaskSpec(
 )
 
 
+# The env objects of gymnax_task, by name: the factory it registers with gymnax reads them.
+_OBJECTS: dict[str, Environment[Any, Any]] = {}
+
+
 def gymnax_task(name: str, env: Environment[Any, Any]) -> TaskSpec:
     """A task of a user's own env in gymnax's interface (an ``Environment`` object, with its
     ``default_params``), without a module of its own: ``rlspeed.train(task=gymnax_task(
@@ -171,8 +182,16 @@ def gymnax_task(name: str, env: Environment[Any, Any]) -> TaskSpec:
     under ``name`` (``task.id``, ``task.name``), for this process: ``env=gym-async``'s
     workers are other processes, which need a module registering it (``task.import``)."""
     gymnax = _gymnax()
-    if name not in gymnax.registered_envs:
-        gymnax.register(name, lambda **kwargs: env)
+    if name in gymnax.registered_envs and name not in _OBJECTS:
+        allowed = "a name that is not a gymnax id already (gymnax.registered_envs)"
+        raise ConfigError("task", name, allowed)
+    if name not in _OBJECTS:
+        gymnax.register(name, lambda **kwargs: _OBJECTS[name])
+    # A name given again (a notebook's cell run anew) takes the new object: what was read
+    # and built of the old one goes.
+    _OBJECTS[name] = env
+    _read_env.cache_clear()
+    _twin.cache_clear()
     schema = type(
         f"{type(env).__name__}TaskConfig",
         (GymnaxTaskConfig,),

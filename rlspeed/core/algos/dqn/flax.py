@@ -58,6 +58,18 @@ class Agent(NamedTuple):
     opt_state: optax.OptState
 
 
+def epsilon_greedy(
+    greedy: jax.Array, key: jax.Array, epsilon: jax.Array, n_actions: int
+) -> jax.Array:
+    """The ``greedy`` actions [B], each replaced with probability ``epsilon`` by a uniformly
+    random one of ``n_actions`` (DQN's and PQN's exploration), as int32."""
+    explore_key, action_key = jax.random.split(key)
+    n = greedy.shape[0]
+    explore = jax.random.uniform(explore_key, (n,)) < epsilon
+    random = jax.random.randint(action_key, (n,), 0, n_actions, dtype=jnp.int32)
+    return jnp.where(explore, random, greedy.astype(jnp.int32))
+
+
 class DQNFunctions:
     """Pure functions of one DQN configuration: init, act, update, target sync."""
 
@@ -87,12 +99,8 @@ class DQNFunctions:
     def act(
         self, params: VariableDict, obs: jax.Array, key: jax.Array, epsilon: jax.Array
     ) -> jax.Array:
-        greedy = apply_output(self.network, params, obs).argmax(axis=1).astype(jnp.int32)
-        explore_key, action_key = jax.random.split(key)
-        n = obs.shape[0]
-        explore = jax.random.uniform(explore_key, (n,)) < epsilon
-        random = jax.random.randint(action_key, (n,), 0, self.n_actions, dtype=jnp.int32)
-        return jnp.where(explore, random, greedy)
+        greedy = apply_output(self.network, params, obs).argmax(axis=1)
+        return epsilon_greedy(greedy, key, epsilon, self.n_actions)
 
     def greedy(self, params: VariableDict, obs: jax.Array) -> jax.Array:
         actions: jax.Array = apply_output(self.network, params, obs).argmax(axis=1)

@@ -41,6 +41,19 @@ def greedy_actions(q_network: nn.Module, obs: np.ndarray) -> np.ndarray:
     return q.argmax(dim=1).cpu().numpy()
 
 
+def epsilon_greedy(
+    greedy: torch.Tensor, epsilon: float, n_actions: int, generator: torch.Generator
+) -> torch.Tensor:
+    """The ``greedy`` actions [B] (on the CPU), each replaced with probability ``epsilon``
+    by a uniformly random one of ``n_actions`` (DQN's and PQN's exploration). Drawn on the
+    CPU ``generator``: the same exploration on every device."""
+    n = len(greedy)
+    explore = torch.rand(n, generator=generator) < epsilon
+    random = torch.randint(n_actions, (n,), generator=generator)
+    # int32 is what the JAX engine takes with x64 disabled; on the CPU, as engines take.
+    return torch.where(explore, random, greedy).to(torch.int32)
+
+
 class TorchLearner(DQNSchedule, ReplayLearner):
     def __init__(
         self,
@@ -71,12 +84,7 @@ class TorchLearner(DQNSchedule, ReplayLearner):
         # DLPack: NumPy arrays and JAX arrays become tensors without a copy (on one device).
         obs = from_dlpack(obs).to(self.device)
         greedy = self.q_network(obs).argmax(dim=1).cpu()
-        n = obs.shape[0]
-        # Drawn on the CPU generator: the same exploration on every device.
-        explore = torch.rand(n, generator=self.generator) < epsilon
-        random = torch.randint(self.n_actions, (n,), generator=self.generator)
-        # int32 is what the JAX engine takes with x64 disabled; on the CPU, as engines take.
-        return torch.where(explore, random, greedy).to(torch.int32)
+        return epsilon_greedy(greedy, epsilon, self.n_actions, self.generator)
 
     def greedy(self, obs: np.ndarray) -> np.ndarray:
         return greedy_actions(self.q_network, obs)

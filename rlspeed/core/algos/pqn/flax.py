@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from rlspeed.core.algos.dqn.flax import epsilon_greedy
 from rlspeed.core.algos.encoding import one_hot_classes
 from rlspeed.core.algos.loops.fused import FusedTrainer, saved_agent_policies
 from rlspeed.core.algos.networks.flax import MLP, apply_output
@@ -99,13 +100,9 @@ class PQNFunctions:
     ) -> tuple[jax.Array, jax.Array, jax.Array]:
         """Epsilon-greedy actions, as the rollouts store them: (actions, the same sent to the
         env, log-probabilities: zeros, which PQN does not read)."""
-        greedy = self.q_values(policy.q_params, obs).argmax(axis=1).astype(jnp.int32)
-        explore_key, action_key = jax.random.split(key)
-        n = obs.shape[0]
-        explore = jax.random.uniform(explore_key, (n,)) < self.epsilon(policy.steps)
-        random = jax.random.randint(action_key, (n,), 0, self.n_actions, dtype=jnp.int32)
-        actions = jnp.where(explore, random, greedy)
-        return actions, actions, jnp.zeros(n)
+        greedy = self.q_values(policy.q_params, obs).argmax(axis=1)
+        actions = epsilon_greedy(greedy, key, self.epsilon(policy.steps), self.n_actions)
+        return actions, actions, jnp.zeros(obs.shape[0])
 
     def values(self, policy: Behaviour, obs: jax.Array) -> jax.Array:
         """max_a Q(obs, a): what the Q(lambda) returns bootstrap from."""

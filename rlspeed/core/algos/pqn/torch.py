@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from torch.utils.dlpack import from_dlpack
 
-from rlspeed.core.algos.dqn.torch import greedy_actions
+from rlspeed.core.algos.dqn.torch import epsilon_greedy, greedy_actions
 from rlspeed.core.algos.networks.torch import MLP, from_numpy
 from rlspeed.core.algos.ppo import batches_in_run
 from rlspeed.core.algos.ppo.torch import MinibatchUpdates
@@ -74,13 +74,8 @@ class TorchLearner(MinibatchUpdates, RolloutLearner):
         env, log-probabilities: zeros, which PQN does not read)."""
         # DLPack: NumPy arrays and JAX arrays become tensors without a copy (on one device).
         greedy = self.q_network(from_dlpack(obs).to(self.device)).argmax(dim=1).cpu()
-        n = len(greedy)
-        # Drawn on the CPU generator: the same exploration on every device.
-        explore = torch.rand(n, generator=self.generator) < self.epsilon()
-        random = torch.randint(self.n_actions, (n,), generator=self.generator)
-        # int32 is what the JAX engine takes with x64 disabled.
-        actions = torch.where(explore, random, greedy).to(torch.int32)
-        return actions, actions, torch.zeros(n)
+        actions = epsilon_greedy(greedy, self.epsilon(), self.n_actions, self.generator)
+        return actions, actions, torch.zeros(len(greedy))
 
     @torch.no_grad()
     def values(self, obs: np.ndarray) -> np.ndarray:

@@ -73,7 +73,24 @@ from usertask_corridor import Corridor
 
 gymnax.register("usertask/Corridor-v0", lambda **kwargs: Corridor())
 """
+# The user's package offering it as an option of its own (task=corridor), through an
+# entry point of the rlspeed.tasks group.
+USER_PLUGIN = """
+from usertask_corridor import Corridor
+from rlspeed.core.tasks.gymnax import gymnax_task
+
+SPEC = gymnax_task("corridor", Corridor())
+"""
+USER_DISTRIBUTION = {
+    "METADATA": "Metadata-Version: 2.1\nName: usertask\nVersion: 0.1\n",
+    "entry_points.txt": "[rlspeed.tasks]\ncorridor = usertask_plugin:SPEC\n",
+}
 CORRIDOR_PPO = ["algo=ppo", "num_envs=8", "total_steps=8192", "log_every=4096"]
+# DQN walks the corridor in a few thousand steps: exploration decays over the first 2,000.
+CORRIDOR_DQN = [
+    "algo=dqn", "num_envs=4", "total_steps=6000", "log_every=3000", "algo.learning_starts=500",
+    "algo.exploration_fraction=0.3", "algo.train_frequency=4", "algo.target_network_frequency=200",
+]  # fmt: skip
 
 
 @pytest.fixture
@@ -83,8 +100,21 @@ def user_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, s
     folder.mkdir()
     (folder / "usertask_corridor.py").write_text(USER_ENV)
     (folder / "usertask_gymnax.py").write_text(USER_MODULE)
+    (folder / "usertask_plugin.py").write_text(USER_PLUGIN)
     monkeypatch.syspath_prepend(str(folder))
     return {"PYTHONPATH": str(folder)}
+
+
+@pytest.fixture
+def user_distribution(tmp_path: Path, user_package: dict[str, str]) -> dict[str, str]:
+    """The user's package installed, as pip leaves a distribution (its metadata folder on
+    the path), for the CLI's processes only: this one's plug-ins stay rlspeed's own."""
+    folder = tmp_path / "site"
+    metadata = folder / "usertask-0.1.dist-info"
+    metadata.mkdir(parents=True)
+    for name, text in USER_DISTRIBUTION.items():
+        (metadata / name).write_text(text)
+    return {"PYTHONPATH": f"{user_package['PYTHONPATH']}:{folder}"}
 
 
 def _cfg(env_id: str, max_steps: int | None = None, **values: object) -> GymnaxTaskConfig:
@@ -223,15 +253,28 @@ def test_dqn_runs_a_minatar_game_fused(tmp_path):
     assert metrics["status"] == "FINISHED" and metrics["gradient_updates"] > 0
 
 
-def test_a_users_registered_env_trains_fused(tmp_path, user_package):
-    """task.import registers the user's gymnax env; PPO walks its corridor."""
+@pytest.mark.parametrize("algo", [CORRIDOR_PPO, CORRIDOR_DQN], ids=["ppo", "dqn"])
+def test_a_users_registered_env_trains_fused(tmp_path, user_package, algo):
+    """task.import registers the user's gymnax env; PPO and DQN walk its corridor."""
     run_dir = tmp_path / "run"
     args = ["task=gymnax", "task.import=usertask_gymnax", "task.id=usertask/Corridor-v0"]
-    budget = [*CORRIDOR_PPO, "eval_every=8192", f"hydra.run.dir={run_dir}"]
+    budget = [*algo, f"hydra.run.dir={run_dir}"]
     result = run_cli([*args, *budget, *TINY], cwd=tmp_path, env=user_package)
     assert result.returncode == 0, result.stderr[-2000:]
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["score"] == -4.0  # the shortest walk
+
+
+def test_a_users_env_named_by_an_entry_point_is_an_option(tmp_path, user_distribution):
+    """An installed package's entry point names gymnax_task's spec: task=corridor, with no
+    task.import, on the fused path and on gym-async (whose workers load it too)."""
+    for engine in ("jax-vmap", "gym-async"):
+        run_dir = tmp_path / engine
+        args = ["task=corridor", *CORRIDOR_PPO, f"env={engine}", f"hydra.run.dir={run_dir}"]
+        result = run_cli([*args, *TINY], cwd=tmp_path, env=user_distribution)
+        assert result.returncode == 0, result.stderr[-2000:]
+        metrics = json.loads((run_dir / "metrics.json").read_text())
+        assert metrics["score"] == -4.0, engine
 
 
 def test_a_users_env_object_trains_from_python(tmp_path, user_package, monkeypatch):

@@ -175,27 +175,42 @@ SPEC = TaskSpec(
 _OBJECTS: dict[str, Environment[Any, Any]] = {}
 
 
-def gymnax_task(name: str, env: Environment[Any, Any]) -> TaskSpec:
-    """A task of a user's own env in gymnax's interface (an ``Environment`` object, with its
-    ``default_params``), without a module of its own: ``rlspeed.train(task=gymnax_task(
-    "corridor", Corridor()), ...)``. It is ``task=gymnax`` with the env registered in gymnax
-    under ``name`` (``task.id``, ``task.name``), for this process: ``env=gym-async``'s
-    workers are other processes, which need a module registering it (``task.import``)."""
+def _register(name: str, env: Environment[Any, Any]) -> None:
+    """``env`` as gymnax id ``name`` in this process. A name given again (a notebook's cell
+    run anew) takes the new object: what was read and built of the old one goes."""
     gymnax = _gymnax()
     if name in gymnax.registered_envs and name not in _OBJECTS:
         allowed = "a name that is not a gymnax id already (gymnax.registered_envs)"
         raise ConfigError("task", name, allowed)
     if name not in _OBJECTS:
         gymnax.register(name, lambda **kwargs: _OBJECTS[name])
-    # A name given again (a notebook's cell run anew) takes the new object: what was read
-    # and built of the old one goes.
-    _OBJECTS[name] = env
-    _read_env.cache_clear()
-    _twin.cache_clear()
+    if _OBJECTS.get(name) is not env:
+        _OBJECTS[name] = env
+        _read_env.cache_clear()
+        _twin.cache_clear()
+
+
+def _make_object_env(name: str, env: Environment[Any, Any], cfg: GymnaxTaskConfig) -> gym.Env:
+    """``make_env`` of a ``gymnax_task``: the object goes with it (pickled, to gym-async's
+    workers, which are new processes with no registry of it) and is registered first."""
+    _register(name, env)
+    return make_env(cfg)
+
+
+def gymnax_task(name: str, env: Environment[Any, Any]) -> TaskSpec:
+    """A task of a user's own env in gymnax's interface (an ``Environment`` object, with its
+    ``default_params``), without a module of its own: ``rlspeed.train(task=gymnax_task(
+    "corridor", Corridor()), ...)``, or an option of a package's own through an entry point
+    naming the spec (``[rlspeed.tasks] corridor = "my_envs:CORRIDOR"``). It is
+    ``task=gymnax`` with the env registered in gymnax under ``name`` (``task.id``,
+    ``task.name``); gym-async's workers get the object pickled, so its class must be
+    importable (not defined in a notebook)."""
+    _register(name, env)
     schema = type(
         f"{type(env).__name__}TaskConfig",
         (GymnaxTaskConfig,),
         {"__annotations__": {"name": "str", "id": "str"}, "name": name, "id": name},
     )
     dataclasses.dataclass(frozen=True, init=False)(schema)
-    return dataclasses.replace(SPEC, name=name, schema=schema)
+    make_env = functools.partial(_make_object_env, name, env)
+    return dataclasses.replace(SPEC, name=name, schema=schema, make_env=make_env)

@@ -53,9 +53,9 @@ NAMED_BY_HYDRA = ("hydra.output_subdir", "hydra.job.name")
 # Characters of a list or dict value on the command line: far more than any list of sizes;
 # Hydra's parser takes 0.6 s for 6,000 and hours for 600,000 (a 100,000-entry list).
 MAX_LIST_CHARS = 4096
-# Dicts whose keys are the user's (task=gym's keyword arguments for gym.make): Hydra adds a
-# key to one with +, as to any dict of a config.
-OPEN_DICTS = ("task.kwargs",)
+# Dicts whose keys are the user's (task=gym's keyword arguments for gym.make, task=gymnax's
+# env params): Hydra adds a key to one with +, as to any dict of a config.
+OPEN_DICTS = ("task.kwargs", "task.params")
 
 
 class OneLine(CompactHydraException):

@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 from rlspeed.core.tasks.gymnax import GymnaxTaskConfig, make_env, make_functional
-from tests.conftest import assert_one_line_error, run_cli
+from rlspeed.errors import ConfigError
+from tests.conftest import assert_one_line_error, run_cli, without_rates
 
 pytestmark = pytest.mark.gymnax
 
@@ -145,6 +146,74 @@ def test_the_twin_steps_as_gymnax_does(env_id):
         assert bool(twin.terminal(ours)) == bool(terminated)
         if bool(terminated):
             break
+
+
+def test_traced_env_params_step_as_gymnax_does_at_each_value():
+    """Env params as inputs of one program: CartPole's gravity vmapped over three values
+    steps each env as gymnax's ``step_env`` does at that value; params its spaces depend on
+    (x_threshold bounds the observations) stay constants, and task.params takes the env's
+    own names only."""
+    import gymnax
+
+    from rlspeed.core.tasks.gymnax import traced, validate
+
+    env, params = gymnax.make("CartPole-v1")
+    cfg = _cfg("CartPole-v1", params={"gravity": 9.8, "x_threshold": 3.0})
+    assert traced(cfg) == {"params.gravity": 9.8}
+    twin = make_functional(cfg)
+    assert twin.params.x_threshold == 3.0
+    gravities = jnp.array([2.0, 9.8, 30.0])
+    key = jax.random.key(5)
+
+    def walk(gravity):
+        moved = twin.with_params({"gravity": gravity})
+        state = moved.initial(key)
+        for t in range(20):
+            state = moved.transition(state, jnp.int32(t % 3 == 0), key)
+        return state.obs
+
+    traced_obs = jax.jit(jax.vmap(walk))(gravities)
+    for row, gravity in zip(traced_obs, gravities, strict=True):
+        at = params.replace(gravity=float(gravity), x_threshold=3.0, max_steps_in_episode=500)
+        obs, state = env.reset_env(key, at)
+        for t in range(20):
+            obs, state, *_ = env.step_env(key, state, jnp.int32(t % 3 == 0), at)
+        np.testing.assert_allclose(row, np.asarray(obs, np.float32), rtol=1e-5, atol=1e-6)
+    assert not np.allclose(traced_obs[0], traced_obs[2])  # gravity made a difference
+    with pytest.raises(ConfigError, match=r"task.params.gravty=1.0: expected one of CartPole"):
+        validate(_cfg("CartPole-v1", params={"gravty": 1.0}))
+
+
+def test_a_sweep_over_env_params_is_lanes_of_one_program(tmp_path):
+    """A batched sweep over a traced env param trains its trials as one program, and each
+    lane learns what a lone run of its trial learns (PPO: to float rounding)."""
+    from tests.test_batched_trials import _metrics, _trial_dirs
+
+    run = ["task=gymnax", "task.id=CartPole-v1", *PPO_CARTPOLE, "total_steps=1024"]
+    run += ["log_every=256", "tracking=none", "progress=none"]
+    sweep = ["hydra/sweeper=optuna", "hydra/sweeper/pruner=none", "hydra.sweeper.n_trials=3"]
+    sweep += ["hydra.sweeper.batch_size=3", "hydra.sweeper.sampler.seed=1"]
+    result = run_cli(["-m", *run, *sweep, "+task.params.gravity=interval(5.0,15.0)"], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "one program of 3 lane(s)" in result.stdout + result.stderr
+    trials = _trial_dirs(tmp_path)
+    gravities = {t: _config(trials[t])["task"]["params"]["gravity"] for t in trials}
+    assert len(set(gravities.values())) == 3
+    lone_dir = tmp_path / "alone"
+    alone = [*run, f"+task.params.gravity={gravities[1]}", f"hydra.run.dir={lone_dir}"]
+    result = run_cli(alone, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lane, lone = _metrics(trials[1]), _metrics(lone_dir)
+    for lane_row, lone_row in zip(lane["history"], lone["history"], strict=True):
+        expected = without_rates(lone_row)
+        assert without_rates(lane_row) == pytest.approx(expected, rel=1e-4, abs=1e-6)
+    assert lane["score"] == pytest.approx(lone["score"], rel=1e-4, abs=1e-6)
+
+
+def _config(folder: Path) -> dict:
+    import yaml
+
+    return yaml.safe_load((folder / ".hydra" / "config.yaml").read_text())
 
 
 def _vmap_env(env_id: str, num_envs: int, max_steps: int | None = None):
@@ -313,7 +382,6 @@ def test_a_name_given_again_takes_the_new_object_and_a_gymnax_id_is_refused(user
     from usertask_corridor import Corridor
 
     from rlspeed.core.tasks.gymnax import env_facts, gymnax_task
-    from rlspeed.errors import ConfigError
 
     with pytest.raises(ConfigError, match="invalid task=CartPole-v1: expected a name that is"):
         gymnax_task("CartPole-v1", Corridor())

@@ -33,7 +33,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from rlspeed.config import FUSED_STACK
 from rlspeed.errors import ConfigError
-from rlspeed.registry import ALGOS
+from rlspeed.registry import ALGOS, TASKS
 
 log = logging.getLogger(__name__)
 
@@ -51,14 +51,30 @@ def batches_trials(config: DictConfig, launcher: Any, batch_size: int) -> bool:
 
 
 def static_signature(task_cfg: DictConfig) -> str:
-    """The trial's config without its traced hyperparameters and its trial number: trials
-    with the same signature can share one program."""
+    """The trial's config without its traced values (the algorithm's hyperparameters, the
+    task's settings such as gymnax env params) and its trial number: trials with the same
+    signature can share one program."""
     plain = OmegaConf.to_container(task_cfg, resolve=True)
     assert isinstance(plain, dict)
     traced = ALGOS.get(task_cfg.algo.name).schema.TRACED
     plain["algo"] = {key: value for key, value in plain["algo"].items() if key not in traced}
+    for name in _traced_settings(task_cfg.task):
+        *parents, key = name.split(".")
+        node = plain["task"]
+        for parent in parents:
+            node = node[parent]
+        node.pop(key)
     plain.pop("trial", None)
     return json.dumps(plain, sort_keys=True, default=str)
+
+
+def _traced_settings(task_cfg: DictConfig) -> list[str]:
+    """The task's traced settings (``TaskSpec.traced``), by dotted name; none where the
+    settings cannot be read (the trial then fails on its own, in a group of its own)."""
+    try:
+        return list(TASKS.get(task_cfg.name).traced(OmegaConf.to_object(task_cfg)))
+    except ConfigError:
+        return []
 
 
 def launch_batched(

@@ -54,21 +54,64 @@ def gymnasium_space(space: gymnax_spaces.Space, observations: bool) -> gym.Space
     return converted
 
 
+def env_spaces(
+    env: Environment[Any, Any], params: EnvParams
+) -> tuple[gym.Space[Any], gym.Space[Any]]:
+    """The env's observation and action spaces at ``params``, as Gymnasium's."""
+    observations = gymnasium_space(env.observation_space(params), True)
+    return observations, gymnasium_space(env.action_space(params), False)
+
+
+def param_kinds(env: Environment[Any, Any], params: EnvParams) -> dict[str, str]:
+    """Each env param's name and kind: ``traced`` for one that can be an input of the
+    compiled program (a float scalar the spaces do not depend on: a program's shapes and
+    bounds are fixed), else ``int`` or ``constant``, compiled into it (a grid's size, a
+    bound of the observations)."""
+    spaces = env_spaces(env, params)
+    kinds = {}
+    for name, value in vars(params).items():
+        floating = isinstance(value, float) or (
+            isinstance(value, jax.Array | np.ndarray)
+            and value.ndim == 0
+            and jnp.issubdtype(value.dtype, jnp.floating)
+        )
+        if floating and env_spaces(env, params.replace(**{name: value * 2 + 1})) == spaces:
+            kinds[name] = "traced"
+        elif isinstance(value, int) or np.issubdtype(np.asarray(value).dtype, np.integer):
+            kinds[name] = "int"
+        else:
+            kinds[name] = "constant"
+    return kinds
+
+
 class GymnaxTwin:
     """gymnax's ``reset_env``/``step_env`` of one env and its params as the functional env
     ``rlspeed.core.envs.vmap.VmapEnv`` steps (``FunctionalEnv``)."""
 
-    def __init__(self, env: Environment[Any, Any], params: EnvParams) -> None:
+    def __init__(
+        self,
+        env: Environment[Any, Any],
+        params: EnvParams,
+        spaces: tuple[gym.Space[Any], gym.Space[Any]] | None = None,
+    ) -> None:
         self.env, self.params = env, params
-        # Built eagerly: gymnax computes some bounds with jax.numpy, and a twin may be made
-        # while a program is traced (the fused path's on-device scores).
-        with jax.ensure_compile_time_eval():
-            self.observation_space = gymnasium_space(env.observation_space(params), True)
-            self.action_space = gymnasium_space(env.action_space(params), False)
+        if spaces is None:
+            # Built eagerly: gymnax computes some bounds with jax.numpy, and a twin may be
+            # made while a program is traced (the fused path's on-device scores).
+            with jax.ensure_compile_time_eval():
+                spaces = env_spaces(env, params)
+        self.observation_space, self.action_space = spaces
         self._obs_dtype = self.observation_space.dtype
         # Compiled once per twin: every Gymnasium face of these settings steps with them.
         self.jitted_initial = jax.jit(self.initial)
         self.jitted_transition = jax.jit(self.transition)
+
+    def with_params(self, values: dict[str, jax.Array]) -> GymnaxTwin:
+        """This twin with env params ``values`` in place of its own, which may be tracers
+        (the fused program's inputs): only params its spaces do not depend on, whose spaces
+        it keeps (``param_kinds``)."""
+        spaces = (self.observation_space, self.action_space)
+        return GymnaxTwin(self.env, self.params.replace(**values), spaces)
 
     def _observed(self, obs: jax.Array) -> jax.Array:
         return jnp.asarray(obs).astype(self._obs_dtype)

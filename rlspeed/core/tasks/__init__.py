@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -41,6 +41,16 @@ MAXIMUMS = {"max_steps": MAX_STEPS, "eval_episodes": 10_000}
 
 def _as_given(cfg: TaskConfig) -> TaskConfig:
     """A task's settings as they are: nothing is left to its env."""
+    return cfg
+
+
+def _none_traced(cfg: TaskConfig) -> dict[str, float]:
+    """A task whose settings are all constants of the fused program."""
+    return {}
+
+
+def _with_nothing(cfg: TaskConfig, values: Mapping[str, Any]) -> TaskConfig:
+    assert not values, f"the task traces no setting: {sorted(values)}"
     return cfg
 
 
@@ -143,3 +153,10 @@ class TaskSpec:
     # True where the Gymnasium env itself runs JAX (task=gymnax's face of its twin): JAX's
     # threads do not survive a fork, so gym-async starts its workers with spawn.
     env_runs_jax: bool = False
+    # The settings that are inputs of the fused program, not constants compiled into it, by
+    # name (task=gymnax: ``params.<name>``, its env params that can be): runs differing only
+    # in them share one program, and a sweep's trials over them are lanes of one.
+    traced: Callable[[Any], dict[str, float]] = _none_traced
+    # (settings, {name: value}) -> the settings with those traced values (tracers, inside
+    # the program).
+    with_traced: Callable[[Any, Mapping[str, Any]], Any] = _with_nothing

@@ -14,6 +14,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+from collections.abc import Mapping
+from dataclasses import field
 from typing import TYPE_CHECKING, Any, cast
 
 from rlspeed.config import MAX_EPISODE_STEPS
@@ -34,9 +36,13 @@ INSTALL = 'pip install "rlspeed[gymnax]"'
 class GymnaxTaskConfig(GymTaskConfig):
     """``task=gym``'s settings, read for gymnax: ``id`` a gymnax id (``gymnax.registered_envs``
     lists them), ``kwargs`` for ``gymnax.make``, ``max_steps`` null for the env's own
-    ``max_steps_in_episode``."""
+    ``max_steps_in_episode``, ``params`` the env params (``EnvParams``) set otherwise than
+    the env's defaults."""
 
     name: str = "gymnax"
+    # Env params by name, each added with +: +task.params.gravity=12.0. The float ones the
+    # spaces do not depend on are inputs of the fused program (``traced``).
+    params: dict[str, float] = field(default_factory=dict)
 
 
 dataclasses.dataclass(frozen=True, init=False)(GymnaxTaskConfig)
@@ -52,21 +58,75 @@ def _gymnax() -> Any:
     return gymnax
 
 
+def _made(cfg: GymnaxTaskConfig) -> tuple[str | None, str, str]:
+    """What ``gymnax.make`` is called with: the module to import, the id, the keywords."""
+    return getattr(cfg, "import"), str(cfg.id), json.dumps(settings_kwargs(cfg), sort_keys=True)
+
+
 def env_facts(cfg: GymnaxTaskConfig) -> EnvFacts:
-    """The env's spaces (as Gymnasium's) and its own episode limit, read once per settings."""
-    kwargs = json.dumps(settings_kwargs(cfg), sort_keys=True)
-    return _read_env(getattr(cfg, "import"), str(cfg.id), kwargs)
+    """The env's spaces (as Gymnasium's) at its params and its own episode limit, read once
+    per settings (the traced params leave the spaces as they are)."""
+    return _read_env(*_made(cfg), json.dumps(_split_params(cfg)[0], sort_keys=True))
 
 
 @functools.cache
-def _read_env(module: str | None, env_id: str, kwargs_json: str) -> EnvFacts:
+def _read_env(module: str | None, env_id: str, kwargs_json: str, params_json: str) -> EnvFacts:
     env, params = _make(module, env_id, json.loads(kwargs_json))
-    from rlspeed.core.envs.gymnax import gymnasium_space  # gymnax is installed (_make)
+    from rlspeed.core.envs.gymnax import env_spaces  # gymnax is installed (_make)
 
-    observations = gymnasium_space(env.observation_space(params), True)
-    actions = gymnasium_space(env.action_space(params), False)
+    observations, actions = env_spaces(env, params.replace(**json.loads(params_json)))
     check_observations(observations, "task.id", env_id)
     return EnvFacts(observations, actions, int(params.max_steps_in_episode))
+
+
+@functools.cache
+def _param_kinds(module: str | None, env_id: str, kwargs_json: str) -> dict[str, str]:
+    """The env's params by name, each with its kind (``param_kinds``: traced or not)."""
+    env, params = _make(module, env_id, json.loads(kwargs_json))
+    from rlspeed.core.envs.gymnax import param_kinds
+
+    return param_kinds(env, params)
+
+
+def _split_params(cfg: GymnaxTaskConfig) -> tuple[dict[str, float | int], dict[str, Any]]:
+    """``task.params`` as (the constants of the program, the traced params), an int where
+    the env's param is one."""
+    kinds = _param_kinds(*_made(cfg))
+    static: dict[str, float | int] = {}
+    traced: dict[str, Any] = {}
+    for name, value in cfg.params.items():
+        if name not in kinds or name == "max_steps_in_episode":
+            continue  # refused by validate (_check_params), which runs after settle
+        if kinds[name] == "traced":
+            traced[name] = value
+        else:
+            static[name] = int(value) if kinds[name] == "int" else float(value)
+    return static, traced
+
+
+def _check_params(cfg: GymnaxTaskConfig) -> None:
+    """``task.params``: the env's own params, but ``max_steps_in_episode`` (task.max_steps)."""
+    kinds = _param_kinds(*_made(cfg))
+    for name, value in cfg.params.items():
+        if name not in kinds or name == "max_steps_in_episode":
+            known = ", ".join(key for key in kinds if key != "max_steps_in_episode") or "none"
+            allowed = f"one of {cfg.id}'s env params ({known}); its time limit is task.max_steps"
+            raise ConfigError(f"task.params.{name}", value, allowed)
+
+
+def traced(cfg: GymnaxTaskConfig) -> dict[str, float]:
+    """The env params that are inputs of the fused program, as ``params.<name>``: a sweep's
+    trials over them are lanes of one program."""
+    return {f"params.{name}": value for name, value in _split_params(cfg)[1].items()}
+
+
+def with_traced(cfg: GymnaxTaskConfig, values: Mapping[str, Any]) -> GymnaxTaskConfig:
+    """``cfg`` with the traced params ``values`` (``traced``'s names; tracers, where the
+    program is traced)."""
+    params = {**cfg.params, **{name.removeprefix("params."): v for name, v in values.items()}}
+    # The class is made a dataclass after its body (GymTaskConfig's import field), which mypy
+    # does not follow.
+    return dataclasses.replace(cfg, params=params)  # type: ignore[call-arg]
 
 
 def _make(module: str | None, env_id: str, kwargs: dict[str, Any]) -> tuple[Any, Any]:
@@ -105,22 +165,31 @@ def validate(cfg: GymnaxTaskConfig) -> None:
     if cfg.max_steps is None or not 1 <= cfg.max_steps <= MAX_EPISODE_STEPS:
         allowed = f"an integer in [1, {MAX_EPISODE_STEPS:,}] ({cfg.id}'s own limit: {own:,})"
         raise ConfigError("task.max_steps", cfg.max_steps, allowed)
+    _check_params(cfg)
     check_settings(cfg)
 
 
 def make_functional(cfg: GymnaxTaskConfig) -> GymnaxTwin:
-    """The env's twin, its own limit (``max_steps_in_episode``) set to ``task.max_steps``:
-    one per settings in a process, so the envs of a run share its compiled functions."""
-    kwargs = json.dumps(settings_kwargs(cfg), sort_keys=True)
-    return _twin(getattr(cfg, "import"), str(cfg.id), kwargs, cast(int, cfg.max_steps))
+    """The env's twin at ``task.params``, its own limit (``max_steps_in_episode``) set to
+    ``task.max_steps``: one per settings in a process, so the envs of a run share its
+    compiled functions. Traced params that are tracers (the fused program's inputs) go into
+    a twin of its own, sharing the spaces of the twin without them."""
+    static, traced_params = _split_params(cfg)
+    concrete = all(isinstance(value, int | float) for value in traced_params.values())
+    fixed = {**static, **traced_params} if concrete else static
+    twin = _twin(*_made(cfg), cast(int, cfg.max_steps), json.dumps(fixed, sort_keys=True))
+    return twin if concrete else twin.with_params(traced_params)
 
 
 @functools.cache
-def _twin(module: str | None, env_id: str, kwargs_json: str, max_steps: int) -> GymnaxTwin:
+def _twin(
+    module: str | None, env_id: str, kwargs_json: str, max_steps: int, params_json: str
+) -> GymnaxTwin:
     from rlspeed.core.envs.gymnax import GymnaxTwin
 
     env, params = _make(module, env_id, json.loads(kwargs_json))
-    return GymnaxTwin(env, params.replace(max_steps_in_episode=max_steps))
+    values = json.loads(params_json)
+    return GymnaxTwin(env, params.replace(max_steps_in_episode=max_steps, **values))
 
 
 def make_env(cfg: GymnaxTaskConfig) -> gym.Env:
@@ -168,6 +237,8 @@ SPEC = TaskSpec(
     # The env's own limit is task.max_steps (make_functional): no other truncation.
     truncates_only_at_time_limit=True,
     env_runs_jax=True,
+    traced=traced,
+    with_traced=with_traced,
 )
 
 
@@ -186,8 +257,8 @@ def _register(name: str, env: Environment[Any, Any]) -> None:
         gymnax.register(name, lambda **kwargs: _OBJECTS[name])
     if _OBJECTS.get(name) is not env:
         _OBJECTS[name] = env
-        _read_env.cache_clear()
-        _twin.cache_clear()
+        for cached in (_read_env, _param_kinds, _twin):
+            cached.cache_clear()
 
 
 def _make_object_env(name: str, env: Environment[Any, Any], cfg: GymnaxTaskConfig) -> gym.Env:

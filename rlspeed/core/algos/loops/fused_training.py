@@ -15,7 +15,7 @@ import math
 import time
 from collections.abc import Callable, Generator, Mapping
 from functools import cache, partial
-from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -86,10 +86,16 @@ class FusedTraining:
         self.cfgs, self.seeds, self.batched = cfgs, seeds, len(cfgs) > 1
         self.lanes = len(cfgs) * seeds
         env = make_vmap_env(task, cfg.task, cfg.num_envs)
-        self._make: Callable[[HParams], FusedTrainer] = lambda values: make_train(
-            with_hparams(cfg, values), env
-        )
-        hparams = [traced_hparams(run.algo) for run in cfgs]
+
+        def make(values: HParams) -> FusedTrainer:
+            run = with_values(cfg, task, values)
+            if run.task is cfg.task:
+                return make_train(run, env)
+            # Traced env params: the env of these values (a twin of the run's, its spaces).
+            return make_train(run, make_vmap_env(task, run.task, cfg.num_envs))
+
+        self._make = make
+        hparams = [traced_values(run, task) for run in cfgs]
         # Sizes, the greedy policy and the summaries read no traced value: any run's will do.
         self.trainer = trainer = self._make(hparams[0])
         self._hparams: HParams = (
@@ -97,7 +103,7 @@ class FusedTraining:
             if self.lanes > 1
             else hparams[0]
         )
-        self._programs = programs = _programs(make_train, cfg, self.lanes)
+        self._programs = programs = _programs(make_train, cfg, task, self.lanes)
         self._policy_params = programs.setdefault("policy_params", jax.jit(trainer.policy_params))
         # XLA:CPU compiles a loop with a traced bound (masked_scan) as fast as a
         # fixed-length scan, so there one program runs every chunk, a shorter last one
@@ -256,13 +262,15 @@ def _lanes_of(values: Callable[[], np.ndarray], lanes: slice) -> np.ndarray:
 
 def _scorer(
     task: TaskSpec, task_cfg: TaskConfig, greedy: Callable[[PyTree, jax.Array], jax.Array]
-) -> Callable[[PyTree, jax.Array], jax.Array]:
-    """(policy params, evaluation key) -> the agent's score on the task's JAX twin."""
+) -> Callable[[PyTree, jax.Array, HParams], jax.Array]:
+    """(policy params, evaluation key, the task's traced values) -> the agent's score on the
+    task's JAX twin, with those values (its env params: a lane's own)."""
     evaluate = task.evaluate_on_device
     assert evaluate is not None
 
-    def score(params: PyTree, key: jax.Array) -> jax.Array:
-        scores: jax.Array = evaluate(task_cfg, partial(greedy, params), key)
+    def score(params: PyTree, key: jax.Array, values: HParams) -> jax.Array:
+        scored = task.with_traced(task_cfg, values) if values else task_cfg
+        scores: jax.Array = evaluate(scored, partial(greedy, params), key)
         return scores
 
     return score
@@ -271,7 +279,7 @@ def _scorer(
 def device_score(task: TaskSpec, task_cfg: TaskConfig, policy: DevicePolicy, seed: int) -> float:
     """The score ``FusedTraining`` gives the agent of seed ``seed`` (mode=eval of a fused run)."""
     score = jax.jit(_scorer(task, task_cfg, policy.greedy))
-    return float(score(policy.params, jax_key(seed, Stream.EVAL)))
+    return float(score(policy.params, jax_key(seed, Stream.EVAL), {}))
 
 
 def _lane_scores(
@@ -283,8 +291,8 @@ def _lane_scores(
 ) -> Callable[[PyTree], np.ndarray]:
     """(every lane's policy params, stacked where there are several) -> every lane's score
     (lane ``t * num_seeds + i``: seed ``i`` of run ``t``): on the task's JAX twin in one
-    compiled call (vmapped over lanes); on the host, for a task with no device evaluation,
-    one evaluation per lane."""
+    compiled call (vmapped over lanes, each with its own traced env params); on the host,
+    for a task with no device evaluation, one evaluation per lane."""
     if task.evaluate_on_device is None:
         greedy = programs.setdefault("greedy", jax.jit(trainer.greedy))
 
@@ -302,13 +310,15 @@ def _lane_scores(
 
         return on_host
     score = _scorer(task, lane_tasks[0], trainer.greedy)
+    traced = [task.traced(lane) for lane in lane_tasks]
     if len(lane_seeds) == 1:  # as mode=eval scores it (device_score)
         one = programs.setdefault("score", jax.jit(score))
         key = jax_key(lane_seeds[0], Stream.EVAL)
-        return lambda params: np.atleast_1d(np.asarray(one(params, key)))
+        return lambda params: np.atleast_1d(np.asarray(one(params, key, traced[0])))
     every = programs.setdefault("score", jax.jit(jax.vmap(score)))
     keys = jax_key(lane_seeds, Stream.EVAL)
-    return lambda params: np.asarray(every(params, keys))
+    values = {name: np.array([lane[name] for lane in traced], np.float32) for name in traced[0]}
+    return lambda params: np.asarray(every(params, keys, values))
 
 
 def chunk_length(target: int, total: int, masked: bool) -> int:
@@ -322,24 +332,23 @@ def chunk_length(target: int, total: int, masked: bool) -> int:
     return next((d for d in range(chunk, chunk // 2, -1) if total % d == 0), chunk)
 
 
-class TracedConfig(Protocol):
-    """An algorithm's config as the fused path reads it: its class names the hyperparameters
-    that are inputs of the fused program (PPOConfig.TRACED, ...), read as its attributes."""
-
-    TRACED: ClassVar[tuple[str, ...]]
-
-
-def traced_hparams(algo: TracedConfig) -> dict[str, Any]:
-    """The values of the algorithm's traced hyperparameters (its config class's ``TRACED``
-    names): inputs of the fused program, not constants compiled into it, so runs that differ
-    only in them share one program, and a sweep's trials can be lanes of one."""
-    return {name: np.float32(getattr(algo, name)) for name in type(algo).TRACED}
+def traced_values(run: RunConfig, task: TaskSpec) -> dict[str, Any]:
+    """The values that are inputs of the fused program, not constants compiled into it: the
+    algorithm's traced hyperparameters (its config class's ``TRACED`` names) and the task's
+    traced settings (``TaskSpec.traced``, as ``task.<name>``). Runs that differ only in them
+    share one program, and a sweep's trials can be lanes of one."""
+    algo = {name: np.float32(getattr(run.algo, name)) for name in type(run.algo).TRACED}
+    settings = {f"task.{name}": np.float32(v) for name, v in task.traced(run.task).items()}
+    return {**algo, **settings}
 
 
-def with_hparams(cfg: RunConfig, values: HParams) -> RunConfig:
-    """``cfg`` with the algorithm's traced hyperparameters set to ``values`` (tracers, where
+def with_values(cfg: RunConfig, task: TaskSpec, values: HParams) -> RunConfig:
+    """``cfg`` with the traced ``values`` (``traced_values``' names; tracers, where
     ``make_train`` is called inside a jitted function)."""
-    return dataclasses.replace(cfg, algo=dataclasses.replace(cfg.algo, **values))
+    settings = {k.removeprefix("task."): v for k, v in values.items() if k.startswith("task.")}
+    algo = {name: value for name, value in values.items() if not name.startswith("task.")}
+    run_task = task.with_traced(cfg.task, settings) if settings else cfg.task
+    return dataclasses.replace(cfg, algo=dataclasses.replace(cfg.algo, **algo), task=run_task)
 
 
 # Compiled programs of earlier runs in this process, by what they are a function of: a
@@ -349,14 +358,15 @@ _PROGRAMS: dict[str, dict[Any, Any]] = {}
 _KEPT_PROGRAMS = 4
 
 
-def _programs(make_train: Callable[..., Any], cfg: RunConfig, lanes: int) -> dict[Any, Any]:
+def _programs(
+    make_train: Callable[..., Any], cfg: RunConfig, task: TaskSpec, lanes: int
+) -> dict[Any, Any]:
     """The cache of programs of runs like ``cfg`` with ``lanes`` lanes: configs equal but
-    for traced hyperparameters and what no program reads (seed: keys are inputs; the
-    trial, tracking, progress, outputs)."""
-    algo = dataclasses.replace(cfg.algo, **dict.fromkeys(type(cfg.algo).TRACED, 0.0))
+    for traced values and what no program reads (seed: keys are inputs; the trial,
+    tracking, progress, outputs)."""
+    unset = dict.fromkeys(traced_values(cfg, task), 0.0)
     static = dataclasses.replace(
-        cfg,
-        algo=algo,
+        with_values(cfg, task, unset),
         seed=0,
         trial=TrialConfig(),
         tracking=TrackingConfig(),

@@ -83,7 +83,8 @@ def _config_groups() -> str:
 
 
 def _stack(_root_: DictConfig) -> str:
-    """``<backend>_<env>_<algo>_<task>`` of the run, for its folder's name (the
+    """``<backend>_<env>_<algo>_<task>`` of the run (the task with its env's id, where it
+    has one: ``task_label``), for its folder's name (the
     ``${rlspeed_stack:}`` of ``hydra.run.dir``); with ``mode=eval``, ``eval_`` and those of
     the run that saved the checkpoint, which is what is evaluated (its config.yaml is read
     and checked by then: rlspeed.validation.check_modes)."""
@@ -94,7 +95,18 @@ def _stack(_root_: DictConfig) -> str:
 
         folder = agent_files(cfg.checkpoint)[0].parent
         cfg, prefix = read_config("checkpoint", cfg.checkpoint, folder), "eval_"
-    return prefix + "_".join(str(cfg[group].name) for group in ("backend", "env", "algo", "task"))
+    from rlspeed.config import task_label
+
+    groups = [str(cfg[group].name) for group in ("backend", "env", "algo")]
+    return prefix + "_".join([*groups, task_label(cfg.task)])
+
+
+def _task_label(_root_: DictConfig) -> str:
+    """The task of a sweep's job, with its env's id where it has one (``task_label``), for
+    its folder's name (``${rlspeed_task:}`` of ``hydra.sweep.subdir``)."""
+    from rlspeed.config import task_label
+
+    return task_label(_root_.task)
 
 
 def _version() -> str:
@@ -115,6 +127,7 @@ def set_up_config_tree(showing_help: bool = False) -> None:
     groups = _config_groups if showing_help else str
     OmegaConf.register_new_resolver("rlspeed_config_groups", groups, replace=True)
     OmegaConf.register_new_resolver("rlspeed_stack", _stack, replace=True)
+    OmegaConf.register_new_resolver("rlspeed_task", _task_label, replace=True)
 
 
 # Keys the sweeper and the tracker set for a job, never a user: ``--cfg job`` leaves them out.

@@ -6,6 +6,7 @@ checked config of a run is made of them and never changes (``rlspeed.validation.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -132,6 +133,27 @@ MAX_SEEDS = 65_536
 # Each seed's "rolling reward": total reward / total steps over its last 2000 episodes (the
 # monitor keeps their returns and lengths; the memory checks count them).
 ROLLING_EPISODES = 2000
+
+
+def env_id(task: Any) -> str | None:
+    """The id of the env a task makes where the task takes one (``task.id``: a Gymnasium or
+    gymnax id), None elsewhere or where it is not set yet; ``task`` a typed or a composed
+    config."""
+    try:
+        value = getattr(task, "id", None)
+    except Exception:  # noqa: BLE001 - a composed config's id that is still missing (???)
+        return None
+    return None if value in (None, "???") or value == task.name else str(value)
+
+
+def task_label(task: Any) -> str:
+    """The task as runs are named (folders, tracked runs, the summary, the learning curve):
+    its name, and the id of its env where it has one, in characters a file name can hold:
+    ``gym-Hopper-v5``, ``gymnax-Breakout-MinAtar``."""
+    identifier = env_id(task)
+    if identifier is None:
+        return str(task.name)
+    return f"{task.name}-{re.sub(r'[^A-Za-z0-9._-]+', '-', identifier).strip('-')}"
 
 
 def plain(value: Any) -> Any:

@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from rlspeed.checkpoint import RESUME_FILE, atomic_write, save_resume, seed_file, write_agent
-from rlspeed.config import RunConfig, is_fused
+from rlspeed.config import RunConfig, is_fused, task_label
 from rlspeed.core.algos.loops import TrainResult
 from rlspeed.core.engines import EngineSpec
 from rlspeed.core.tasks import TaskSpec
@@ -392,12 +392,14 @@ def _plot_curve(run: Run, path: Path) -> Path:
         ax.set_xlabel("environment steps")
         ax.grid(alpha=0.3)
         ax.legend()
+    cfg = run.cfg
+    stack = f"{cfg.algo.name} on {task_label(cfg.task)}, {cfg.backend.name} + {cfg.env.name}"
     if mean:
-        fig.suptitle(f"learning curve (mean ± std over {monitor.num_seeds} seeds)")
+        fig.suptitle(f"{stack}: learning curve (mean ± std over {monitor.num_seeds} seeds)")
     elif monitor.num_seeds > 1:
-        fig.suptitle(f"learning curve (stopped before all {monitor.num_seeds} seeds logged)")
+        fig.suptitle(f"{stack}: learning curve (stopped before all {monitor.num_seeds} seeds)")
     else:
-        fig.suptitle("learning curve")
+        fig.suptitle(f"{stack}: learning curve")
     fig.tight_layout()
     try:
         return atomic_write(path, lambda file: fig.savefig(file, format="png", dpi=100))

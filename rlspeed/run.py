@@ -19,7 +19,7 @@ from omegaconf import DictConfig
 
 from rlspeed import slurm
 from rlspeed.checkpoint import run_folder, training_keys, why
-from rlspeed.config import is_fused
+from rlspeed.config import env_id, is_fused, task_label
 from rlspeed.config_tree import flatten, to_yaml
 from rlspeed.core.algos import import_named
 from rlspeed.core.algos.loops import CHECKPOINT_FILES, TrainResult
@@ -183,10 +183,12 @@ def _start(checked: CheckedRun, out_dir: Path, continued: bool) -> Run:
         "backend": cfg.backend.name,
         "env": cfg.env.name,
         "algo": cfg.algo.name,
-        "task": cfg.task.name,
+        "task": task_label(cfg.task),  # with its env's id: gym-Hopper-v5
     }
     reporter = TrialReporter.attach(cfg)  # None unless the run is an Optuna trial
-    run_name, tags = "-".join(choices.values()), dict(choices)
+    run_name, tags = "-".join(choices.values()), {**choices, "task": cfg.task.name}
+    if (identifier := env_id(cfg.task)) is not None:
+        tags["env_id"] = identifier
     if reporter is not None:
         run_name += f"-trial{cfg.trial.number}"
         tags.update({"optuna.study": cfg.trial.study_name, "optuna.trial": str(cfg.trial.number)})

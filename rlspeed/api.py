@@ -5,7 +5,7 @@ into a run folder of its own; ``load`` reads a run folder's agent back to act wi
 
     result = rlspeed.train(algo="dqn", task="cartpole", backend="flax", env="jax-vmap",
                            total_steps=50_000, tracking="none")
-    agent = rlspeed.load(result.out_dir)
+    agent = rlspeed.load(result.output_dir)
     action = agent.act(observation)
 
 ``task`` may also be a ``TaskSpec`` of one's own: an option of the ``task`` group for that
@@ -15,6 +15,8 @@ call only (``rlspeed.registry.Registry.registered``).
 from __future__ import annotations
 
 import contextlib
+import os
+import shutil
 from collections.abc import Iterator, Mapping, Sequence
 from functools import cached_property
 from pathlib import Path
@@ -89,10 +91,11 @@ def load(folder: str | Path, seed: int | None = None, task: TaskSpec | None = No
 class Result:
     """What ``train`` returns: the run's score, its folder and what it recorded there."""
 
-    def __init__(self, score: float, out_dir: Path, task: TaskSpec | None = None) -> None:
+    def __init__(self, score: float, output_dir: Path, task: TaskSpec | None = None) -> None:
         # The task's greedy score (the mean over seeds where there are several).
         self.score = score
-        self.out_dir = out_dir
+        # The run folder: config, agent, metrics, learning curve (``rlspeed.load`` reads it).
+        self.output_dir = output_dir
         # The TaskSpec given to ``train``, if one was: ``agent`` reads the run back with it.
         self.task = task
 
@@ -101,15 +104,15 @@ class Result:
         """The run's metrics.json: status, rates, every logged row."""
         from rlspeed.checkpoint import read_metrics
 
-        return read_metrics(self.out_dir)
+        return read_metrics(self.output_dir)
 
     @cached_property
     def agent(self) -> Agent:
         """The trained agent (its checkpoint, read back)."""
-        return load(self.out_dir, task=self.task)
+        return load(self.output_dir, task=self.task)
 
     def __repr__(self) -> str:
-        return f"Result(score={self.score:.4f}, out_dir={str(self.out_dir)!r})"
+        return f"Result(score={self.score:.4f}, output_dir={str(self.output_dir)!r})"
 
 
 def train(
@@ -119,6 +122,7 @@ def train(
     env: str | None = None,
     tracking: str | None = None,
     out_dir: str | Path | None = None,
+    overwrite: bool = False,
     **overrides: Any,
 ) -> Result:
     """Train as ``rlspeed`` would with these choices and overrides, e.g.
@@ -127,13 +131,15 @@ def train(
     Unset groups take the command's defaults. The config is checked as the command checks
     it (a bad value raises ConfigError naming key, value and what is allowed, before anything
     is created). Outputs go to ``out_dir``, by default a new folder under ``outputs/`` named
-    as the command names it. ``task`` is an option's name, or a ``TaskSpec`` that is an
-    option (its ``name``) for this call only; ``task.*`` overrides set its schema's keys."""
+    as the command names it; a folder a run has written already is refused, unless
+    ``overwrite`` (it is then emptied first). ``task`` is an option's name, or a
+    ``TaskSpec`` that is an option (its ``name``) for this call only; ``task.*`` overrides
+    set its schema's keys."""
     given = None if task is None or isinstance(task, str) else task
     with _given_task(given):
         name = given.name if given is not None else task
         assert name is None or isinstance(name, str)
-        score, run_dir = _train(algo, name, backend, env, tracking, out_dir, overrides)
+        score, run_dir = _train(algo, name, backend, env, tracking, out_dir, overwrite, overrides)
     return Result(score, run_dir, given)
 
 
@@ -158,6 +164,7 @@ def _train(
     env: str | None,
     tracking: str | None,
     out_dir: str | Path | None,
+    overwrite: bool,
     overrides: dict[str, Any],
 ) -> tuple[float, Path]:
     from rlspeed import secrets
@@ -167,12 +174,43 @@ def _train(
     chosen = dict(zip(GROUPS, (algo, task, backend, env, tracking), strict=True))
     arguments = [f"{group}={name}" for group, name in chosen.items() if name is not None]
     arguments += [f"{key}={_hydra_value(value)}" for key, value in overrides.items()]
+    told = "tracking.uri" in overrides or os.environ.get("MLFLOW_TRACKING_URI")
+    if tracking in (None, "mlflow") and not told:
+        arguments.append(f"tracking.uri={_hydra_value(default_store(out_dir))}")
     hydra_arguments = [] if out_dir is None else [f"hydra.run.dir={_hydra_value(str(out_dir))}"]
     secrets.install(streams=False)  # the caller's streams stay theirs
     arguments = secrets.hide_in_arguments(arguments)
     set_up_config_tree()
+    if out_dir is not None:
+        _check_out_dir(Path(out_dir), overwrite)
     checked = check_overrides(arguments, hydra_arguments, CONF_DIR)
+    if out_dir is not None and overwrite and Path(out_dir).exists():
+        shutil.rmtree(out_dir)  # a run folder (_check_out_dir), its settings checked
     return _run_job(CONF_DIR, [*arguments, *hydra_arguments], checked)
+
+
+def default_store(out_dir: str | Path | None) -> str:
+    """Where ``train`` tracks in MLflow unless told otherwise (``tracking.uri``,
+    ``MLFLOW_TRACKING_URI``): a SQLite store beside the run folder, ``outputs/mlflow.db`` by
+    default (its runs' files in ``outputs/mlruns/``), not the notebook's own folder."""
+    folder = Path("outputs") if out_dir is None else Path(out_dir).parent
+    return f"sqlite:///{(folder / 'mlflow.db').resolve()}"
+
+
+# What a run writes in its folder first: a folder holding one is a run's.
+RUN_FILES = ("config.yaml", ".hydra", "metrics.json")
+
+
+def _check_out_dir(folder: Path, overwrite: bool) -> None:
+    """``out_dir``: a new or empty folder, or with ``overwrite`` a run's (never another
+    folder with files in it: emptying it would delete what is not rlspeed's)."""
+    if not folder.is_dir() or not any(folder.iterdir()):
+        return
+    if not any((folder / name).exists() for name in RUN_FILES):
+        raise ConfigError("out_dir", folder, "a new or empty folder, or a run folder")
+    if not overwrite:
+        allowed = "a folder no run has written yet, or overwrite=True to replace that run"
+        raise ConfigError("out_dir", folder, allowed)
 
 
 def _run_job(conf_dir: str, arguments: list[str], checked: CheckedRun) -> tuple[float, Path]:

@@ -64,7 +64,7 @@ def test_train_runs_what_the_command_runs(tmp_path: Path) -> None:
     }
     groups = {key: values.pop(key) for key in ("algo", "task", "backend", "env")}
     result = rlspeed.train(**groups, tracking="none", out_dir=tmp_path / "api", **values)
-    assert result.out_dir == tmp_path / "api"
+    assert result.output_dir == tmp_path / "api"
     assert result.metrics["status"] == "FINISHED"
     assert result.score == json.loads((tmp_path / "cli" / "metrics.json").read_text())["score"]
     api_rows = [without_rates(row) for row in result.metrics["history"]]
@@ -97,6 +97,47 @@ def test_bad_values_raise_the_command_line_before_anything_is_created(tmp_path: 
     assert not out_dir.exists()
     with pytest.raises(ConfigError, match=r"invalid folder=.*: expected a run folder holding"):
         rlspeed.load(tmp_path)
+
+
+def test_a_folder_a_run_wrote_is_refused_unless_overwritten(tmp_path: Path) -> None:
+    """A second ``train`` into the same out_dir is one line (two runs' files would mix);
+    overwrite=True replaces the run; a folder of other files is never emptied."""
+    run = {"algo": "qlearn", "task": "gridworld", "tracking": "none", "total_steps": 2000}
+    folder = tmp_path / "run"
+    first = rlspeed.train(out_dir=folder, seed=1, **run)
+    assert rlspeed.load(first.output_dir).config.seed == 1
+    with pytest.raises(ConfigError, match=r"invalid out_dir=.*: expected a folder no run"):
+        rlspeed.train(out_dir=folder, seed=2, **run)
+    assert rlspeed.load(folder).config.seed == 1  # untouched
+    second = rlspeed.train(out_dir=folder, seed=2, overwrite=True, **run)
+    assert second.output_dir == folder and rlspeed.load(folder).config.seed == 2
+    assert second.metrics["status"] == "FINISHED"
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep")
+    with pytest.raises(ConfigError, match=r"expected a new or empty folder, or a run folder"):
+        rlspeed.train(out_dir=mine, overwrite=True, **run)
+    assert (mine / "notes.txt").read_text() == "keep"
+
+
+def test_runs_from_python_track_beside_their_folders(tmp_path, monkeypatch) -> None:
+    """Default tracking from Python: an MLflow store in outputs/ (its runs' files too), not
+    in the notebook's folder; beside out_dir's folder when one is given."""
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    run = {"algo": "qlearn", "task": "gridworld", "total_steps": 2000, "progress": "none"}
+    result = rlspeed.train(**run)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["outputs"]
+    store = MlflowClient(f"sqlite:///{tmp_path / 'outputs' / 'mlflow.db'}")
+    (tracked,) = store.search_runs([store.get_experiment_by_name("rlspeed").experiment_id])
+    assert tracked.info.run_name == "flax-jax-vmap-qlearn-gridworld"
+    assert tracked.info.artifact_uri.startswith(str(tmp_path / "outputs" / "mlruns"))
+    assert result.metrics["status"] == "FINISHED"
+    rlspeed.train(**run, out_dir=tmp_path / "runs" / "a")
+    assert (tmp_path / "runs" / "mlflow.db").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["outputs", "runs"]
 
 
 def test_a_run_is_checked_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

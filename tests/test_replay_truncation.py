@@ -179,5 +179,5 @@ def test_a_self_truncating_gym_env_trains_on_exact_final_observations(
         out_dir=tmp_path / "run",
         **settings,
     )
-    buffer = statefile.load(result.out_dir / RESUME_FILE)["parts"]["buffer"]
+    buffer = statefile.load(result.output_dir / RESUME_FILE)["parts"]["buffer"]
     assert _wrong_next_observations(SimpleNamespace(**buffer), 2, np) == (0, truncations)

@@ -14,6 +14,7 @@ import fcntl
 import importlib
 import logging
 import os
+import re
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -224,15 +225,35 @@ def _portable(uri: str) -> str:
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
 
 
+def artifact_root(uri: str) -> str | None:
+    """Where a new experiment keeps its runs' files: beside a SQLite store's file (its
+    ``mlruns/``), not in whatever folder the process runs in (MLflow's default); None, the
+    store's own default, for a server or another database."""
+    from sqlalchemy.engine import make_url
+
+    if urllib.parse.urlparse(uri).scheme.lower() != "sqlite":
+        return None
+    database = make_url(uri).database
+    if not database or database == ":memory:":
+        return None
+    return str(Path(database).resolve().parent / "mlruns")
+
+
 def experiment_id(client: Any, name: str) -> str:
-    """The id of experiment ``name``, created if there is none, tagged EXPERIMENT_KIND
-    (unless the user gave it a kind of their own)."""
+    """The id of experiment ``name``, created if there is none (its files beside a SQLite
+    store: ``artifact_root``), tagged EXPERIMENT_KIND (unless the user gave it a kind of
+    their own)."""
     from mlflow.exceptions import MlflowException
 
     experiment = client.get_experiment_by_name(name)
     if experiment is None:
         try:
-            return client.create_experiment(name, tags=EXPERIMENT_KIND)
+            root = artifact_root(client.tracking_uri)
+            # A folder per experiment, named after it (MLflow's default names it by its id,
+            # which is not known before it is created).
+            folder = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-.") or "experiment"
+            location = None if root is None else f"{root}/{folder}"
+            return client.create_experiment(name, location, tags=EXPERIMENT_KIND)
         except MlflowException:  # created meanwhile by a run started beside this one
             experiment = client.get_experiment_by_name(name)
             if experiment is None:

@@ -195,7 +195,7 @@ def main() -> None:
         if out_dir is not None:
             from rlspeed.checkpoint import resume_files  # loaded already by the run
 
-            line += f"; the run is marked KILLED, what it recorded is in {out_dir}"
+            line += f"; the run ends as KILLED, what it recorded is in {out_dir}"
             if getattr(stop, "requeued", False):
                 line += "; its SLURM job is requeued and will continue it"
             elif resume_files(out_dir):

@@ -134,7 +134,8 @@ class RunMonitor:
             completed = int(self.streams.steps.sum() - self.streams.steps[seed]) + step
             # The run's mean rate so far; a log shows the rate since the last log.
             sps = completed / max(now - self._start, 1e-9)
-            self._progress.update(self._bar, completed=completed, sps=sps)
+            total = self._grown(completed)
+            self._progress.update(self._bar, completed=completed, sps=sps, total=total)
 
     def saving(self) -> None:
         """The run trained; its checkpoint, metrics and curve are being written."""
@@ -301,8 +302,21 @@ class RunMonitor:
         self._write(" | ".join(parts))
         if self._progress is not None:
             self._progress.update(
-                self._bar, completed=self.steps, sps=row["charts/SPS"], score=score, eta=eta
+                self._bar,
+                completed=self.steps,
+                sps=row["charts/SPS"],
+                score=score,
+                eta=eta,
+                total=self._grown(self.steps),
             )
+
+    def _grown(self, completed: int) -> float | None:
+        """The bar's total grown to the steps done where the last batch of steps went past
+        ``total_steps`` (a run steps whole batches of its envs: never 300,032/300,000);
+        None, as it is, elsewhere."""
+        assert self._progress is not None
+        total = self._progress.tasks[0].total or 0
+        return float(completed) if completed > total else None
 
     @property
     def wall_time(self) -> float:

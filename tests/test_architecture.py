@@ -102,7 +102,7 @@ LAYERS = [
     ("entry", ["rlspeed.bench"]),
     ("entry", ["hydra_plugins"]),
     ("run", ["rlspeed.run"]),
-    ("recording", ["rlspeed.recording"]),
+    ("recording", ["rlspeed.recording", "rlspeed.comparison"]),
     ("checks", ["rlspeed.validation", "rlspeed.run_folders"]),
     ("mode=eval", ["rlspeed.evaluate"]),
     # Every algorithm package (rlspeed.core.algos.<name>); the entries below carve out the rest.
@@ -120,7 +120,7 @@ LAYERS = [
     ("RL pieces", ["rlspeed.core.algos.normalization"]),
     ("loops", ["rlspeed.core.algos.loops"]),
     ("parts", [f"rlspeed.core.{name}" for name in ("tasks", "engines", "envs", "backends")]),
-    ("parts", ["rlspeed.tracking", "rlspeed.monitor", "rlspeed.seed_streams"]),
+    ("parts", ["rlspeed.tracking", "rlspeed.monitor", "rlspeed.seed_streams", "rlspeed.tables"]),
     ("parts", ["rlspeed.sweep", "rlspeed.slurm"]),
     ("files", ["rlspeed.saved_config"]),
     ("files", ["rlspeed.checkpoint", "rlspeed.statefile", "rlspeed.digests"]),

@@ -3,6 +3,7 @@ and its learning curve, through the real ``rlspeed`` command."""
 
 from __future__ import annotations
 
+import csv
 import datetime
 import json
 import os
@@ -295,3 +296,28 @@ def test_summary_shows_full_paths_and_how_to_open_the_run(tmp_path: Path) -> Non
     assert _png_width(out / "learning_curve.png") == 550
     assert "rolling step reward" not in result.stdout
     assert re.search(r"\| last-20 return -?\d+\.\d\d \| score", result.stdout), result.stdout
+
+
+def test_a_grid_of_stacks_ends_with_its_jobs_side_by_side(tmp_path: Path) -> None:
+    """The SPEC's stack grid (Hydra's basic sweeper) ends with one comparison: printed, and
+    as comparison.{csv,md,png} in the sweep folder, a row per job with its own numbers."""
+    grid = ["-m", "backend=torch,flax", "env=gym-sync,jax-vmap", "task=gridworld", "algo=qlearn"]
+    result = run_cli([*grid, "total_steps=2000", "tracking=none", "progress=none"], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "jobs side by side" in result.stdout
+    (sweep_dir,) = (tmp_path / "outputs" / "multirun").glob("*/*")
+    with (sweep_dir / "comparison.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    stacks = [(row["backend"], row["env"]) for row in rows]
+    assert stacks == [("torch", "gym-sync"), ("torch", "jax-vmap"), ("flax", "gym-sync"),
+                      ("flax", "jax-vmap")]  # fmt: skip
+    for row in rows:
+        (job_dir,) = sweep_dir.glob(f"{row['job']}_*")
+        metrics = json.loads((job_dir / "metrics.json").read_text())
+        assert float(row["env_steps_per_s"]) == pytest.approx(metrics["env_steps_per_s"])
+        assert float(row["score"]) == metrics["score"] and row["status"] == "FINISHED"
+        assert row["overrides"] == f"backend={row['backend']} env={row['env']}"
+    assert (sweep_dir / "comparison.png").stat().st_size > 0
+    assert (
+        "| 3 | flax | jax-vmap | qlearn | gridworld |" in (sweep_dir / "comparison.md").read_text()
+    )

@@ -67,6 +67,8 @@ class Run:
     outputs: dict[int, list[OutputFile]] = field(default_factory=dict)
     # Why periodic checkpoints could not be written (each warned about once).
     unwritten: set[str] = field(default_factory=set)
+    # Whether the study's pruner stopped it (it then ends KILLED, as an interrupt does).
+    pruned: bool = False
 
     @property
     def pruned_error(self) -> Any:
@@ -265,9 +267,11 @@ def _finishing(run: Run, status: str, failure: str | None) -> Iterator[Unrecorde
         # SLURM kills it, and its requeued attempt continues from these files.
         outputs = [output for files in run.outputs.values() for output in files]
         trial = run.cfg.trial
-        if status == "FINISHED" and trial.number is not None and not trial.keep_resume:
-            # A finished trial keeps its agent and metrics; its resume state (the replay
-            # buffer) could only continue a run that has nothing left to do. A periodic
+        done = status in ("FINISHED", "FAILED") or run.pruned
+        if done and trial.number is not None and not trial.keep_resume:
+            # A trial that finished, failed or was pruned keeps its agent and metrics; its
+            # resume state (the replay buffer) could only continue a run no sweep continues
+            # (a rerun samples new trials; only an interrupted one is resumed). A periodic
             # checkpoint may have written it already.
             for output in outputs:
                 if output.resume_state:

@@ -412,6 +412,7 @@ def _interrupted(stop: BaseException, out_dir: Path) -> None:
 def _pruned(run: Run, pruned: BaseException) -> str:
     """Stopped by the study's pruner: the sweeper records the trial as PRUNED; the run
     ends KILLED."""
+    run.pruned = True
     run.tracker.set_tags({"optuna.pruned": "true"})
     # The sweep's console has the trial's one line (PRUNED and why); its log file this one.
     to_log_file(f"rlspeed: trial {run.cfg.trial.number} {pruned}")

@@ -98,3 +98,33 @@ def test_each_observation_is_stored_once():
     rows = sum(len(x) for x in observations)
     assert final_capacity(capacity, num_envs, max_steps) == 1_568
     assert rows == capacity + num_envs + 1_568 < 1.04 * capacity
+
+
+@pytest.mark.parametrize("steps", [3, 30], ids=["filling", "wrapped"])
+def test_a_resume_state_holds_what_the_buffer_holds(tmp_path, steps):
+    """A buffer's resume state is its written part, not its capacity, float observations as
+    float32 (what the networks read), and a buffer restored from the file draws the same
+    batches and holds the same arrays as the one it was saved from."""
+    from rlspeed.checkpoint import save_resume
+    from rlspeed.core.state import capture, restore
+    from rlspeed.statefile import load
+
+    wide = gym.spaces.Box(-1.0, 1.0, (2,), np.float64)  # as MuJoCo's observations are
+
+    def buffer(seed: int) -> ReplayBuffer:
+        return ReplayBuffer(80, wide, ACTIONS, np.random.default_rng(seed), 3, 4)
+
+    saved = buffer(1)
+    for step in _episodes(3, 4, steps):
+        saved.add(*step)
+    assert saved.obs.dtype == saved.final_obs.dtype == np.float32
+    state = capture(saved)
+    written = 3 * steps + 3 if steps == 3 else 83  # the next step's slots, or all of them
+    assert len(state["obs"]) == len(state["dones"]) == written
+    save_resume({"buffer": state}, tmp_path / "resume.npz")
+    restored = buffer(2)
+    restore(restored, load(tmp_path / "resume.npz")["buffer"])
+    for name in (*ReplayBuffer.SLOT_ARRAYS, "final_obs"):
+        np.testing.assert_array_equal(getattr(restored, name), getattr(saved, name), name)
+    for a, b in zip(restored.sample(16), saved.sample(16), strict=True):
+        np.testing.assert_array_equal(a, b)

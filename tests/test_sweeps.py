@@ -137,6 +137,9 @@ def test_study_prunes_tracks_in_mlflow_and_resumes(tmp_path):
         if trial.state == TrialState.PRUNED:
             assert child.info.status == "KILLED"
             assert child.data.tags["optuna.pruned"] == "true"
+            # No sweep continues a pruned trial: its replay buffer is not kept.
+            folder = Path(trial.user_attrs["output_dir"])
+            assert (folder / "checkpoint.pt").is_file() and not (folder / "resume.npz").exists()
         else:
             assert child.info.status == "FINISHED"
     best = study.best_trial

@@ -28,7 +28,7 @@ import numpy as np
 from rlspeed.core.algos import check_memory, check_ranges
 from rlspeed.core.algos.loops.host import Iteration
 from rlspeed.core.algos.schedule import multiples_between, updates_in_run
-from rlspeed.core.state import load_array, load_rng_state, rng_state
+from rlspeed.core.state import check_shape, load_array, load_rng_state, rng_state
 from rlspeed.errors import ConfigError
 from rlspeed.registry import TASKS
 from rlspeed.seeding import Stream, numpy_rng
@@ -183,8 +183,9 @@ class ReplayBuffer:
     """The host-driven learners' buffer of the last ``capacity`` transitions of
     ``num_envs`` envs, each truncated at most once every ``truncation_gap`` steps."""
 
-    # Its arrays, as its resume state names them.
-    ARRAYS = ("obs", "final_obs", "final_index", "actions", "rewards", "dones")
+    # Its arrays of a slot each, as its resume state names them (with final_obs, of a kept
+    # final observation each).
+    SLOT_ARRAYS = ("obs", "final_index", "actions", "rewards", "dones")
 
     def __init__(
         self,
@@ -202,9 +203,12 @@ class ReplayBuffer:
         obs_shape, action_shape = (
             cast("tuple[int, ...]", space.shape) for space in (obs_space, action_space)
         )
-        self.obs = np.zeros((slots, *obs_shape), dtype=obs_space.dtype)
+        # Float observations as float32, what every network reads: a MuJoCo env's float64
+        # would double the buffer's memory and its resume file for the same values.
+        stored = np.float32 if np.issubdtype(obs_space.dtype, np.floating) else obs_space.dtype
+        self.obs = np.zeros((slots, *obs_shape), dtype=stored)
         finals = final_capacity(capacity, num_envs, truncation_gap)
-        self.final_obs = np.zeros((finals, *obs_shape), dtype=obs_space.dtype)
+        self.final_obs = np.zeros((finals, *obs_shape), dtype=stored)
         self.final_index = np.full(slots, -1, dtype=np.int64)
         self.actions = np.zeros((slots, *action_shape), dtype=action_space.dtype)
         self.rewards = np.zeros(slots, dtype=np.float32)
@@ -263,13 +267,17 @@ class ReplayBuffer:
         )
 
     def state_dict(self) -> dict[str, Any]:
-        """The resume state: the arrays, the positions in them, the generator batches are
-        drawn with (and the capacity and number of envs, the config's, as resume files have
-        always held them)."""
+        """The resume state: the arrays as far as they are written (a buffer filled to a
+        tenth is saved as a tenth, not at its capacity), the positions in them, the
+        generator batches are drawn with, and the capacity and number of envs (the
+        config's, as resume files have always held them). The arrays are views of the
+        buffer's own: write them before it changes."""
+        written = {name: getattr(self, name)[: self._written()] for name in self.SLOT_ARRAYS}
         return {
             "capacity": self.capacity,
             "num_envs": self.num_envs,
-            **{name: getattr(self, name).copy() for name in self.ARRAYS},
+            **written,
+            "final_obs": self.final_obs,
             "size": self.size,
             "position": self.position,
             "final_position": self.final_position,
@@ -277,12 +285,25 @@ class ReplayBuffer:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        for name in self.ARRAYS:
-            load_array(name, getattr(self, name), state[name])
+        slots = int(state["capacity"]) + int(state["num_envs"])
+        for name in self.SLOT_ARRAYS:
+            saved, array = state[name], getattr(self, name)
+            # A saved buffer's arrays end where it had written: the rest is as built.
+            check_shape(name, (slots, *np.shape(saved)[1:]), array.shape)
+            load_array(name, array[: len(saved)], saved)
+            array[len(saved) :] = -1 if name == "final_index" else 0
+        load_array("final_obs", self.final_obs, state["final_obs"])
         self.size, self.position, self.final_position = (
             int(state[name]) for name in ("size", "position", "final_position")
         )
         load_rng_state(self._rng, state["_rng"])
+
+    def _written(self) -> int:
+        """Slots written so far: up to the next step's observations until the buffer first
+        fills (``write_plan`` writes them ``num_envs`` slots ahead), then every slot."""
+        if self.size < self.capacity:
+            return self.position + self.num_envs
+        return len(self.obs)
 
 
 def replay_buffer(

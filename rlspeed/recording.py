@@ -5,6 +5,7 @@ checkpoints, resume state, learning curve, ``metrics.json`` last), and its summa
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
@@ -411,6 +412,18 @@ def _plot_curve(run: Run, path: Path) -> Path:
         plt.close(fig)
 
 
+def _size(folder: Path) -> str:
+    """The bytes of every file in ``folder`` (its resume state holds the replay buffer)."""
+    total = 0
+    for path in folder.rglob("*"):
+        with contextlib.suppress(OSError):  # a file gone meanwhile
+            total += path.stat().st_size if path.is_file() else 0
+    if total < 1000:
+        return f"{total} B"
+    exponent = min(int(math.log(total, 1000)), 3)
+    return f"{total / 1000**exponent:,.1f} {('kB', 'MB', 'GB')[exponent - 1]}"
+
+
 def summary(run: Run, result: TrainResult) -> None:
     """The run's numbers as a table, then where its outputs are as plain lines (a terminal
     wraps a long path, rich would cut it to the width); the log file gets both."""
@@ -436,6 +449,7 @@ def summary(run: Run, result: TrainResult) -> None:
     if run.task.step_reward:
         rows.append(("rolling step reward", f"{monitor.rolling_step_reward:.4f}"))
     rows.append((f"return, last {RECENT_EPISODES} episodes", f"{monitor.recent_return:.2f}"))
+    rows.append(("run folder size", _size(run.out_dir)))
     for key, value in rows:
         table.add_row(key, value)
     where = [("outputs", str(run.out_dir.resolve()))]

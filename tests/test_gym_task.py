@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 import time
@@ -90,6 +91,7 @@ def test_a_registered_id_trains_through_the_command(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     (run_dir,) = (tmp_path / "outputs").glob("*/*_torch_gym-sync_dqn_gym-CartPole-v1")
     assert "gym-CartPole-v1" in result.stdout  # the summary's task row
+    assert re.search(r"run folder size +│ [\d.,]+ (kB|MB)", result.stdout)
     saved = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert (saved["env"]["name"], saved["num_envs"]) == ("gym-sync", 8)
     tracked = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").search_runs(["1"])[0]

@@ -23,6 +23,7 @@ from optuna.trial import TrialState
 
 from hydra_plugins.rlspeed_optuna_sweeper._seeding import TrialSeededSampler
 from hydra_plugins.rlspeed_optuna_sweeper._space import build
+from hydra_plugins.rlspeed_optuna_sweeper._sweep import progress_line
 from rlspeed.cli import CONF_DIR
 from rlspeed.sweep import open_storage
 from rlspeed.validation import check
@@ -103,6 +104,11 @@ def test_study_prunes_tracks_in_mlflow_and_resumes(tmp_path):
     study = _study(journal)
     states = _states(study)
     assert len(states) == 4 and "COMPLETE" in states and "PRUNED" in states, states
+    # The study names its objective, and the console follows the sweep between trials.
+    assert study.metric_names == ["score"]
+    console = result.stdout + result.stderr
+    progress = [line for line in console.splitlines() if "] Sweep: " in line]
+    assert len(progress) == 4 and "Sweep: 4/4 trials ended" in progress[-1], progress
     for trial in study.trials:
         assert set(trial.params) == {
             "task.max_steps",
@@ -445,3 +451,16 @@ def test_a_seeded_sampler_samples_each_trial_from_its_own_seed(make_cfg):
     params = [[t.params for t in storage.get_all_trials(0)] for storage in (once, resumed)]
     assert params[0] == params[1]
     assert len({tuple(sorted(p.items())) for p in params[0]}) == 4
+
+
+def test_the_sweeps_progress_line_counts_trials_best_and_time_left():
+    study = optuna.create_study(direction="maximize")
+    for value in (0.2, 0.7):
+        study.add_trial(optuna.trial.create_trial(value=value))
+    study.add_trial(optuna.trial.create_trial(state=TrialState.PRUNED))
+    # 3 trials in 90 s: 30 s each for the 7 left of n_trials=10.
+    line = progress_line(study, n_trials=10, ran=3, elapsed=90.0)
+    assert line == (
+        "Sweep: 3/10 trials ended (2 complete, 1 pruned), best 0.7 (trial 1), 0:01:30 "
+        "elapsed, ETA 0:03:30"
+    )

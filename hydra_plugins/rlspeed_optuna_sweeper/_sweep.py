@@ -17,7 +17,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import time
 import warnings
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -119,7 +121,10 @@ class OptunaSweeperImpl:
                 f"'{name}' in {storage_spec} was created with {directions}; "
                 "use another hydra.sweeper.study_name or storage"
             )
-        name_objectives(study, setup.objectives, storage_spec)
+        # An rlspeed trial returns its score: the study names it so (optuna-dashboard and
+        # the plots would say "Objective 0").
+        named = setup.objectives or (["score"] if "trial" in config else None)
+        name_objectives(study, named, storage_spec)
         if setup.pruner_off:
             log.info("No pruning: %s", setup.pruner_off)
         study_id = storage.get_study_id_from_name(name)
@@ -225,6 +230,7 @@ class OptunaSweeperImpl:
             extra.append(f"tracking.parent_run_id={quote(parent.run_id)}")
 
         returns: list[Sequence[JobReturn]] = []
+        began = time.monotonic()
         batched = batches_trials(config, self.launcher, node.batch_size)
         parallel = node.n_jobs if node.n_jobs is not None else launcher_jobs(config)
         ran = failed = 0
@@ -303,6 +309,7 @@ class OptunaSweeperImpl:
                             raise _unwritable(storage_spec, error, _result_of(trial, ret)) from None
                         pending.remove(trial)
                         ran += 1
+                    log.info(progress_line(study, node.n_trials, ran, time.monotonic() - began))
             finally:
                 # Interrupted (Ctrl-C) or broken: trials of this batch can no longer finish.
                 for trial in pending:
@@ -320,6 +327,33 @@ class OptunaSweeperImpl:
                     "(see the failed jobs' logs in the sweep folder)"
                 )
         return returns
+
+
+def progress_line(study: Any, n_trials: int, ran: int, elapsed: float) -> str:
+    """The sweep so far, after each batch of trial lines: trials the study has ended (any
+    sweep's), how they ended, the best so far, and this sweep's elapsed time and ETA (its
+    trials' mean time per trial for the ones left)."""
+    trials = study.get_trials(deepcopy=False)
+    states = Counter(t.state for t in trials if t.state.is_finished())
+    ended = sum(states.values())
+    kinds = ", ".join(
+        f"{states[state]} {state.name.lower()}"
+        for state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+        if states[state]
+    )
+    line = f"Sweep: {ended}/{n_trials} trials ended ({kinds or 'none yet'})"
+    if len(study.directions) == 1 and states[TrialState.COMPLETE]:
+        best = study.best_trial
+        line += f", best {best.value:.4g} (trial {best.number})"
+    left = max(n_trials - ended, 0)
+    eta = _clock(elapsed / ran * left) if ran and left else "0:00:00"
+    return f"{line}, {_clock(elapsed)} elapsed, ETA {eta}"
+
+
+def _clock(seconds: float) -> str:
+    minutes, second = divmod(round(seconds), 60)
+    hours, minute = divmod(minutes, 60)
+    return f"{hours}:{minute:02d}:{second:02d}"
 
 
 # The loggers of the launchers a sweep's jobs go through.

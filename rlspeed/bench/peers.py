@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import statistics
 import subprocess
 import sys
@@ -168,6 +169,8 @@ class Outcome:
     env_steps: int
     updates: int
     value: float  # the return reached (what kind: the workload's notes)
+    # What peer_run.py said of the run besides its return (PureJaxRL: the wrappers it used).
+    info: dict[str, Any] = field(default_factory=dict)
 
 
 def _command(side: Side, peers: Peers, run_dir: Path, cache: Path) -> tuple[list[str], Any]:
@@ -202,9 +205,10 @@ def _outcome(side: Side, time_taken: ProcessTime, run_dir: Path, log: Path) -> O
     if side.peer == "cleanrl":
         returns = [float(v) for v in _EPISODE.findall(text)][-20:]
         value = statistics.fmean(returns) if returns else float("nan")
-    else:
-        value = json.loads(text.strip().splitlines()[-1])["return"]
-    return Outcome(time_taken, *side.work, value)
+        return Outcome(time_taken, *side.work, value)
+    said = json.loads(text.strip().splitlines()[-1])
+    info = {k: v for k, v in said.items() if k in ("wrappers",)}
+    return Outcome(time_taken, *side.work, said["return"], info)
 
 
 def run_workloads(
@@ -294,7 +298,62 @@ def peer_table(
                 wall_vs_reference=wall / reference,
             )
         table.notes.append(f"{workload.name}: {workload.about}")
+        for label, runs in runs_of.items():
+            for key, value in runs[-1].info.items():
+                table.notes.append(f"{workload.name}: {label} ran with {key} = {value}")
     return table
+
+
+def config_lines(workloads: list[Workload], peers: Peers) -> list[str]:
+    """Each program's command line as it ran (rlspeed's less its run folder and cache)."""
+    lines = []
+    for workload in workloads:
+        for side in workload.sides:
+            if side.peer is None:
+                lines.append(f"{workload.name}: rlspeed {shlex.join(side.args)}")
+            elif peers.has(side.peer):
+                command, env = _command(side, peers, Path(), Path())
+                where = f"PYTHONPATH={env['PYTHONPATH']} " if env else ""
+                lines.append(f"{workload.name}: {where}{shlex.join(command)}")
+    return lines
+
+
+# What each peer's Python reports of itself: the libraries its programs ran with.
+_VERSIONS = (
+    "from importlib import metadata, util\n"
+    "for name in {names!r}:\n"
+    "    if util.find_spec(name.replace('-', '_')):\n"
+    "        print(name, metadata.version(name))\n"
+)
+LIBRARIES = {
+    "purejaxrl": ("jax", "jaxlib", "flax", "optax", "distrax", "gymnax", "numpy"),
+    "rejax": ("rejax", "jax", "jaxlib", "flax", "optax", "distrax", "gymnax", "numpy"),
+    "cleanrl": ("torch", "gymnasium", "numpy", "tyro", "tensorboard"),
+}
+
+
+def peer_versions(peers: Peers, wanted: tuple[str, ...]) -> list[str]:
+    """A line per peer given in ``wanted``: its Python and the versions of its libraries."""
+    lines = []
+    for peer in wanted:
+        if not peers.has(peer):
+            continue
+        python = peers.pythons[peer]
+        code = _VERSIONS.format(names=LIBRARIES[peer])
+        out = subprocess.run([python, "-c", code], capture_output=True, text=True).stdout
+        found = ", ".join(out.split("\n")[:-1]) or "(no versions found)"
+        folder = peers.folders.get(peer)
+        source = f"; {folder} at {_head(folder)}" if folder else ""
+        lines.append(f"{peer}: {python}: {found}{source}")
+    return lines
+
+
+def _head(folder: Path) -> str:
+    """The git commit of a saved repository, if it is a git clone."""
+    result = subprocess.run(
+        ["git", "-C", str(folder), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    )
+    return result.stdout.strip() if result.returncode == 0 else "an unknown commit (no git)"
 
 
 def verdicts(table: Table, targets: dict[str, tuple[str, float]]) -> list[str]:

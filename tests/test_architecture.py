@@ -128,6 +128,8 @@ LAYERS = [
     ("base", [f"rlspeed.{name}" for name in ("config", "registry", "errors", "secrets")]),
     ("base", ["rlspeed.core.__init__", "rlspeed.core.state"]),
     ("base", ["rlspeed.seeding", "rlspeed.machine", "rlspeed.user_modules"]),
+    # Run by a peer's own Python, where rlspeed is not installed: it imports none of it.
+    ("base", ["rlspeed.bench.peer_run"]),
 ]
 LAYER_NAMES = list(dict.fromkeys(name for name, _ in LAYERS))
 

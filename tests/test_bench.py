@@ -233,3 +233,89 @@ def test_against_with_an_unknown_revision_is_one_clear_line(tmp_path):
     result = _bench(["against", "--rev", "no-such-revision", "--out", "results"], cwd=tmp_path)
     assert_one_line_error(result, "--rev=no-such-revision", "git revision")
     assert not (tmp_path / "results").exists()
+
+
+def _without_gymnax() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("gymnax") is None
+
+
+@pytest.mark.skipif(not _without_gymnax(), reason="gymnax is installed")
+def test_jaxenvs_without_gymnax_says_so_in_one_line(tmp_path):
+    result = _bench(["jaxenvs", "--out", "results"], cwd=tmp_path)
+    assert_one_line_error(result, "jaxenvs", "gymnax extra", 'pip install "rlspeed[gymnax]"')
+    assert not (tmp_path / "results").exists()
+
+
+def test_a_peer_folder_without_its_scripts_is_one_clear_line(tmp_path):
+    result = _bench(["sacpqn", "--cleanrl", str(tmp_path), "--out", "results"], cwd=tmp_path)
+    assert_one_line_error(result, "--cleanrl=", "cleanrl/pqn.py", "git clone", "--cleanrl-python")
+    assert not (tmp_path / "results").exists()
+
+
+def _check_peer_rows(rows: list[dict[str, str]], programs: dict[str, list[str]]) -> None:
+    """The programs of each workload, in order, at equal env steps and updates, each timed,
+    the first the reference of the ratios."""
+    assert [(r["workload"], r["program"]) for r in rows] == [
+        (w, p) for w, labels in programs.items() for p in labels
+    ]
+    for workload in programs:
+        group = [r for r in rows if r["workload"] == workload]
+        assert float(group[0]["wall_vs_reference"]) == 1.0
+        for row in group:
+            assert row["same_work"] == "yes" and int(row["gradient_updates"]) > 0, row
+            assert float(row["median_wall_s"]) > 0 and row["runs"] == "1", row
+
+
+@pytest.mark.bench
+def test_quick_sacpqn_without_peers_runs_rlspeeds_side_and_says_what_is_left_out(tmp_path):
+    """No CleanRL or rejax here: rlspeed's two stacks of each CleanRL workload, and a line per
+    peer (and for the rejax workloads, gymnax) saying how to get it, on stdout and in the notes."""
+    result = _bench(["sacpqn", "--quick", "--out", "results"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = tmp_path / "results"
+    assert sorted(p.name for p in out.iterdir()) == ["sacpqn.csv", "sacpqn.md", "sacpqn.png"]
+    stacks = ["rlspeed torch gym-sync", "rlspeed flax fused"]
+    programs = {"sac-pendulum-cleanrl": stacks, "pqn-cartpole-cleanrl": stacks}
+    if not _without_gymnax():
+        programs |= {"sac-pendulum-rejax": stacks, "pqn-cartpole-rejax": stacks}
+    _check_peer_rows(_rows(out / "sacpqn.csv"), programs)
+    markdown = (out / "sacpqn.md").read_text()
+    for fragment in ("cleanrl left out:", "rejax left out:"):
+        assert fragment in markdown and f"sacpqn: {fragment}" in result.stdout, fragment
+    for stamp in ("## Configs", "CPU:", "torch "):
+        assert stamp in markdown, stamp
+
+
+@pytest.mark.gymnax
+def test_quick_jaxenvs_without_peers_writes_rates_and_rlspeeds_ppo_runs(tmp_path):
+    """gymnax CartPole-v1 and Breakout-MinAtar's env rates on three engines, and rlspeed's
+    PPO at each peer config (PureJaxRL's and rejax's, 1 and 16 seeds; Breakout-MinAtar)."""
+    pytest.importorskip("gymnax")
+    result = _bench(["jaxenvs", "--quick", "--out", "results"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = tmp_path / "results"
+    assert sorted(p.name for p in out.iterdir()) == [
+        f"{name}.{ext}" for name in ("jaxenvs_ppo", "jaxenvs_rates") for ext in ("csv", "md", "png")
+    ]
+    rates = _rows(out / "jaxenvs_rates.csv")
+    assert {(r["task"], r["mode"], r["num_envs"]) for r in rates} == {
+        (task, mode, n)
+        for task in ("CartPole-v1", "Breakout-MinAtar")
+        for mode in ("gym-sync", "jax-vmap", "jax-fused")
+        for n in ("1", "8")
+    }
+    fused = ["rlspeed flax fused"]
+    rows = _rows(out / "jaxenvs_ppo.csv")
+    _check_peer_rows(
+        rows,
+        {
+            "ppo-cartpole-purejaxrl-1-seed": fused, "ppo-cartpole-purejaxrl-16-seeds": fused,
+            "ppo-cartpole-rejax-1-seed": fused, "ppo-cartpole-rejax-16-seeds": fused,
+            "ppo-breakout-minatar": fused,
+        },
+    )  # fmt: skip
+    one, sixteen = rows[:2]
+    assert int(sixteen["env_steps"]) == 16 * int(one["env_steps"])
+    assert "purejaxrl left out:" in (out / "jaxenvs_ppo.md").read_text()

@@ -35,11 +35,19 @@ ACCELERATOR = {
     "gpu": "env steps/s up to 131,072 envs, DQN on Doors torch against flax, PPO on"
     " CartPole with 1 and 16 seeds; JAX on the accelerator (docs/benchmarks/gpu)",
 }
-# Benchmarks of programs outside rlspeed, given with --script (run by `all` only then).
+# Benchmarks of programs outside rlspeed: purejaxrl given with --script, the others with the
+# peer options (--purejaxrl, --rejax, --cleanrl); `all` runs them only when those are given.
 EXTERNAL = {
     "purejaxrl": "whole processes: PureJaxRL's DQN script (--script, --python) against the"
     " rlspeed command with its CartPole hyperparameters",
+    "jaxenvs": "gymnax CartPole-v1 and Breakout-MinAtar: env steps/s against num_envs on"
+    " task=gymnax, and PPO whole processes against PureJaxRL's ppo.py and rejax (--purejaxrl,"
+    " --rejax; needs the gymnax extra)",
+    "sacpqn": "whole processes: SAC and PQN against CleanRL's scripts and rejax (--cleanrl,"
+    " --rejax), rlspeed on torch + gym-sync and flax fused",
 }
+# The benchmarks that take the peer options.
+PEER_BENCHMARKS = ("jaxenvs", "sacpqn")
 # Benchmarks of this checkout against an earlier git revision (--rev; not run by `all`).
 REVISIONS = {
     "against": "whole processes: this checkout against --rev (default origin/main, else"
@@ -75,6 +83,34 @@ def main(argv: list[str] | None = None) -> int:
         "--python", help="purejaxrl: the Python that runs --script (default: this one)"
     )
     parser.add_argument(
+        "--purejaxrl",
+        type=Path,
+        metavar="DIR",
+        help="jaxenvs: a saved copy of PureJaxRL's repository (its purejaxrl/ppo.py)",
+    )
+    parser.add_argument(
+        "--purejaxrl-python",
+        metavar="PYTHON",
+        help="jaxenvs: the Python that runs PureJaxRL's script (jax, gymnax 0.0.9, flax,"
+        " optax, distrax; default: this one)",
+    )
+    parser.add_argument(
+        "--rejax", metavar="PYTHON", help="jaxenvs, sacpqn: a Python with rejax installed"
+    )
+    parser.add_argument(
+        "--cleanrl",
+        type=Path,
+        metavar="DIR",
+        help="sacpqn: a saved copy of CleanRL's repository (cleanrl/sac_continuous_action.py,"
+        " cleanrl/pqn.py, cleanrl_utils/)",
+    )
+    parser.add_argument(
+        "--cleanrl-python",
+        metavar="PYTHON",
+        help="sacpqn: the Python that runs CleanRL's scripts (torch, gymnasium 0.29.1, tyro,"
+        " tensorboard; default: this one)",
+    )
+    parser.add_argument(
         "--rev", help="against: the git revision compared (default: origin/main, else HEAD~1)"
     )
     parser.add_argument(
@@ -83,8 +119,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     known = {**BENCHMARKS, **ACCELERATOR, **EXTERNAL, **REVISIONS}
     names = args.names
+    peer_options = (args.purejaxrl, args.purejaxrl_python, args.rejax, args.cleanrl)
     if names == ["all"]:
-        names = list(BENCHMARKS) + (list(EXTERNAL) if args.script else [])
+        names = list(BENCHMARKS) + (["purejaxrl"] if args.script else [])
+        if any(option is not None for option in peer_options):
+            from rlspeed.bench.jaxenvs import gymnax_problem
+
+            # jaxenvs only with gymnax: `all` runs what it can.
+            names += [n for n in PEER_BENCHMARKS if n != "jaxenvs" or gymnax_problem() is None]
     unknown = [n for n in names if n not in known]
     if unknown:
         print(
@@ -96,6 +138,23 @@ def main(argv: list[str] | None = None) -> int:
         from rlspeed.bench.purejaxrl import missing_script
 
         problem = missing_script(args.script)
+        if problem:
+            print(problem, file=sys.stderr)
+            return 2
+    peers = None
+    if any(name in PEER_BENCHMARKS for name in names):
+        from rlspeed.bench.jaxenvs import gymnax_problem
+        from rlspeed.bench.peers import find_peers
+
+        try:
+            peers = find_peers(
+                args.purejaxrl, args.purejaxrl_python, args.rejax, args.cleanrl,
+                args.cleanrl_python,
+            )  # fmt: skip
+        except ValueError as error:
+            print(error, file=sys.stderr)
+            return 2
+        problem = gymnax_problem() if "jaxenvs" in names else None
         if problem:
             print(problem, file=sys.stderr)
             return 2
@@ -114,7 +173,9 @@ def main(argv: list[str] | None = None) -> int:
         start = time.perf_counter()
         module = importlib.import_module(f"rlspeed.bench.{name}")
         external: dict[str, object] = {}
-        if name in EXTERNAL:
+        if name in PEER_BENCHMARKS:
+            external = {"peers": peers}
+        elif name in EXTERNAL:
             external = {"script": args.script, "python": args.python}
         if name in REVISIONS:
             external = {"rev": args.rev, "repeats": args.repeats}

@@ -102,10 +102,18 @@ def _fused_rate(cfg: DictConfig, num_envs: int, budget_s: float) -> float:
     return num_envs * length * calls_per_second(block, budget_s)
 
 
-def measure(mode: str, task_name: str, compose: Any, num_envs: int, budget_s: float) -> float:
-    """Env steps/s of ``task_name`` stepped ``mode``'s way, ``num_envs`` wide."""
+def measure(
+    mode: str,
+    task_name: str,
+    compose: Any,
+    num_envs: int,
+    budget_s: float,
+    task_overrides: list[str] | None = None,
+) -> float:
+    """Env steps/s of ``task_name`` (the task ``task_overrides`` compose, if given) stepped
+    ``mode``'s way, ``num_envs`` wide."""
     engine = "jax-vmap" if mode == "jax-fused" else mode
-    cfg = compose([f"task={task_name}", f"env={engine}"])
+    cfg = compose([*(task_overrides or [f"task={task_name}"]), f"env={engine}"])
     rates = {"gym-sync": _gym_rate, "gym-async": _gym_rate, "jax-vmap": _vmap_rate}
     return rates.get(mode, _fused_rate)(cfg, num_envs, budget_s)
 
@@ -118,19 +126,22 @@ def rates_table(
     budget_s: float,
     max_envs: dict[str, int],
     tasks: tuple[str, ...] = ("doors", "cartpole"),
+    task_overrides: dict[str, list[str]] | None = None,
 ) -> Table:
     """Fill ``table`` with env steps/s of each of ``tasks`` for each of ``modes`` at each
     of ``env_counts`` (a mode stops at its ``max_envs``); ``x_gym_sync`` divides by
-    gym-sync's rate at the widest count it ran up to this one."""
+    gym-sync's rate at the widest count it ran up to this one. ``task_overrides``: the
+    overrides that compose a task named in ``tasks`` (default ``task=<name>``)."""
     for task_name in tasks:
-        task_cfg = compose([f"task={task_name}"]).task
-        table.configs.append(f"task={task_name}: {dict(task_cfg)}")
+        overrides = (task_overrides or {}).get(task_name, [f"task={task_name}"])
+        task_cfg = compose(overrides).task
+        table.configs.append(f"{' '.join(overrides)}: {dict(task_cfg)}")
         baseline = float("nan")
         for num_envs in env_counts:
             for mode in modes:
                 if num_envs > max_envs.get(mode, num_envs):
                     continue
-                rate = measure(mode, task_name, compose, num_envs, budget_s)
+                rate = measure(mode, task_name, compose, num_envs, budget_s, overrides)
                 if mode == "gym-sync":
                     baseline = rate
                 table.add(
@@ -164,15 +175,15 @@ def run(out_dir: Path, quick: bool, compose: Any) -> list[Path]:
 
 def plot_rates(table: Table, ax: Any) -> None:
     """env steps/s against num_envs, a line per (task, mode), on log scales."""
-    styles = {"doors": "-", "cartpole": "--", "halfcheetah": ":"}
-    for task_name in dict.fromkeys(r["task"] for r in table.rows):
+    lines = ("-", "--", ":", "-.")
+    for index, task_name in enumerate(dict.fromkeys(r["task"] for r in table.rows)):
         for color, mode in enumerate(MODES):
             rows = [r for r in table.rows if r["task"] == task_name and r["mode"] == mode]
             if rows:
                 ax.plot(
                     [r["num_envs"] for r in rows],
                     [r["env_steps_per_s"] for r in rows],
-                    styles[task_name],
+                    lines[index % len(lines)],
                     color=f"C{color}",
                     marker="o",
                     label=f"{task_name} {mode}",

@@ -10,18 +10,15 @@ flashbax and wandb installed (``--script``, ``--python``; ``HOW_TO_GET`` says ho
 from __future__ import annotations
 
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
-from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from rlspeed.bench.common import Table, write_results
+from rlspeed.bench.peers import ProcessTime, time_process
 
 # The script was written against gymnax's old step API (5 results), which 0.0.9 still has.
 HOW_TO_GET = (
@@ -98,26 +95,6 @@ def purejaxrl_work() -> tuple[int, int]:
     ends = (i * num_envs for i in range(1, iterations + 1))
     updates = sum(t > starts and t % interval == 0 for t in ends)
     return iterations * num_envs, updates
-
-
-@dataclass
-class ProcessTime:
-    wall_s: float  # process start to exit
-    cpu_s: float  # user + system time of the process and the children it waited for
-
-
-def time_process(command: list[str], cwd: Path, log: Path) -> ProcessTime:
-    """Run ``command`` to its end; its output goes to ``log``. RuntimeError if it fails."""
-    with log.open("w") as out:
-        start = time.perf_counter()
-        process = subprocess.Popen(command, cwd=cwd, stdout=out, stderr=subprocess.STDOUT)
-        _, status, usage = os.wait4(process.pid, 0)
-        wall = time.perf_counter() - start
-    process.returncode = os.waitstatus_to_exitcode(status)
-    if process.returncode != 0:
-        tail = log.read_text().strip().splitlines()[-3:]
-        raise RuntimeError(f"{command[0]} failed ({process.returncode}): " + " | ".join(tail))
-    return ProcessTime(wall, usage.ru_utime + usage.ru_stime)
 
 
 def missing_script(script: Path | None) -> str | None:

@@ -114,7 +114,10 @@ def main(argv: list[str] | None = None) -> int:
         "--rev", help="against: the git revision compared (default: origin/main, else HEAD~1)"
     )
     parser.add_argument(
-        "--repeats", type=int, help="against: interleaved pairs per workload (default 5; quick 2)"
+        "--repeats",
+        type=int,
+        help="against: interleaved pairs per workload (default 5; quick 2); jaxenvs, sacpqn:"
+        " runs of each program after its warm-up (default 5; quick 1)",
     )
     args = parser.parse_args(argv)
     known = {**BENCHMARKS, **ACCELERATOR, **EXTERNAL, **REVISIONS}
@@ -158,12 +161,15 @@ def main(argv: list[str] | None = None) -> int:
         if problem:
             print(problem, file=sys.stderr)
             return 2
+    if args.repeats is not None and args.repeats < 1:
+        print(
+            f"rlspeed-bench: invalid --repeats={args.repeats}: expected 1 or more", file=sys.stderr
+        )
+        return 2
     if "against" in names:
         from rlspeed.bench.against import revision_problem
 
         problem = revision_problem(args.rev)
-        if problem is None and args.repeats is not None and args.repeats < 1:
-            problem = f"rlspeed-bench: invalid --repeats={args.repeats}: expected 1 or more"
         if problem:
             print(problem, file=sys.stderr)
             return 2
@@ -174,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         module = importlib.import_module(f"rlspeed.bench.{name}")
         external: dict[str, object] = {}
         if name in PEER_BENCHMARKS:
-            external = {"peers": peers}
+            external = {"peers": peers, "repeats": args.repeats}
         elif name in EXTERNAL:
             external = {"script": args.script, "python": args.python}
         if name in REVISIONS:

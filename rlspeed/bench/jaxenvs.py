@@ -253,7 +253,13 @@ def workloads(quick: bool) -> list[Workload]:
     return found
 
 
-def run(out_dir: Path, quick: bool, compose: Any, peers: Peers | None = None) -> list[Path]:
+def run(
+    out_dir: Path,
+    quick: bool,
+    compose: Any,
+    peers: Peers | None = None,
+    repeats: int | None = None,
+) -> list[Path]:
     peers = peers or Peers()
     counts = (1, 8) if quick else (1, 16, 256, 4096, 16384)
     budget_s = 0.05 if quick else 1.5
@@ -277,7 +283,7 @@ def run(out_dir: Path, quick: bool, compose: Any, peers: Peers | None = None) ->
     left_out = missing_peers(peers, ("purejaxrl", "rejax"))
     for line in left_out:
         print(f"rlspeed-bench jaxenvs: {line}", flush=True)
-    repeats = 1 if quick else 5
+    repeats = repeats or (1 if quick else 5)
     outcomes, first = run_workloads(chosen, peers, repeats, warm_up=not quick)
     table = peer_table(
         "jaxenvs_ppo",

@@ -265,14 +265,20 @@ def workloads(quick: bool, gymnax: bool) -> list[Workload]:
     return found
 
 
-def run(out_dir: Path, quick: bool, compose: Any, peers: Peers | None = None) -> list[Path]:
+def run(
+    out_dir: Path,
+    quick: bool,
+    compose: Any,
+    peers: Peers | None = None,
+    repeats: int | None = None,
+) -> list[Path]:
     peers = peers or Peers()
     gymnax = importlib.util.find_spec("gymnax") is not None
     chosen = workloads(quick, gymnax)
     left_out = missing_peers(peers, ("cleanrl", "rejax")) + ([] if gymnax else [NO_GYMNAX])
     for line in left_out:
         print(f"rlspeed-bench sacpqn: {line}", flush=True)
-    repeats = 1 if quick else 5
+    repeats = repeats or (1 if quick else 5)
     outcomes, first = run_workloads(chosen, peers, repeats, warm_up=not quick)
     table = peer_table(
         "sacpqn",

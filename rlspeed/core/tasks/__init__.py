@@ -44,6 +44,11 @@ def _as_given(cfg: TaskConfig) -> TaskConfig:
     return cfg
 
 
+def _no_image(cfg: TaskConfig) -> None:
+    """``TaskSpec.image_shape`` of a task whose observations are never images."""
+    return None
+
+
 def check_settings(cfg: TaskConfig, **minimums: int) -> None:
     """Reject the first ``task.<key>`` out of its range: ``max_steps`` and, on tasks that have
     it, ``eval_episodes`` in [1, MAXIMUMS], then the task's own ``minimums`` (e.g. a grid's
@@ -143,3 +148,7 @@ class TaskSpec:
     # True where the Gymnasium env itself runs JAX (task=gymnax's face of its twin): JAX's
     # threads do not survive a fork, so gym-async starts its workers with spawn.
     env_runs_jax: bool = False
+    # (H, W, C) of image observations at these settings (a Box of rank 3), which
+    # ``algo.network=auto`` sends through a conv torso (``rlspeed.core.algos.networks``);
+    # None for any other. Worked out from the settings too.
+    image_shape: Callable[[Any], tuple[int, int, int] | None] = _no_image

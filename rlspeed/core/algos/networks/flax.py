@@ -38,6 +38,31 @@ def apply_output(module: nn.Module, params: VariableDict, *inputs: jax.Array) ->
     return module.apply(params, *inputs)  # type: ignore[return-value]
 
 
+class UnpaddedConv(nn.Module):
+    """``nn.Conv(features, (CONV_KERNEL, CONV_KERNEL), padding="VALID")`` as one matrix
+    product over the image's patches: the same parameters (kernel [k, k, in, out], bias) and
+    outputs. On the CPU XLA's convolution ran fused PPO on Breakout-MinAtar at 1.2 k env
+    steps/s, this product at 7 k."""
+
+    features: int
+    kernel_init: nn.initializers.Initializer
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        size = CONV_KERNEL
+        shape = (size, size, x.shape[-1], self.features)
+        kernel = self.param("kernel", self.kernel_init, shape)
+        bias = self.param("bias", nn.initializers.zeros_init(), (self.features,))
+        height, width = x.shape[-3] - size + 1, x.shape[-2] - size + 1
+        # Each position's patch in the kernel's (row, column, channel) order.
+        shifts = [
+            x[..., i : i + height, j : j + width, :] for i in range(size) for j in range(size)
+        ]
+        patches = jnp.concatenate(shifts, axis=-1)
+        out: jax.Array = patches @ kernel.reshape(-1, self.features) + bias
+        return out
+
+
 class MLP(nn.Module):
     """Observations -> ``activation`` after each hidden layer -> ``out_size`` outputs.
     ``output_gain``: orthogonal weights (``HIDDEN_GAIN`` in the hidden layers and the conv
@@ -73,11 +98,8 @@ class MLP(nn.Module):
             x = obs.astype(jnp.float32)
             if obs.dtype == jnp.uint8:
                 x = x / 255.0
-            for channels in CONV_CHANNELS:
-                kernel = (CONV_KERNEL, CONV_KERNEL)
-                conv = nn.Conv(
-                    channels, kernel, padding="VALID", kernel_init=kernel_init(HIDDEN_GAIN)
-                )
+            for i, channels in enumerate(CONV_CHANNELS):
+                conv = UnpaddedConv(channels, kernel_init(HIDDEN_GAIN), name=f"Conv_{i}")
                 x = nn.relu(conv(x))
             x = x.reshape(batch, -1)
         elif self.classes:

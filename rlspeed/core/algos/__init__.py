@@ -135,12 +135,12 @@ def network_size(cfg: RunConfig) -> NetworkSize:
     task = TASKS.get(cfg.task.name)
     inputs = task.network_inputs(cfg.task)
     image = task.image_shape(cfg.task)
-    torso = TorsoSize(0, 0, inputs)
-    if image is not None and takes_torso(getattr(cfg.algo, "network", "mlp"), image):
-        torso = torso_size(image)
+    conv = image is not None and takes_torso(getattr(cfg.algo, "network", "mlp"), image)
+    # Without a torso the input itself enters the hidden layers.
+    torso = torso_size(image) if image is not None and conv else TorsoSize(0, 0, inputs)
     widths = [torso.features, *cfg.algo.hidden_sizes]
     dense = sum(a * b for a, b in zip(widths, widths[1:], strict=False))
-    features = torso.features if torso.weights else 0
+    features = torso.features if conv else 0
     return NetworkSize(torso.weights + dense, torso.multiply_adds + dense, inputs + features)
 
 

@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlspeed.config import MAX_SEEDS, MAX_STEPS, RunConfig, is_fused
 from rlspeed.config_tree import check_creatable
-from rlspeed.core.algos import batch_rows, network_weights
+from rlspeed.core.algos import batch_rows, network_size
 from rlspeed.errors import ConfigError, StoreUnreachable
 from rlspeed.registry import ALGOS, BACKENDS, ENGINES, TASKS, TRACKERS
 
@@ -194,14 +194,14 @@ def auto_threads(cfg: RunConfig) -> int:
     The size is the multiply-adds of one forward pass of the largest batch the network sees
     (an update's batch, or one row per env when acting on more envs than that; times the
     seeds on the fused path, which vmaps them into the same products), from the network's
-    input width (``TaskSpec.network_inputs``). Tabular algorithms have no network and keep
-    the default (30 Q-learning agents: 5.7-5.8 M agent-steps/s with 2 threads, 5.5-5.7 M
-    with 1).
+    input width and image shape (``TaskSpec.network_inputs``, ``TaskSpec.image_shape``).
+    Tabular algorithms have no network and keep the default (30 Q-learning agents: 5.7-5.8 M
+    agent-steps/s with 2 threads, 5.5-5.7 M with 1).
     """
     if not getattr(cfg.algo, "hidden_sizes", None):
         return 0
     rows = batch_rows(cfg) * (cfg.num_seeds if is_fused(cfg) else 1)
-    macs = rows * network_weights(cfg)
+    macs = rows * network_size(cfg).multiply_adds
     return 1 if macs < ONE_THREAD_BELOW_MACS else 0
 
 

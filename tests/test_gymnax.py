@@ -312,7 +312,7 @@ def test_ppo_learns_cartpole_fused(tmp_path):
 
 
 def test_dqn_runs_a_minatar_game_fused(tmp_path):
-    """MinAtar's 10x10x4 grids reach DQN's network (flattened, until a CNN torso exists)."""
+    """MinAtar's 10x10x4 grids reach DQN's network (through its conv torso)."""
     run_dir = tmp_path / "run"
     args = ["task=gymnax", "task.id=Breakout-MinAtar", "algo=dqn", "num_envs=8"]
     budget = ["total_steps=2000", "algo.learning_starts=500", "log_every=1000"]

@@ -49,7 +49,7 @@ def test_help_describes_rlspeed_with_examples_and_user_groups(tmp_path: Path) ->
     groups = dict(re.findall(r"^  ([\w/]+): (.+)$", text, flags=re.MULTILINE))
     assert groups["algo"].split(", ")[0] == "dqn"
     assert "jax-vmap" in groups["env"] and "mlflow" in groups["tracking"]
-    assert set(groups) == {"algo", "backend", "env", "hparams", "task", "tracking"}
+    assert set(groups) == {"algo", "backend", "env", "hparams", "preset", "task", "tracking"}
     # The internals: typed schemas, per-pair defaults, an Optuna trial's keys.
     for internal in ("schema/", "algo_task", "trial:", "Powered by Hydra"):
         assert internal not in text

@@ -6,9 +6,17 @@ import importlib
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from rlspeed.config import ROLLING_EPISODES, plain
+from rlspeed.core.algos.networks import (
+    NETWORKS,
+    NetworkChoice,
+    TorsoSize,
+    fits_torso,
+    takes_torso,
+    torso_size,
+)
 from rlspeed.errors import ConfigError
 from rlspeed.machine import physical_memory
 from rlspeed.registry import ENGINES, TASKS
@@ -42,7 +50,7 @@ TRANSITION_EXTRA_BYTES = 64
 # moments (target networks and twin critics come on top).
 WEIGHT_COPIES = 4
 # Bytes of one entry of a network input batch: torch builds a one-hot input as int64
-# classes, then float32.
+# classes, then float32 (and an image's conv features as float32, then their flattened copy).
 INPUT_BYTES = 12
 # An MLP's hidden layers: more or wider than these is a runaway list or a typo, not a
 # network these algorithms train (a layer that wide is 2**48 weights from the one before).
@@ -91,12 +99,49 @@ def check_hidden_sizes(algo: NetworkSettings) -> None:
         raise ConfigError("algo.hidden_sizes", shown, allowed)
 
 
-def network_weights(cfg: RunConfig) -> int:
-    """Weights of one network of ``algo.hidden_sizes`` on the task's input width
-    (``TaskSpec.network_inputs``), the small output layer aside: also the multiply-adds of
-    one row through it."""
-    widths = [TASKS.get(cfg.task.name).network_inputs(cfg.task), *cfg.algo.hidden_sizes]
-    return sum(a * b for a, b in zip(widths, widths[1:], strict=False))
+def check_network(algo: NetworkChoice, cfg: RunConfig) -> None:
+    """``algo.network`` one of NETWORKS, and ``cnn`` only on image observations the conv
+    torso fits (``rlspeed.core.algos.networks``)."""
+    if algo.network not in NETWORKS:
+        raise ConfigError("algo.network", algo.network, f"one of {', '.join(NETWORKS)}")
+    image = TASKS.get(cfg.task.name).image_shape(cfg.task)
+    if algo.network == "cnn" and (image is None or not fits_torso(image)):
+        env_id = getattr(cfg.task, "id", None)  # task=gym's and task=gymnax's
+        task = f"task={cfg.task.name}" if env_id is None else f"task.id={env_id}"
+        observations = "no images" if image is None else f"images of {image}"
+        raise ConfigError(
+            "algo.network",
+            algo.network,
+            f"auto or mlp: cnn takes image observations (a Box of height x width x channels, "
+            f"at least 3 x 3), and {task}'s are {observations}",
+        )
+
+
+class NetworkSize(NamedTuple):
+    """One network of ``algo.hidden_sizes`` (behind the conv torso where it takes one) at the
+    task's settings, the small output layer aside."""
+
+    weights: int
+    # Multiply-adds of one row through it (a conv applies each weight at every position).
+    multiply_adds: int
+    # Entries of one row's input (``TaskSpec.network_inputs``) and of its conv features.
+    input_entries: int
+
+
+def network_size(cfg: RunConfig) -> NetworkSize:
+    """The size of the network ``cfg`` trains, from the task's input width
+    (``TaskSpec.network_inputs``) and image shape. Algorithms without ``algo.network``
+    (TD3, SAC) flatten every observation into their MLP."""
+    task = TASKS.get(cfg.task.name)
+    inputs = task.network_inputs(cfg.task)
+    image = task.image_shape(cfg.task)
+    conv = image is not None and takes_torso(getattr(cfg.algo, "network", "mlp"), image)
+    # Without a torso the input itself enters the hidden layers.
+    torso = torso_size(image) if image is not None and conv else TorsoSize(0, 0, inputs)
+    widths = [torso.features, *cfg.algo.hidden_sizes]
+    dense = sum(a * b for a, b in zip(widths, widths[1:], strict=False))
+    features = torso.features if conv else 0
+    return NetworkSize(torso.weights + dense, torso.multiply_adds + dense, inputs + features)
 
 
 def batch_rows(cfg: RunConfig) -> int:
@@ -117,11 +162,12 @@ def check_network_memory(cfg: RunConfig) -> None:
     largest input batch (``batch_rows``) at INPUT_BYTES an entry; a wide one-hot input
     costs in both. Last in a check: the input width may load the task's env module."""
     algo, agents = cfg.algo, agents_at_once(cfg)
-    weights = network_weights(cfg) * agents
-    inputs = TASKS.get(cfg.task.name).network_inputs(cfg.task)
-    entries = batch_rows(cfg) * inputs * agents
+    size = network_size(cfg)
+    weights = size.weights * agents
+    entries = batch_rows(cfg) * size.input_entries * agents
     needed, available = 4 * WEIGHT_COPIES * weights + INPUT_BYTES * entries, physical_memory()
     if needed > available:
+        inputs = TASKS.get(cfg.task.name).network_inputs(cfg.task)
         raise ConfigError(
             "algo.hidden_sizes",
             list(algo.hidden_sizes),

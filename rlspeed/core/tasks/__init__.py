@@ -54,6 +54,11 @@ def _with_nothing(cfg: TaskConfig, values: Mapping[str, Any]) -> TaskConfig:
     return cfg
 
 
+def _no_image(cfg: TaskConfig) -> None:
+    """``TaskSpec.image_shape`` of a task whose observations are never images."""
+    return None
+
+
 def check_settings(cfg: TaskConfig, **minimums: int) -> None:
     """Reject the first ``task.<key>`` out of its range: ``max_steps`` and, on tasks that have
     it, ``eval_episodes`` in [1, MAXIMUMS], then the task's own ``minimums`` (e.g. a grid's
@@ -160,3 +165,7 @@ class TaskSpec:
     # (settings, {name: value}) -> the settings with those traced values (tracers, inside
     # the program).
     with_traced: Callable[[Any, Mapping[str, Any]], Any] = _with_nothing
+    # (H, W, C) of image observations at these settings (a Box of rank 3), which
+    # ``algo.network=auto`` sends through a conv torso (``rlspeed.core.algos.networks``);
+    # None for any other. Worked out from the settings too.
+    image_shape: Callable[[Any], tuple[int, int, int] | None] = _no_image

@@ -75,6 +75,16 @@ def entries(space: gym.Space[Any]) -> int:
     return int(np.prod(cast("tuple[int, ...]", space.shape)))
 
 
+def image_shape(space: gym.Space[Any]) -> tuple[int, int, int] | None:
+    """(H, W, C) of image observations (a Box of rank 3: MinAtar's grids, camera frames),
+    None for any other."""
+    shape = space.shape
+    if observation_kind(space) != "continuous" or shape is None or len(shape) != 3:
+        return None
+    height, width, channels = shape
+    return height, width, channels
+
+
 def check_observations(space: gym.Space[Any], key: str, value: object) -> None:
     """One ConfigError line for an env whose observations no network or table takes."""
     if observation_kind(space) is None or entries(space) == 0:
@@ -142,6 +152,9 @@ class SpaceAnswers(Generic[Settings]):
             return entries(space)
         counts = _class_counts(space)
         return len(counts) * max(counts)
+
+    def image_shape(self, cfg: Settings) -> tuple[int, int, int] | None:
+        return image_shape(self.facts(cfg).observation_space)
 
     def num_states(self, cfg: Settings) -> int:
         return math.prod(_class_counts(self.facts(cfg).observation_space))

@@ -215,6 +215,7 @@ SPEC = TaskSpec(
     evaluate=evaluate,
     observation_bytes=ANSWERS.observation_bytes,
     network_inputs=ANSWERS.network_inputs,
+    image_shape=ANSWERS.image_shape,
     tabular=ANSWERS.tabular(),
     settle=settle,
     validate=validate,

@@ -230,6 +230,7 @@ SPEC = TaskSpec(
     evaluate_on_device=mean_return_on_device(make_functional, _standard),
     observation_bytes=ANSWERS.observation_bytes,
     network_inputs=ANSWERS.network_inputs,
+    image_shape=ANSWERS.image_shape,
     tabular=ANSWERS.tabular(),
     settle=settle,
     validate=validate,

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from rlspeed.core.algos import (
     AlgoSpec,
     check_hidden_sizes,
+    check_network,
     check_network_memory,
     check_ranges,
 )
@@ -55,6 +56,9 @@ class DQNConfig:
     # Fraction of total_steps over which epsilon decays linearly from start_e to end_e.
     exploration_fraction: float = 0.3
     hidden_sizes: list[int] = field(default_factory=lambda: [128, 128])
+    # auto (a conv torso before the hidden layers for image observations, as MinAtar's),
+    # mlp or cnn: NETWORKS in rlspeed/core/algos/networks/__init__.py.
+    network: str = "auto"
 
 
 OPTIMIZERS = ("adam", "sgd")
@@ -114,6 +118,7 @@ def validate(algo: DQNConfig, cfg: RunConfig) -> None:
         positive=("learning_rate",),
     )
     check_hidden_sizes(algo)
+    check_network(algo, cfg)
     # Imported here: the replay module loads NumPy, which a config error is printed without.
     from rlspeed.core.algos.replay import check_replay
 

@@ -23,7 +23,7 @@ import numpy as np
 import optax
 
 from rlspeed.core.algos.dqn import DQNSchedule, learning_rate_at
-from rlspeed.core.algos.encoding import input_size, one_hot_classes
+from rlspeed.core.algos.encoding import input_size, one_hot_classes, through_torso
 from rlspeed.core.algos.loops.fused import (
     FusedTrainer,
     per_seed_sum,
@@ -78,8 +78,14 @@ class DQNFunctions:
     ) -> None:
         algo = self.algo = cfg.algo
         self.n_actions = int(action_space.n)
+        # Observations (through the conv torso where they are images) -> Q-value of every
+        # action: hidden layers with ReLU.
         self.network = MLP(
-            self.n_actions, tuple(algo.hidden_sizes), one_hot_classes(obs_space), nn.relu
+            self.n_actions,
+            tuple(algo.hidden_sizes),
+            one_hot_classes(obs_space),
+            nn.relu,
+            torso=through_torso(obs_space, algo.network),
         )
         optimizer = optax.adam if algo.optimizer == "adam" else optax.sgd
         self.optimizer = optimizer(

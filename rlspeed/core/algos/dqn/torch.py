@@ -16,7 +16,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.dlpack import from_dlpack
 
-from rlspeed.core.algos.dqn import DQNSchedule, learning_rate_at
+from rlspeed.core.algos.dqn import DQNConfig, DQNSchedule, learning_rate_at
+from rlspeed.core.algos.encoding import through_torso
 from rlspeed.core.algos.networks.torch import (
     MLP,
     device_of_module,
@@ -33,6 +34,13 @@ if TYPE_CHECKING:
 
     from rlspeed.config import RunConfig
     from rlspeed.core import AgentCheckpoint, AnyArray
+
+
+def q_network(obs_space: spaces.Space[Any], action_space: spaces.Discrete, algo: DQNConfig) -> MLP:
+    """Observations (through the conv torso where they are images) -> Q-value of every
+    action: hidden layers with ReLU."""
+    torso = through_torso(obs_space, algo.network)
+    return MLP(obs_space, int(action_space.n), algo.hidden_sizes, nn.ReLU, torso=torso)
 
 
 @torch.no_grad()
@@ -67,9 +75,8 @@ class TorchLearner(DQNSchedule, ReplayLearner):
         self.n_actions = int(action_space.n)
         # Drawn on the CPU (the global generator), then moved: the same weights anywhere.
         self.device = device_of(cfg.backend)
-        self.q_network = MLP(obs_space, self.n_actions, algo.hidden_sizes, nn.ReLU).to(self.device)
-        self.target_network = MLP(obs_space, self.n_actions, algo.hidden_sizes, nn.ReLU)
-        self.target_network.to(self.device)
+        self.q_network = q_network(obs_space, action_space, algo).to(self.device)
+        self.target_network = q_network(obs_space, action_space, algo).to(self.device)
         self.target_network.load_state_dict(self.q_network.state_dict())
         self.optimizer = optimizer(algo.optimizer, self.q_network.parameters(), algo.learning_rate)
         self.updates = 0
@@ -151,6 +158,6 @@ def load_policies(
     action_space: spaces.Discrete,
 ) -> list[Policy]:
     """The greedy policy of a saved ``checkpoint.pt`` (``mode=eval``)."""
-    q_network = MLP(obs_space, int(action_space.n), cfg.algo.hidden_sizes, nn.ReLU)
-    q_network.load_state_dict(saved["q_network"])
-    return [partial(greedy_actions, q_network)]
+    network = q_network(obs_space, action_space, cfg.algo)
+    network.load_state_dict(saved["q_network"])
+    return [partial(greedy_actions, network)]

@@ -1,5 +1,6 @@
-"""The shared MLP in Flax (observations, one-hot encoded where categorical -> MLP), and the
-stochastic actor-critic of the on-policy algorithms (VPG, PPO) as pure functions."""
+"""The shared MLP in Flax (observations, one-hot encoded where categorical or through the
+conv torso where images -> MLP), and the stochastic actor-critic of the on-policy algorithms
+(VPG, PPO) as pure functions."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rlspeed.core.algos.encoding import one_hot_classes
+from rlspeed.core.algos.encoding import one_hot_classes, through_torso
 from rlspeed.core.algos.networks import (
+    CONV_CHANNELS,
+    CONV_KERNEL,
     HIDDEN_GAIN,
     LAYER_NORM_EPSILON,
     POLICY_GAIN,
@@ -35,11 +38,40 @@ def apply_output(module: nn.Module, params: VariableDict, *inputs: jax.Array) ->
     return module.apply(params, *inputs)  # type: ignore[return-value]
 
 
+class UnpaddedConv(nn.Module):
+    """``nn.Conv(features, (CONV_KERNEL, CONV_KERNEL), padding="VALID")`` as one matrix
+    product over the image's patches: the same parameters (kernel [k, k, in, out], bias) and
+    outputs. On the CPU XLA's convolution ran fused PPO on Breakout-MinAtar at 1.2 k env
+    steps/s, this product at 7 k."""
+
+    features: int
+    kernel_init: nn.initializers.Initializer
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        size = CONV_KERNEL
+        shape = (size, size, x.shape[-1], self.features)
+        kernel = self.param("kernel", self.kernel_init, shape)
+        bias = self.param("bias", nn.initializers.zeros_init(), (self.features,))
+        height, width = x.shape[-3] - size + 1, x.shape[-2] - size + 1
+        # Each position's patch in the kernel's (row, column, channel) order.
+        shifts = [
+            x[..., i : i + height, j : j + width, :] for i in range(size) for j in range(size)
+        ]
+        patches = jnp.concatenate(shifts, axis=-1)
+        out: jax.Array = patches @ kernel.reshape(-1, self.features) + bias
+        return out
+
+
 class MLP(nn.Module):
     """Observations -> ``activation`` after each hidden layer -> ``out_size`` outputs.
-    ``output_gain``: orthogonal weights (``HIDDEN_GAIN`` in the hidden layers, this gain on
-    the output; biases 0) instead of flax's default LeCun normal. ``layer_norm``: a
-    LayerNorm between each hidden layer and its activation (PQN)."""
+    ``output_gain``: orthogonal weights (``HIDDEN_GAIN`` in the hidden layers and the conv
+    torso, this gain on the output; biases 0) instead of flax's default LeCun normal.
+    ``layer_norm``: a LayerNorm between each hidden layer and its activation (PQN).
+    ``torso``: image observations [B, H, W, C] go through the conv torso (``CONV_CHANNELS``,
+    each conv followed by a ReLU) into the first hidden layer
+    (``rlspeed.core.algos.encoding.through_torso``); uint8 images (camera frames) are
+    scaled to [0, 1]."""
 
     out_size: int
     hidden_sizes: Sequence[int]
@@ -47,20 +79,33 @@ class MLP(nn.Module):
     activation: Callable[[jax.Array], jax.Array] = nn.tanh
     output_gain: float | None = None
     layer_norm: bool = False
+    torso: bool = False
 
     @nn.compact
     def __call__(self, obs: jax.Array) -> jax.Array:
         batch = obs.shape[0]
-        if self.classes:
+        orthogonal = self.output_gain is not None
+
+        def kernel_init(gain: float | None) -> nn.initializers.Initializer:
+            if not orthogonal or gain is None:
+                return nn.linear.default_kernel_init  # LeCun normal
+            return nn.initializers.orthogonal(gain)
+
+        def dense(size: int, gain: float | None) -> nn.Dense:
+            return nn.Dense(size, kernel_init=kernel_init(gain))
+
+        if self.torso:
+            x = obs.astype(jnp.float32)
+            if obs.dtype == jnp.uint8:
+                x = x / 255.0
+            for i, channels in enumerate(CONV_CHANNELS):
+                conv = UnpaddedConv(channels, kernel_init(HIDDEN_GAIN), name=f"Conv_{i}")
+                x = nn.relu(conv(x))
+            x = x.reshape(batch, -1)
+        elif self.classes:
             x = jax.nn.one_hot(obs, self.classes).reshape(batch, -1)
         else:
             x = obs.reshape(batch, -1).astype(jnp.float32)
-        orthogonal = self.output_gain is not None
-
-        def dense(size: int, gain: float | None) -> nn.Dense:
-            if not orthogonal or gain is None:
-                return nn.Dense(size)
-            return nn.Dense(size, kernel_init=nn.initializers.orthogonal(gain))
 
         for size in self.hidden_sizes:
             x = dense(size, HIDDEN_GAIN)(x)
@@ -79,10 +124,17 @@ class Policy(nn.Module):
     classes: int
     initial_log_std: float | None
     output_gain: float | None = None
+    torso: bool = False
 
     @nn.compact
     def __call__(self, obs: jax.Array) -> tuple[jax.Array, jax.Array | None]:
-        out = MLP(self.out_size, self.hidden_sizes, self.classes, output_gain=self.output_gain)(obs)
+        out = MLP(
+            self.out_size,
+            self.hidden_sizes,
+            self.classes,
+            output_gain=self.output_gain,
+            torso=self.torso,
+        )(obs)
         if self.initial_log_std is None:
             return out, None
         init = nn.initializers.constant(self.initial_log_std)
@@ -114,8 +166,9 @@ class ActorCritic:
             out_size = int(cast("spaces.Discrete", action_space).n)
         log_std = float(algo.initial_log_std) if self.continuous else None
         policy_gain, value_gain = (POLICY_GAIN, VALUE_GAIN) if orthogonal else (None, None)
-        self.policy = Policy(out_size, hidden, classes, log_std, policy_gain)
-        self.value = MLP(1, hidden, classes, output_gain=value_gain)
+        torso = through_torso(obs_space, algo.network)
+        self.policy = Policy(out_size, hidden, classes, log_std, policy_gain, torso)
+        self.value = MLP(1, hidden, classes, output_gain=value_gain, torso=torso)
         # Never None: gymnasium types every space's shape as optional, for the spaces without
         # one (Dict, Tuple), which no algorithm takes.
         obs_shape = cast("tuple[int, ...]", obs_space.shape)

@@ -1,12 +1,12 @@
-"""The shared MLP in PyTorch (observations, one-hot encoded where categorical -> MLP), the
-optimizers every torch learner builds, and the stochastic actor-critic of the on-policy
-algorithms (VPG, PPO)."""
+"""The shared MLP in PyTorch (observations, one-hot encoded where categorical or through the
+conv torso where images -> MLP), the optimizers every torch learner builds, and the
+stochastic actor-critic of the on-policy algorithms (VPG, PPO)."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import numpy as np
 import torch
@@ -15,13 +15,16 @@ from torch import nn
 from torch.distributions import Categorical, Distribution, Independent, Normal
 from torch.utils.dlpack import from_dlpack
 
-from rlspeed.core.algos.encoding import input_size, one_hot_classes
+from rlspeed.core.algos.encoding import input_size, one_hot_classes, through_torso
 from rlspeed.core.algos.networks import (
+    CONV_CHANNELS,
+    CONV_KERNEL,
     HIDDEN_GAIN,
     LAYER_NORM_EPSILON,
     POLICY_GAIN,
     VALUE_GAIN,
     ActorCriticSettings,
+    torso_size,
 )
 from rlspeed.seeding import Stream, int_seed
 
@@ -31,12 +34,24 @@ if TYPE_CHECKING:
     from rlspeed.core import AgentCheckpoint, XpArray
 
 
-def lecun_normal_(layer: nn.Linear) -> nn.Linear:
-    """Flax's default init (truncated LeCun normal, zero bias), so both stacks start alike."""
-    std = math.sqrt(1.0 / layer.in_features) / 0.87962566103423978
-    nn.init.trunc_normal_(layer.weight, std=std, a=-2 * std, b=2 * std)
+# A dense or a conv layer: the inits below treat each weight's fan-in alike.
+Layer = TypeVar("Layer", nn.Linear, nn.Conv2d)
+
+
+def zero_bias(layer: Layer) -> Layer:
+    # Every layer here is built with a bias (torch's default); a conv's is typed optional.
+    assert layer.bias is not None
     nn.init.zeros_(layer.bias)
     return layer
+
+
+def lecun_normal_(layer: Layer) -> Layer:
+    """Flax's default init (truncated LeCun normal, zero bias), so both stacks start alike."""
+    # Inputs to one output: a dense layer's in_features, a conv's kernel area x channels.
+    fan_in = layer.weight[0].numel()
+    std = math.sqrt(1.0 / fan_in) / 0.87962566103423978
+    nn.init.trunc_normal_(layer.weight, std=std, a=-2 * std, b=2 * std)
+    return zero_bias(layer)
 
 
 def optimizer(name: str, params: Iterable[nn.Parameter], lr: float) -> torch.optim.Optimizer:
@@ -59,18 +74,30 @@ def from_numpy(x: np.ndarray, device: torch.device) -> torch.Tensor:
     return torch.from_numpy(np.asarray(x)).to(device)
 
 
-def orthogonal_(layer: nn.Linear, gain: float) -> nn.Linear:
+def orthogonal_(layer: Layer, gain: float) -> Layer:
     """Orthogonal weights scaled by ``gain``, zero bias (``orthogonal_init``)."""
     nn.init.orthogonal_(layer.weight, gain)
-    nn.init.zeros_(layer.bias)
-    return layer
+    return zero_bias(layer)
+
+
+def image_features(images: torch.Tensor, torso: nn.Module) -> torch.Tensor:
+    """Images [B, H, W, C] (as envs give them) through ``torso`` (channels first, as torch's
+    convolutions take them), flattened in flax's (H, W, channel) order, so one dense weight
+    fits both backends. uint8 images (camera frames) are scaled to [0, 1]."""
+    x = images.float()
+    if images.dtype == torch.uint8:
+        x = x / 255.0
+    features: torch.Tensor = torso(x.permute(0, 3, 1, 2))
+    return features.permute(0, 2, 3, 1).flatten(1)
 
 
 class MLP(nn.Module):
     """Observations -> ``activation`` after each hidden layer -> ``out_size`` outputs.
-    ``output_gain``: orthogonal weights (``HIDDEN_GAIN`` in the hidden layers, this gain on
-    the output; biases 0) instead of LeCun normal. ``layer_norm``: a LayerNorm between each
-    hidden layer and its activation (PQN)."""
+    ``output_gain``: orthogonal weights (``HIDDEN_GAIN`` in the hidden layers and the conv
+    torso, this gain on the output; biases 0) instead of LeCun normal. ``layer_norm``: a
+    LayerNorm between each hidden layer and its activation (PQN). ``torso``: image
+    observations go through the conv torso (``CONV_CHANNELS``, each conv followed by a
+    ReLU) into the first hidden layer (``rlspeed.core.algos.encoding.through_torso``)."""
 
     def __init__(
         self,
@@ -80,16 +107,30 @@ class MLP(nn.Module):
         activation: type[nn.Module] = nn.Tanh,
         output_gain: float | None = None,
         layer_norm: bool = False,
+        torso: bool = False,
     ) -> None:
         super().__init__()
         self.classes = one_hot_classes(obs_space)
-        sizes = [input_size(obs_space), *hidden_sizes]
 
-        def init(layer: nn.Linear, gain: float | None) -> nn.Linear:
+        def init(layer: Layer, gain: float | None) -> Layer:
             if output_gain is None or gain is None:
                 return lecun_normal_(layer)
             return orthogonal_(layer, gain)
 
+        self.torso: nn.Sequential | None = None
+        inputs = input_size(obs_space)
+        if torso:
+            # Never None: an image's shape (H, W, C).
+            image = cast("tuple[int, int, int]", obs_space.shape)
+            convs: list[nn.Module] = []
+            channels = image[2]
+            for out_channels in CONV_CHANNELS:
+                conv = nn.Conv2d(channels, out_channels, CONV_KERNEL)
+                convs += [init(conv, HIDDEN_GAIN), nn.ReLU()]
+                channels = out_channels
+            self.torso = nn.Sequential(*convs)
+            inputs = torso_size(image).features
+        sizes = [inputs, *hidden_sizes]
         layers: list[nn.Module] = []
         for fan_in, fan_out in zip(sizes[:-1], sizes[1:], strict=True):
             layers.append(init(nn.Linear(fan_in, fan_out), HIDDEN_GAIN))
@@ -100,7 +141,9 @@ class MLP(nn.Module):
         self.net = nn.Sequential(*layers)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        if self.classes:
+        if self.torso is not None:
+            x = image_features(obs, self.torso)
+        elif self.classes:
             x = F.one_hot(obs.long(), self.classes).flatten(1).float()
         else:
             x = obs.flatten(1).float()
@@ -127,7 +170,8 @@ class Policy(nn.Module):
             if self.continuous
             else int(cast("spaces.Discrete", action_space).n)
         )
-        self.net = MLP(obs_space, out_size, algo.hidden_sizes, output_gain=output_gain)
+        torso = through_torso(obs_space, algo.network)
+        self.net = MLP(obs_space, out_size, algo.hidden_sizes, output_gain=output_gain, torso=torso)
         if self.continuous:
             self.log_std = nn.Parameter(torch.full((out_size,), float(algo.initial_log_std)))
 
@@ -158,7 +202,9 @@ class ActorCritic:
         self.device = device or torch.device("cpu")
         policy_gain, value_gain = (POLICY_GAIN, VALUE_GAIN) if orthogonal else (None, None)
         self.policy = Policy(obs_space, action_space, algo, policy_gain).to(self.device)
-        self.value = MLP(obs_space, 1, algo.hidden_sizes, output_gain=value_gain).to(self.device)
+        torso = through_torso(obs_space, algo.network)
+        self.value = MLP(obs_space, 1, algo.hidden_sizes, output_gain=value_gain, torso=torso)
+        self.value.to(self.device)
         if self.policy.continuous:
             box = cast("spaces.Box", action_space)
             self.low = from_numpy(box.low, self.device)

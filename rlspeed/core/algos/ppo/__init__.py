@@ -21,6 +21,7 @@ from rlspeed.core.algos import (
     agents_at_once,
     check_hidden_sizes,
     check_memory,
+    check_network,
     check_network_memory,
     check_ranges,
 )
@@ -93,6 +94,9 @@ class PPOConfig:
     # Gaussian policies (continuous actions): the initial state-independent log std.
     initial_log_std: float = 0.0
     hidden_sizes: list[int] = field(default_factory=lambda: [64, 64])
+    # auto (a conv torso before the hidden layers for image observations, as MinAtar's),
+    # mlp or cnn: NETWORKS in rlspeed/core/algos/networks/__init__.py.
+    network: str = "auto"
     # Normalise observations by the running mean and variance of every observation acted on
     # (rlspeed/core/algos/normalization.py), clipped to +-obs_clip; the statistics are saved with
     # the agent. Continuous observations only. Off by default: on for the continuous tasks
@@ -180,6 +184,7 @@ def validate(algo: PPOConfig, cfg: RunConfig) -> None:
         finite=("initial_log_std",),
     )
     check_hidden_sizes(algo)
+    check_network(algo, cfg)
     # Categorical observations are one-hot encoded: a normalised cell code is no class.
     if algo.normalize_obs and TASKS.get(cfg.task.name).tabular is not None:
         raise ConfigError(

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, ClassVar
 from rlspeed.core.algos import (
     AlgoSpec,
     check_hidden_sizes,
+    check_network,
     check_network_memory,
     check_ranges,
 )
@@ -68,6 +69,9 @@ class PQNConfig:
     exploration_fraction: float = 0.5
     # Each hidden layer is followed by a LayerNorm, then a ReLU.
     hidden_sizes: list[int] = field(default_factory=lambda: [120, 84])
+    # auto (a conv torso before the hidden layers for image observations, as MinAtar's),
+    # mlp or cnn: NETWORKS in rlspeed/core/algos/networks/__init__.py.
+    network: str = "auto"
 
 
 def validate(algo: PQNConfig, cfg: RunConfig) -> None:
@@ -80,6 +84,7 @@ def validate(algo: PQNConfig, cfg: RunConfig) -> None:
         off_at_zero=("max_grad_norm",),
     )
     check_hidden_sizes(algo)
+    check_network(algo, cfg)
     check_minibatches(algo, cfg)
     check_network_memory(cfg)
 

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import optax
 
 from rlspeed.core.algos.dqn.flax import epsilon_greedy
-from rlspeed.core.algos.encoding import one_hot_classes
+from rlspeed.core.algos.encoding import one_hot_classes, through_torso
 from rlspeed.core.algos.loops.fused import FusedTrainer, saved_agent_policies
 from rlspeed.core.algos.networks.flax import MLP, apply_output
 from rlspeed.core.algos.ppo import batches_in_run
@@ -76,7 +76,8 @@ class PQNFunctions:
         self.n_actions = int(action_space.n)
         hidden = tuple(algo.hidden_sizes)
         classes = one_hot_classes(obs_space)
-        self.network = MLP(self.n_actions, hidden, classes, nn.relu, layer_norm=True)
+        torso = through_torso(obs_space, algo.network)
+        self.network = MLP(self.n_actions, hidden, classes, nn.relu, layer_norm=True, torso=torso)
         self.updates_per_batch = algo.update_epochs * algo.num_minibatches
         self.optimizer = optimizer(algo, self.updates_per_batch, batches)
         # Never None: gymnasium types every space's shape as optional, for the spaces without

@@ -14,6 +14,7 @@ from torch import nn
 from torch.utils.dlpack import from_dlpack
 
 from rlspeed.core.algos.dqn.torch import epsilon_greedy, greedy_actions
+from rlspeed.core.algos.encoding import through_torso
 from rlspeed.core.algos.networks.torch import MLP, from_numpy
 from rlspeed.core.algos.ppo import batches_in_run
 from rlspeed.core.algos.ppo.torch import MinibatchUpdates
@@ -32,9 +33,11 @@ if TYPE_CHECKING:
 
 
 def q_network(obs_space: spaces.Space[Any], action_space: spaces.Discrete, cfg: RunConfig) -> MLP:
-    """Observations -> Q-value of every action: hidden layers with LayerNorm and ReLU."""
-    n_actions = int(action_space.n)
-    return MLP(obs_space, n_actions, cfg.algo.hidden_sizes, nn.ReLU, layer_norm=True)
+    """Observations (through the conv torso where they are images) -> Q-value of every
+    action: hidden layers with LayerNorm and ReLU."""
+    n_actions, algo = int(action_space.n), cfg.algo
+    torso = through_torso(obs_space, algo.network)
+    return MLP(obs_space, n_actions, algo.hidden_sizes, nn.ReLU, layer_norm=True, torso=torso)
 
 
 class TorchLearner(MinibatchUpdates, RolloutLearner):

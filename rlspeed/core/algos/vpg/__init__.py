@@ -18,6 +18,7 @@ from rlspeed.core.algos import (
     AlgoSpec,
     check_hidden_sizes,
     check_memory,
+    check_network,
     check_network_memory,
     check_ranges,
 )
@@ -50,6 +51,9 @@ class VPGConfig:
     # (0: std 1, wide exploration within the usual [-1, 1] or [-2, 2] action bounds).
     initial_log_std: float = 0.0
     hidden_sizes: list[int] = field(default_factory=lambda: [64, 64])
+    # auto (a conv torso before the hidden layers for image observations, as MinAtar's),
+    # mlp or cnn: NETWORKS in rlspeed/core/algos/networks/__init__.py.
+    network: str = "auto"
 
 
 def validate(algo: VPGConfig, cfg: RunConfig) -> None:
@@ -63,6 +67,7 @@ def validate(algo: VPGConfig, cfg: RunConfig) -> None:
         finite=("initial_log_std",),
     )
     check_hidden_sizes(algo)
+    check_network(algo, cfg)
     # A batch holds num_steps transitions of every env.
     check_memory(cfg, ("algo.num_steps", algo.num_steps * cfg.num_envs))
     check_network_memory(cfg)

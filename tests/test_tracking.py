@@ -404,3 +404,23 @@ def test_tracking_wandb_without_wandb_says_how_to_install_it(monkeypatch):
     assert str(refused.value) == (
         'rlspeed: invalid tracking=wandb: expected an installed wandb: pip install "rlspeed[wandb]"'
     )
+
+
+def test_wandb_variables_stand_in_for_null_settings_and_are_checked_alike(monkeypatch):
+    from omegaconf import OmegaConf
+
+    from rlspeed.config import TrackingConfig
+    from rlspeed.errors import ConfigError
+    from rlspeed.tracking.wandb import check, project, wandb_dir
+
+    cfg = OmegaConf.structured(TrackingConfig(name="wandb"))
+    assert project(cfg) == "rlspeed" and wandb_dir(cfg, Path("run")) == Path("run")
+    monkeypatch.setenv("WANDB_PROJECT", "a:b")
+    monkeypatch.setenv("WANDB_DIR", "/tmp/w")
+    assert project(cfg) == "a:b" and wandb_dir(cfg, Path("run")) == Path("/tmp/w")
+    with pytest.raises(ConfigError, match="invalid WANDB_PROJECT=a:b: expected a W&B project"):
+        check(cfg)
+    monkeypatch.delenv("WANDB_PROJECT")
+    monkeypatch.setenv("WANDB_MODE", "sometimes")
+    with pytest.raises(ConfigError, match="invalid WANDB_MODE=sometimes: expected one of online"):
+        check(cfg)

@@ -94,7 +94,10 @@ def check(cfg: DictConfig) -> None:
     mode = os.environ.get("WANDB_MODE")
     if cfg.mode is None and mode and mode not in ENV_MODES:
         raise ConfigError("WANDB_MODE", mode, f"one of {', '.join(ENV_MODES)}")
-    _check_name("tracking.project", project(cfg), "a W&B project")
+    key = (
+        "tracking.project" if cfg.project or "WANDB_PROJECT" not in os.environ else "WANDB_PROJECT"
+    )
+    _check_name(key, project(cfg), "a W&B project")
     if cfg.entity is not None:
         _check_name("tracking.entity", cfg.entity, "a W&B entity (a user or team)")
     if cfg.group is not None and not 0 < len(cfg.group) <= MAX_NAME:

@@ -287,9 +287,13 @@ def _finishing(run: Run, status: str, failure: str | None) -> Iterator[Unrecorde
         errors = [failure, *problems()] if failure else problems()
         # W&B's run id is no MLflow run's: metrics.json has it as wandb_run_id.
         key = "wandb_run_id" if run.cfg.tracking.name == "wandb" else "mlflow_run_id"
-        run_ids = {"mlflow_run_id": None, key: tracker.run_id}
         metrics = partial(
-            write_metrics, monitor, status=final_status(), errors=errors, run_ids=run_ids
+            write_metrics,
+            monitor,
+            status=final_status(),
+            errors=errors,
+            run_id=tracker.run_id,
+            id_key=key,
         )
         write(OutputFile(out_dir / "metrics.json", metrics))
         final = final_status()
@@ -304,14 +308,21 @@ def write_text(path: Path, text: str) -> Path:
 
 
 def write_metrics(
-    monitor: RunMonitor, path: Path, status: str, errors: list[str], run_ids: dict[str, Any]
+    monitor: RunMonitor,
+    path: Path,
+    status: str,
+    errors: list[str],
+    run_id: str | None,
+    id_key: str = "mlflow_run_id",
 ) -> Path:
     summary = {
         "status": status,
         # Why the run is not fully recorded (a full disk, a dead tracking server); [] if it is.
         "errors": errors,
-        # The tracked run's id: mlflow_run_id (and wandb_run_id for W&B), null where none.
-        **run_ids,
+        # The tracked run's id as ``id_key``: MLflow's, or W&B's as wandb_run_id (null where
+        # there is none).
+        "mlflow_run_id": None,
+        id_key: run_id,
         "num_seeds": monitor.num_seeds,
         # Means over seeds where num_seeds > 1; per-seed values under "seeds".
         "score": monitor.score,

@@ -16,7 +16,8 @@ run is kept beside its results for ``wandb sync``. What maps to what:
   every chart's x-axis (``define_metric``): the seeds of a host-driven run log their steps
   one seed after another, which W&B's own step, always rising, would drop;
 - the run's files (the agent's checkpoint, ``config.yaml``, ``metrics.json``,
-  ``learning_curve.png``) are one artifact of type ``model``, ``model-<run id>``;
+  ``learning_curve.png``) are one artifact of type ``model``, ``model-<run id>``, as they
+  were when the run ended;
 - how it ended is its exit code (FINISHED 0, FAILED 1, KILLED 130, as Ctrl-C's) and the
   summary's ``status``;
 - a requeued SLURM job continues the W&B run of its earlier attempt (``id=``,
@@ -230,13 +231,13 @@ class WandbStore:
         if run is None:
             return
         if self._files and not run.disabled:
-            files, self._files = self._files, []
             model = wandb.Artifact(f"model-{run.id}", type="model", metadata={"status": status})
-            for path in files:
-                # Referenced where it is, not copied to W&B's staging folder: an offline run's
-                # artifact stays whole in its run folder until `wandb sync`.
-                model.add_file(str(path), name=path.name, policy="immutable")
+            for path in self._files:
+                # Copied as they are now (W&B's staging folder, WANDB_DATA_DIR, until they are
+                # uploaded): a requeued job writes the same names in the folder again.
+                model.add_file(str(path), name=path.name)
             run.log_artifact(model, aliases=["latest", status.lower()])
+            self._files = []
         run.summary["status"] = status
         run.finish(exit_code=EXIT_CODES[status])
 

@@ -52,6 +52,16 @@ class TrackingConfig:
     parent_run_id: str | None = None
     # tracking=tensorboard: the folder of the event files; None: <run folder>/tensorboard.
     log_dir: str | None = None
+    # tracking=wandb (rlspeed.tracking.wandb): the W&B project (None: WANDB_PROJECT, else
+    # rlspeed) and entity (None: W&B's default); mode online, offline or disabled (None:
+    # WANDB_MODE, else online); the folder W&B keeps its wandb/ in (None: WANDB_DIR, else
+    # the run folder); the run's group (None: an Optuna trial's study) and tags of its own.
+    project: str | None = None
+    entity: str | None = None
+    mode: str | None = None
+    dir: str | None = None
+    group: str | None = None
+    tags: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

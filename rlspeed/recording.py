@@ -290,8 +290,15 @@ def _finishing(run: Run, status: str, failure: str | None) -> Iterator[Unrecorde
         # (the tracker has written all it was given, or says why not).
         tracker.flush()
         errors = [failure, *problems()] if failure else problems()
+        # W&B's run id is no MLflow run's: metrics.json has it as wandb_run_id.
+        key = "wandb_run_id" if run.cfg.tracking.name == "wandb" else "mlflow_run_id"
         metrics = partial(
-            write_metrics, monitor, status=final_status(), errors=errors, run_id=tracker.run_id
+            write_metrics,
+            monitor,
+            status=final_status(),
+            errors=errors,
+            run_id=tracker.run_id,
+            id_key=key,
         )
         write(OutputFile(out_dir / "metrics.json", metrics))
         final = final_status()
@@ -306,13 +313,21 @@ def write_text(path: Path, text: str) -> Path:
 
 
 def write_metrics(
-    monitor: RunMonitor, path: Path, status: str, errors: list[str], run_id: str | None
+    monitor: RunMonitor,
+    path: Path,
+    status: str,
+    errors: list[str],
+    run_id: str | None,
+    id_key: str = "mlflow_run_id",
 ) -> Path:
     summary = {
         "status": status,
         # Why the run is not fully recorded (a full disk, a dead tracking server); [] if it is.
         "errors": errors,
-        "mlflow_run_id": run_id,
+        # The tracked run's id as ``id_key``: MLflow's, or W&B's as wandb_run_id (null where
+        # there is none).
+        "mlflow_run_id": None,
+        id_key: run_id,
         "num_seeds": monitor.num_seeds,
         # Means over seeds where num_seeds > 1; per-seed values under "seeds".
         "score": monitor.score,
@@ -457,7 +472,8 @@ def summary(run: Run, result: TrainResult) -> None:
         # The agent's checkpoint (the MLflow artifact), not the resume state beside it.
         where += [("checkpoint", str(f.path.resolve())) for f in files if f.artifact]
     if run.tracker.run_id is not None:
-        where.append(("MLflow run id", run.tracker.run_id))
+        label = {"wandb": "W&B run id"}.get(run.cfg.tracking.name, "MLflow run id")
+        where.append((label, run.tracker.run_id))
     where += run.tracker.links().items()
     width = max(len(key) for key, _ in where)
     lines = "\n".join(f"{key:<{width}}  {value}" for key, value in where)

@@ -190,6 +190,7 @@ CORE_BASE = {
 # What belongs to the tool around the core: the command line, configs, tracking, progress,
 # sweeps, clusters.
 SHELL_LIBRARIES = {"hydra", "omegaconf", "mlflow", "optuna", "rich", "tensorboard", "submitit"}
+SHELL_LIBRARIES |= {"wandb"}
 
 
 def in_core(module: str) -> bool:
@@ -246,11 +247,12 @@ def test_the_shell_check_sees_a_shell_library_and_a_shell_module() -> None:
     assert "rlspeed.monitor" in core_closure(graph)
     assert "hydra" in libraries_imported("rlspeed.preflight")
     assert "tensorboard" in libraries_imported("rlspeed.tracking.tensorboard")
+    assert "wandb" in libraries_imported("rlspeed.tracking.wandb")
 
 
 def test_importing_the_core_loads_no_config_tracking_or_sweep_library() -> None:
     """At run time too: the core's modules imported in a fresh process load none of Hydra,
-    OmegaConf, MLflow, Optuna or submitit (rich and TensorBoard are not asked of it: Flax
+    OmegaConf, MLflow, Optuna, submitit or W&B (rich and TensorBoard are not asked of it: Flax
     imports rich itself)."""
     modules = [
         "rlspeed.core.algos.ppo.flax",
@@ -265,7 +267,7 @@ def test_importing_the_core_loads_no_config_tracking_or_sweep_library() -> None:
     code = (
         f"import sys\nfor m in {modules!r}: __import__(m)\n"
         "print(sorted({m.split('.')[0] for m in sys.modules} & "
-        "{'hydra', 'omegaconf', 'mlflow', 'optuna', 'submitit'}))"
+        "{'hydra', 'omegaconf', 'mlflow', 'optuna', 'submitit', 'wandb'}))"
     )
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True

@@ -364,3 +364,63 @@ def test_tensorboard_sweep_writes_each_trial_in_its_own_folder(tmp_path):
         assert assert_every_row_in_tensorboard(trial, trial / "tensorboard") >= 4 * 4
         scores.add(tuple(tensorboard_scalars(trial / "tensorboard")["charts/epsilon"]))
     assert len(scores) == 4  # each its own exploration schedule, not another trial's rows
+
+
+@pytest.mark.parametrize(
+    ("settings", "line"),
+    [
+        ({"mode": "cloud"}, "tracking.mode=cloud: expected null (W&B's default), online, offline"),
+        ({"project": "team/runs"}, "tracking.project=team/runs: expected a W&B project name of"),
+        ({"entity": ""}, "tracking.entity=: expected a W&B entity (a user or team) name of 1 to"),
+        ({"tags": ["t" * 65]}, "expected tags of 1 to 64 characters (W&B's)"),
+        ({"group": "g" * 129}, "expected a group of 1 to 128 characters"),
+    ],
+)
+def test_wandb_settings_w_and_b_would_refuse_are_one_line(settings, line):
+    """tracking=wandb's settings are checked before anything is created, wandb installed or
+    not (tests/test_wandb.py runs W&B itself, with the wandb extra)."""
+    from omegaconf import OmegaConf
+
+    from rlspeed.config import TrackingConfig
+    from rlspeed.errors import ConfigError
+    from rlspeed.tracking.wandb import check
+
+    cfg = OmegaConf.structured(TrackingConfig(name="wandb", **settings))
+    with pytest.raises(ConfigError) as refused:
+        check(cfg)
+    assert line in str(refused.value) and str(refused.value).startswith("rlspeed: invalid ")
+
+
+def test_tracking_wandb_without_wandb_says_how_to_install_it(monkeypatch):
+    from omegaconf import OmegaConf
+
+    from rlspeed.config import TrackingConfig
+    from rlspeed.errors import ConfigError
+    from rlspeed.tracking.wandb import check
+
+    monkeypatch.setitem(sys.modules, "wandb", None)  # as where the extra is not installed
+    with pytest.raises(ConfigError) as refused:
+        check(OmegaConf.structured(TrackingConfig(name="wandb", mode="offline")))
+    assert str(refused.value) == (
+        'rlspeed: invalid tracking=wandb: expected an installed wandb: pip install "rlspeed[wandb]"'
+    )
+
+
+def test_wandb_variables_stand_in_for_null_settings_and_are_checked_alike(monkeypatch):
+    from omegaconf import OmegaConf
+
+    from rlspeed.config import TrackingConfig
+    from rlspeed.errors import ConfigError
+    from rlspeed.tracking.wandb import check, project, wandb_dir
+
+    cfg = OmegaConf.structured(TrackingConfig(name="wandb"))
+    assert project(cfg) == "rlspeed" and wandb_dir(cfg, Path("run")) == Path("run")
+    monkeypatch.setenv("WANDB_PROJECT", "a:b")
+    monkeypatch.setenv("WANDB_DIR", "/tmp/w")
+    assert project(cfg) == "a:b" and wandb_dir(cfg, Path("run")) == Path("/tmp/w")
+    with pytest.raises(ConfigError, match="invalid WANDB_PROJECT=a:b: expected a W&B project"):
+        check(cfg)
+    monkeypatch.delenv("WANDB_PROJECT")
+    monkeypatch.setenv("WANDB_MODE", "sometimes")
+    with pytest.raises(ConfigError, match="invalid WANDB_MODE=sometimes: expected one of online"):
+        check(cfg)

@@ -17,7 +17,7 @@ from pathlib import Path
 from rlspeed import secrets
 
 # The libraries whose versions decide a run's numbers and how it is recorded.
-LIBRARIES = ("jax", "flax", "torch", "gymnasium", "mlflow", "optuna")
+LIBRARIES = ("jax", "flax", "torch", "gymnasium", "mlflow", "optuna", "wandb")
 # `git rev-parse` on a slow network file system must not hold up the run's start.
 GIT_TIMEOUT_S = 2.0
 

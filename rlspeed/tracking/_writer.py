@@ -43,7 +43,11 @@ from rlspeed.tracking._store_writer import Row, Store, StoreWriter
 log = logging.getLogger("rlspeed")
 
 # The only modules the child loads a store from (each defines ``make_store(cfg)``).
-STORE_MODULES = ("rlspeed.tracking.mlflow", "rlspeed.tracking.tensorboard")
+STORE_MODULES = (
+    "rlspeed.tracking.mlflow",
+    "rlspeed.tracking.tensorboard",
+    "rlspeed.tracking.wandb",
+)
 
 
 # ------------------------------------------------------------------ the child process
@@ -222,8 +226,17 @@ class WriterProcess:
     except in ``flush``, ``end`` and the run id (known once the child has started the run).
     ``failure``: why some records are not in the store (None while all are)."""
 
-    def __init__(self, module: str, cfg: dict[str, Any], env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        module: str,
+        cfg: dict[str, Any],
+        env: dict[str, str] | None = None,
+        typed_params: bool = False,
+    ) -> None:
         self._module = module
+        # Params as their values (numbers, booleans, lists: W&B's config), else as text
+        # (MLflow's params).
+        self._typed_params = typed_params
         # The store's settings go on the child's stdin, not its command line, which every
         # user of the machine can read (ps): a database URI may hold a password. ``env``:
         # variables for the child alone (a server's user and password).
@@ -251,7 +264,7 @@ class WriterProcess:
         threading.Thread(target=self._read_answers, name="rlspeed-tracking-in", daemon=True).start()
         start = {
             "run_name": run_name,
-            "params": {k: str(v) for k, v in params.items()},
+            "params": {k: _param(v, self._typed_params) for k, v in params.items()},
             "tags": tags,
             "run_id": run_id,
             # This process's command line; the writer adds the rest (environment_tags).
@@ -332,6 +345,20 @@ class WriterProcess:
         self._links = message["links"] or self._links
         self.failure = message["failure"]
         self._answers.setdefault(message["done"], threading.Event()).set()
+
+
+def _param(value: Any, typed: bool) -> Any:
+    """A param as the writer gets it: text, or (``typed``) the value where JSON carries it
+    as it is (numbers, booleans, null, text, lists of them), else its text."""
+    if not typed:
+        return str(value)
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, list | tuple):
+        return [_param(item, typed) for item in value]
+    if isinstance(value, dict):
+        return {str(key): _param(item, typed) for key, item in value.items()}
+    return str(value)
 
 
 def _now_ms() -> int:

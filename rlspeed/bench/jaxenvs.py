@@ -223,9 +223,11 @@ def workloads(quick: bool) -> list[Workload]:
         "ANNEAL_LR": False,
     }
     brk_lr = float(brk["learning_rate"])
+    # The peers' MLP on the flattened frames, not the conv torso rlspeed picks for images.
     brk_overrides = _ppo_overrides(
-        "Breakout-MinAtar", 32, brk_total, 32, 4, 4, brk_lr, False, 1.0, 0.995
-    )
+        "Breakout-MinAtar", 32, brk_total, 32, 4, 4, brk_lr, False, 1.0, 0.995,
+        ("algo.network=mlp",),
+    )  # fmt: skip
     found.append(
         Workload(
             "ppo-breakout-minatar",

@@ -31,7 +31,7 @@ from rlspeed.core.algos.loops.fused import (
     scan_iterations,
 )
 from rlspeed.core.algos.loops.jax_learner import JaxLearner
-from rlspeed.core.algos.networks.flax import MLP, apply_output
+from rlspeed.core.algos.networks.flax import MLP, apply_output, example_observations
 from rlspeed.core.algos.replay import Batch, ReplayLearner, replay_buffer
 from rlspeed.core.algos.replay_jax import (
     ReplayState,
@@ -93,10 +93,7 @@ class DQNFunctions:
             if algo.anneal_lr
             else algo.learning_rate
         )
-        # Never None: gymnasium types every space's shape as optional, for the spaces without
-        # one (Dict, Tuple), which no algorithm takes.
-        obs_shape = cast("tuple[int, ...]", obs_space.shape)
-        self._dummy_obs = jnp.zeros((1, *obs_shape), dtype=obs_space.dtype)
+        self._dummy_obs = example_observations(obs_space)
 
     def init(self, key: jax.Array) -> Agent:
         params = self.network.init(key, self._dummy_obs)

@@ -31,6 +31,16 @@ if TYPE_CHECKING:
 LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 
 
+def example_observations(obs_space: spaces.Space[Any]) -> jax.Array:
+    """One all-zero observation [1, ...] to initialise a network with, in the dtype JAX
+    computes it in (a Discrete space's int64 is int32 without x64: asking for int64 warned
+    at every start)."""
+    # Never None: gymnasium types every space's shape as optional, for the spaces without
+    # one (Dict, Tuple), which no algorithm takes.
+    shape = cast("tuple[int, ...]", obs_space.shape)
+    return jnp.zeros((1, *shape), dtype=jax.dtypes.canonicalize_dtype(obs_space.dtype))
+
+
 def apply_output(module: nn.Module, params: VariableDict, *inputs: jax.Array) -> jax.Array:
     """``module.apply(params, *inputs)`` of a module that returns one array. Without
     ``mutable``, ``apply`` returns the module's output alone; flax's annotation also admits
@@ -169,10 +179,7 @@ class ActorCritic:
         torso = through_torso(obs_space, algo.network)
         self.policy = Policy(out_size, hidden, classes, log_std, policy_gain, torso)
         self.value = MLP(1, hidden, classes, output_gain=value_gain, torso=torso)
-        # Never None: gymnasium types every space's shape as optional, for the spaces without
-        # one (Dict, Tuple), which no algorithm takes.
-        obs_shape = cast("tuple[int, ...]", obs_space.shape)
-        self._dummy_obs = jnp.zeros((1, *obs_shape), dtype=obs_space.dtype)
+        self._dummy_obs = example_observations(obs_space)
 
     def init_params(self, key: jax.Array) -> tuple[VariableDict, VariableDict]:
         """(policy parameters, value parameters)."""

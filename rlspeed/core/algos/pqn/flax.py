@@ -18,7 +18,7 @@ import optax
 from rlspeed.core.algos.dqn.flax import epsilon_greedy
 from rlspeed.core.algos.encoding import one_hot_classes, through_torso
 from rlspeed.core.algos.loops.fused import FusedTrainer, saved_agent_policies
-from rlspeed.core.algos.networks.flax import MLP, apply_output
+from rlspeed.core.algos.networks.flax import MLP, apply_output, example_observations
 from rlspeed.core.algos.ppo import batches_in_run
 from rlspeed.core.algos.ppo.flax import minibatch_steps, optimizer
 from rlspeed.core.algos.pqn import PQNConfig
@@ -80,10 +80,7 @@ class PQNFunctions:
         self.network = MLP(self.n_actions, hidden, classes, nn.relu, layer_norm=True, torso=torso)
         self.updates_per_batch = algo.update_epochs * algo.num_minibatches
         self.optimizer = optimizer(algo, self.updates_per_batch, batches)
-        # Never None: gymnasium types every space's shape as optional, for the spaces without
-        # one (Dict, Tuple), which no algorithm takes.
-        obs_shape = cast("tuple[int, ...]", obs_space.shape)
-        self._dummy_obs = jnp.zeros((1, *obs_shape), dtype=obs_space.dtype)
+        self._dummy_obs = example_observations(obs_space)
 
     def init(self, key: jax.Array) -> Agent:
         params = self.network.init(key, self._dummy_obs)

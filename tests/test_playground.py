@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from rlspeed.core.tasks.playground import PlaygroundTaskConfig, make_env, make_functional, settle
+from rlspeed.seeding import Stream, jax_key
 from tests.conftest import assert_one_line_error, run_cli
 
 pytestmark = pytest.mark.playground
@@ -110,8 +111,16 @@ def test_the_gymnasium_face_steps_the_twin_and_resumes_exactly():
     assert unsaved_state(env) is None
     obs, _ = env.reset(seed=7)
     assert obs.dtype == np.float32 and obs.shape == (5,)
+    # The twin from the same key (the seed's env stream, split once), with the same actions.
+    twin = make_functional(cfg)
+    initial, transition = jax.jit(twin.initial), jax.jit(twin.transition)
+    state = initial(jax.random.split(jax_key(7, Stream.ENV))[1])
+    np.testing.assert_array_equal(obs, twin.observation(state))
     for _ in range(3):
-        env.step(np.array([0.3]))
+        obs, reward, *_ = env.step(np.array([0.3]))
+        state = transition(state, jnp.array([0.3], jnp.float32))
+        np.testing.assert_array_equal(obs, twin.observation(state))
+        assert reward == float(twin.reward(None, None, state))
     copy.reset(seed=0)
     copy.unwrapped.rlspeed_set_state(env.unwrapped.rlspeed_get_state())
     for _ in range(10):

@@ -330,3 +330,13 @@ def test_task_gymnax_without_its_extra_is_one_line(tmp_path):
     result = run_cli(["task=gymnax", "task.id=CartPole-v1", "tracking=none"], cwd=tmp_path)
     assert_one_line_error(result, "task=gymnax", 'pip install "rlspeed[gymnax]"')
     assert not (tmp_path / "outputs").exists()
+
+
+def test_task_playground_without_its_extra_is_one_line(tmp_path):
+    """Without the playground extra, task=playground says how to install it
+    (tests/test_playground.py runs the task where it is installed)."""
+    if importlib.util.find_spec("mujoco_playground") is not None:
+        pytest.skip("MuJoCo Playground is installed: the playground selection runs the task")
+    result = run_cli(["task=playground", "task.id=CartpoleBalance", "tracking=none"], cwd=tmp_path)
+    assert_one_line_error(result, "task=playground", 'pip install "rlspeed[playground]"')
+    assert not (tmp_path / "outputs").exists()

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import functools
-import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
@@ -19,8 +17,6 @@ if TYPE_CHECKING:
 
 ENV_ID = "HalfCheetah-v5"
 
-log = logging.getLogger(__name__)
-
 
 @dataclass(frozen=True)
 class HalfCheetahTaskConfig(TaskConfig):
@@ -31,20 +27,12 @@ class HalfCheetahTaskConfig(TaskConfig):
     eval_episodes: int = 10
 
 
-@functools.cache
-def _log_mujoco_warning(message: str) -> None:
-    # Cached: each distinct message is logged once per process, not once per env built.
-    log.warning("MuJoCo: %s", message)
-
-
 def make_env(cfg: HalfCheetahTaskConfig) -> gym.Env:
     import gymnasium as gym
-    import mujoco
 
-    # MuJoCo's own handler prints to stderr and appends to MUJOCO_LOG.TXT in the working
-    # directory; MuJoCo 4 warns there at every build of Gymnasium's HalfCheetah model (a
-    # deprecated XML attribute). The handler must not raise: it is called from C.
-    mujoco.set_mju_user_warning(_log_mujoco_warning)
+    from rlspeed.core.tasks._mujoco import log_mujoco_warnings
+
+    log_mujoco_warnings()  # MuJoCo 4 warns at every build of this model (stderr, a file)
     return gym.make(ENV_ID, max_episode_steps=cfg.max_steps)
 
 

@@ -206,5 +206,5 @@ SPEC = AlgoSpec(
     },
     fused="rlspeed.core.algos.ppo.flax:make_train",
     validate=validate,
-    tasks=("doors", "cartpole", "pendulum", "halfcheetah", "gym", "gymnax", "probe"),
+    tasks=("doors", "cartpole", "pendulum", "halfcheetah", "gym", "gymnax", "playground", "probe"),
 )

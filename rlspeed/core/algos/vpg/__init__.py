@@ -83,5 +83,5 @@ SPEC = AlgoSpec(
     },
     fused="rlspeed.core.algos.vpg.flax:make_train",
     validate=validate,
-    tasks=("doors", "cartpole", "pendulum", "halfcheetah", "gym", "gymnax", "probe"),
+    tasks=("doors", "cartpole", "pendulum", "halfcheetah", "gym", "gymnax", "playground", "probe"),
 )

@@ -277,7 +277,7 @@ class ReplayBuffer:
             "capacity": self.capacity,
             "num_envs": self.num_envs,
             **written,
-            "final_obs": self.final_obs,
+            "final_obs": self.final_obs[: self._finals_written()],
             "size": self.size,
             "position": self.position,
             "final_position": self.final_position,
@@ -292,11 +292,22 @@ class ReplayBuffer:
             check_shape(name, (slots, *np.shape(saved)[1:]), array.shape)
             load_array(name, array[: len(saved)], saved)
             array[len(saved) :] = -1 if name == "final_index" else 0
-        load_array("final_obs", self.final_obs, state["final_obs"])
+        saved = state["final_obs"]
+        check_shape("final_obs", (len(self.final_obs), *np.shape(saved)[1:]), self.final_obs.shape)
+        load_array("final_obs", self.final_obs[: len(saved)], saved)
+        self.final_obs[len(saved) :] = 0
         self.size, self.position, self.final_position = (
             int(state[name]) for name in ("size", "position", "final_position")
         )
         load_rng_state(self._rng, state["_rng"])
+
+    def _finals_written(self) -> int:
+        """Final observations kept so far: up to ``final_position`` while no more have been
+        kept than there are slots for them (at most one per transition, and the buffer has
+        not filled: fewer transitions than ``position`` so far), else every slot."""
+        if self.size < self.capacity and self.position <= len(self.final_obs):
+            return self.final_position
+        return len(self.final_obs)
 
     def _written(self) -> int:
         """Slots written so far: up to the next step's observations until the buffer first

@@ -1,6 +1,7 @@
 """A gymnax environment (a built-in, or a user's in gymnax's interface) as rlspeed runs it: a
-functional twin for ``env=jax-vmap`` (``GymnaxTwin``) and a Gymnasium face of the same twin
-for the Gymnasium engines (``GymnaxGymEnv``), so that one env compares across every stack.
+functional twin for ``env=jax-vmap`` (``GymnaxTwin``), which the Gymnasium engines step
+behind the face any twin has (``rlspeed.core.envs.gym_face``), so that one env compares
+across every stack.
 
 The semantics are the same on every stack:
 
@@ -24,9 +25,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from gymnax.environments import spaces as gymnax_spaces
-
-from rlspeed.core.state import tree_from_host, tree_to_host
-from rlspeed.seeding import Stream, jax_key
 
 if TYPE_CHECKING:
     from gymnax.environments.environment import Environment, EnvParams
@@ -102,9 +100,6 @@ class GymnaxTwin:
                 spaces = env_spaces(env, params)
         self.observation_space, self.action_space = spaces
         self._obs_dtype = self.observation_space.dtype
-        # Compiled once per twin: every Gymnasium face of these settings steps with them.
-        self.jitted_initial = jax.jit(self.initial)
-        self.jitted_transition = jax.jit(self.transition)
 
     def with_params(self, values: dict[str, jax.Array]) -> GymnaxTwin:
         """This twin with env params ``values`` in place of its own, which may be tracers
@@ -154,48 +149,3 @@ class GymnaxTwin:
         self, state: GymnaxState, rng: jax.Array | None = None, params: None = None
     ) -> jax.Array:
         return state.terminated
-
-
-class GymnaxGymEnv(gym.Env[np.ndarray, Any]):
-    """A Gymnasium env stepping a ``GymnaxTwin``'s jitted functions (NumPy out); wrapped in
-    ``TimeLimit`` at ``task.max_steps`` by the task. Its key and the twin's state are its
-    state: it hands them over for resume files (``rlspeed_get_state``)."""
-
-    metadata: dict[str, Any] = {"render_modes": []}  # noqa: RUF012 - Gymnasium's own field
-
-    def __init__(self, twin: GymnaxTwin) -> None:
-        self.observation_space = twin.observation_space
-        self.action_space = twin.action_space
-        self._initial, self._transition = twin.jitted_initial, twin.jitted_transition
-        self._key = jax.random.key(0)
-        self._state: GymnaxState | None = None
-
-    def reset(
-        self, *, seed: int | None = None, options: dict[str, Any] | None = None
-    ) -> tuple[np.ndarray, dict[str, Any]]:
-        super().reset(seed=seed)
-        if seed is not None:  # Gymnasium's 64-bit reset seeds: hashed into a key
-            self._key = jax_key(seed, Stream.ENV)
-        self._key, key = jax.random.split(self._key)
-        self._state = self._initial(key)
-        return np.asarray(self._state.obs), {}
-
-    def step(
-        self, action: np.ndarray | int
-    ) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
-        assert self._state is not None, "reset() before step()"
-        self._key, key = jax.random.split(self._key)
-        self._state = self._transition(self._state, jnp.asarray(action), key)
-        state = self._state
-        return np.asarray(state.obs), float(state.reward), bool(state.terminated), False, {}
-
-    def rlspeed_get_state(self) -> dict[str, Any]:
-        """The key and the twin's state as NumPy arrays (README, An env's own state)."""
-        state = None if self._state is None else tree_to_host(self._state)
-        return {"key": tree_to_host(self._key), "state": state}
-
-    def rlspeed_set_state(self, saved: dict[str, Any]) -> None:
-        self._key = tree_from_host(self._key, saved["key"])
-        if saved["state"] is not None:
-            template = self._state if self._state is not None else self._initial(self._key)
-            self._state = tree_from_host(template, saved["state"])

@@ -16,10 +16,12 @@ import functools
 import json
 from collections.abc import Mapping
 from dataclasses import field
+from functools import partial
 from typing import TYPE_CHECKING, Any, cast
 
 from rlspeed.config import MAX_EPISODE_STEPS
-from rlspeed.core.tasks import Policy, TaskSpec, check_settings, mean_return_on_device
+from rlspeed.core.tasks import TaskSpec, check_settings, mean_return_on_device
+from rlspeed.core.tasks._faced import face_env, face_score, standard_settings
 from rlspeed.core.tasks._spaces import EnvFacts, SpaceAnswers, check_observations
 from rlspeed.core.tasks.gym import GymTaskConfig, import_user_modules, settings_kwargs
 from rlspeed.errors import ConfigError, one_line
@@ -192,28 +194,10 @@ def _twin(
     return GymnaxTwin(env, params.replace(max_steps_in_episode=max_steps, **values))
 
 
-def make_env(cfg: GymnaxTaskConfig) -> gym.Env:
-    """The twin's Gymnasium face, with ``task.max_steps`` as its time limit."""
-    from gymnasium.wrappers import TimeLimit
-
-    from rlspeed.core.envs.gymnax import GymnaxGymEnv
-
-    # Settled and checked: an int.
-    return TimeLimit(GymnaxGymEnv(make_functional(cfg)), cast(int, cfg.max_steps))
-
-
-def _standard(cfg: GymnaxTaskConfig) -> GymnaxTaskConfig:
-    """The settings a score is measured at: the env's own episode limit."""
-    return dataclasses.replace(cfg, max_steps=own_limit(cfg))
-
-
-def evaluate(cfg: GymnaxTaskConfig, policy: Policy, seed: int) -> float:
-    """Mean return of the greedy policy over ``cfg.eval_episodes`` episodes at the env's
-    own episode limit."""
-    from rlspeed.core.tasks._episodes import mean_greedy_return
-
-    standard = _standard(cfg)
-    return mean_greedy_return(lambda: make_env(standard), policy, cfg.eval_episodes, seed)
+# The twin's Gymnasium face at task.max_steps, and its greedy score at the env's own limit.
+make_env = partial(face_env, make_functional)
+_standard = partial(standard_settings, own_limit)
+evaluate = partial(face_score, make_env, own_limit)
 
 
 # Which algorithms fit, and the sizes the checks and networks need: from the env's spaces.

@@ -16,16 +16,17 @@ import dataclasses
 import functools
 import json
 from dataclasses import dataclass, field
+from functools import partial
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from rlspeed.config import MAX_EPISODE_STEPS, MISSING, TaskConfig, plain
-from rlspeed.core.tasks import Policy, TaskSpec, check_settings, mean_return_on_device
+from rlspeed.core.tasks import TaskSpec, check_settings, mean_return_on_device
+from rlspeed.core.tasks._faced import face_env, face_score, standard_settings
 from rlspeed.core.tasks._spaces import EnvFacts, SpaceAnswers, check_observations
 from rlspeed.errors import ConfigError, one_line
 
 if TYPE_CHECKING:
-    import gymnasium as gym
     from mujoco_playground import MjxEnv
 
     from rlspeed.core.envs.playground import PlaygroundTwin
@@ -162,28 +163,10 @@ def _twin(env_id: str, overrides_json: str) -> PlaygroundTwin:
     return PlaygroundTwin(_load(env_id, json.loads(overrides_json)))
 
 
-def make_env(cfg: PlaygroundTaskConfig) -> gym.Env:
-    """The twin's Gymnasium face, with ``task.max_steps`` as its time limit."""
-    from gymnasium.wrappers import TimeLimit
-
-    from rlspeed.core.envs.gym_face import FunctionalGymEnv
-
-    # Settled and checked: an int.
-    return TimeLimit(FunctionalGymEnv(make_functional(cfg)), cast(int, cfg.max_steps))
-
-
-def _standard(cfg: PlaygroundTaskConfig) -> PlaygroundTaskConfig:
-    """The settings a score is measured at: the env's own episode limit."""
-    return dataclasses.replace(cfg, max_steps=own_limit(cfg))
-
-
-def evaluate(cfg: PlaygroundTaskConfig, policy: Policy, seed: int) -> float:
-    """Mean return of the greedy policy over ``cfg.eval_episodes`` episodes at the env's
-    own episode limit."""
-    from rlspeed.core.tasks._episodes import mean_greedy_return
-
-    standard = _standard(cfg)
-    return mean_greedy_return(lambda: make_env(standard), policy, cfg.eval_episodes, seed)
+# The twin's Gymnasium face at task.max_steps, and its greedy score at the env's own limit.
+make_env = partial(face_env, make_functional)
+_standard = partial(standard_settings, own_limit)
+evaluate = partial(face_score, make_env, own_limit)
 
 
 # Which algorithms fit, and the sizes the checks and networks need: from the env's spaces

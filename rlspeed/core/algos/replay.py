@@ -285,20 +285,21 @@ class ReplayBuffer:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        slots = int(state["capacity"]) + int(state["num_envs"])
-        for name in self.SLOT_ARRAYS:
-            saved, array = state[name], getattr(self, name)
-            # A saved buffer's arrays end where it had written: the rest is as built.
-            check_shape(name, (slots, *np.shape(saved)[1:]), array.shape)
-            load_array(name, array[: len(saved)], saved)
-            array[len(saved) :] = -1 if name == "final_index" else 0
-        saved = state["final_obs"]
-        check_shape("final_obs", (len(self.final_obs), *np.shape(saved)[1:]), self.final_obs.shape)
-        load_array("final_obs", self.final_obs[: len(saved)], saved)
-        self.final_obs[len(saved) :] = 0
+        """Put a saved buffer back: its arrays whole, or as far as ``state_dict`` writes them
+        for its positions (the rest is then as built); any other length is a ValueError."""
         self.size, self.position, self.final_position = (
             int(state[name]) for name in ("size", "position", "final_position")
         )
+        slots = int(state["capacity"]) + int(state["num_envs"])
+        for name in (*self.SLOT_ARRAYS, "final_obs"):
+            saved, array = state[name], getattr(self, name)
+            full = slots if name != "final_obs" else len(array)
+            written = self._written() if name != "final_obs" else self._finals_written()
+            if len(saved) not in (full, written):
+                check_shape(name, np.shape(saved), array.shape)
+            check_shape(name, (full, *np.shape(saved)[1:]), array.shape)
+            load_array(name, array[: len(saved)], saved)
+            array[len(saved) :] = -1 if name == "final_index" else 0
         load_rng_state(self._rng, state["_rng"])
 
     def _finals_written(self) -> int:

@@ -304,7 +304,7 @@ def run(
             " into an empty compilation cache and creates the MLflow store, later runs load"
             " its programs, as a user's next run of the command does. PureJaxRL and rejax"
             " have no compilation cache: they compile in every run."
-            if repeats > 1
+            if not quick  # run_workloads warms up every full run, whatever --repeats
             else ""
         ),
         "return: rlspeed and PureJaxRL, the mean of the last 20 training episodes (per seed,"

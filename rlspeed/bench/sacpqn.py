@@ -295,7 +295,7 @@ def run(
         + (
             " Before them, one warm-up run each (first_run_s): rlspeed's first run fills its"
             " compilation cache; rejax compiles in every run."
-            if repeats > 1
+            if not quick  # run_workloads warms up every full run, whatever --repeats
             else ""
         ),
         "return: rlspeed and CleanRL, the mean of the last 20 training episodes; rejax, the"

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from rlspeed.config import TaskConfig
     from rlspeed.core import PyTree
 
-    # The traced hyperparameters by name (``traced_hparams``): NumPy numbers, or arrays of
+    # The traced hyperparameters by name (``traced_values``): NumPy numbers, or arrays of
     # one per lane, on the host; tracers inside the program.
     HParams = Mapping[str, ArrayLike]
 

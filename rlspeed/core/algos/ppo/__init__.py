@@ -57,8 +57,8 @@ class MinibatchSettings(Protocol):
 @dataclass(frozen=True)
 class PPOConfig:
     name: str = "ppo"
-    # Inputs of the fused program, not constants in it (``rlspeed.core.algos.loops.fused.
-    # traced_hparams``): runs differing only in these share one compiled program.
+    # Inputs of the fused program, not constants in it (``rlspeed.core.algos.loops.fused_training.
+    # traced_values``): runs differing only in these share one compiled program.
     TRACED: ClassVar[tuple[str, ...]] = (
         "learning_rate",
         "gamma",

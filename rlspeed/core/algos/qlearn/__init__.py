@@ -36,8 +36,8 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class QLearnConfig:
     name: str = "qlearn"
-    # Inputs of the fused program, not constants in it (``rlspeed.core.algos.loops.fused.
-    # traced_hparams``): runs differing only in these share one compiled program.
+    # Inputs of the fused program, not constants in it (``rlspeed.core.algos.loops.fused_training.
+    # traced_values``): runs differing only in these share one compiled program.
     TRACED: ClassVar[tuple[str, ...]] = (
         "alpha",
         "gamma",

@@ -40,8 +40,8 @@ SQUASH_EPSILON = 1e-6
 @dataclass(frozen=True)
 class SACConfig:
     name: str = "sac"
-    # Inputs of the fused program, not constants in it (``rlspeed.core.algos.loops.fused.
-    # traced_hparams``): runs differing only in these share one compiled program.
+    # Inputs of the fused program, not constants in it (``rlspeed.core.algos.loops.fused_training.
+    # traced_values``): runs differing only in these share one compiled program.
     TRACED: ClassVar[tuple[str, ...]] = ("q_lr", "policy_lr", "gamma", "tau", "alpha")
     # Step sizes of the critics (and of the entropy coefficient) and of the policy.
     q_lr: float = 1e-3

@@ -30,8 +30,8 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class VPGConfig:
     name: str = "vpg"
-    # Inputs of the fused program, not constants in it (``rlspeed.core.algos.loops.fused.
-    # traced_hparams``): runs differing only in these share one compiled program.
+    # Inputs of the fused program, not constants in it (``rlspeed.core.algos.loops.fused_training.
+    # traced_values``): runs differing only in these share one compiled program.
     TRACED: ClassVar[tuple[str, ...]] = ("policy_lr", "value_lr", "gamma", "gae_lambda", "ent_coef")
     # Steps per env in one batch (batch = num_steps * num_envs).
     num_steps: int = 32

@@ -109,6 +109,18 @@ def _task_label(_root_: DictConfig) -> str:
     return task_label(_root_.task)
 
 
+# A run logs at least this many rows unless log_every is given (a short run of a pair whose
+# interval suits its full length still draws a curve).
+MIN_LOGGED_ROWS = 20
+
+
+def _log_every(every: int, _root_: DictConfig) -> int:
+    """``${rlspeed_log_every:N}``, the default ``log_every`` of conf/: N env steps, or fewer
+    where the run's total_steps would log fewer than MIN_LOGGED_ROWS rows. A value given on
+    the command line replaces the interpolation, so it is kept as given."""
+    return max(1, min(int(every), int(_root_.total_steps) // MIN_LOGGED_ROWS))
+
+
 def _version() -> str:
     from importlib.metadata import version
 
@@ -128,6 +140,7 @@ def set_up_config_tree(showing_help: bool = False) -> None:
     OmegaConf.register_new_resolver("rlspeed_config_groups", groups, replace=True)
     OmegaConf.register_new_resolver("rlspeed_stack", _stack, replace=True)
     OmegaConf.register_new_resolver("rlspeed_task", _task_label, replace=True)
+    OmegaConf.register_new_resolver("rlspeed_log_every", _log_every, replace=True)
 
 
 # Keys the sweeper and the tracker set for a job, never a user: ``--cfg job`` leaves them out.

@@ -288,9 +288,16 @@ class RunMonitor:
             self._phase("training", line)
         score = f"{self.score:.3f}" if math.isfinite(self.score) else "-"
         eta = self._eta()
-        parts = [f"step {self.steps:,}/{self.total_steps * self.num_seeds:,}"]
-        parts.append(f"{row['charts/SPS']:,.0f} steps/s")
-        parts.append(f"{row['charts/updates_per_second']:,.0f} updates/s")
+        # Whole batches of envs may go past total_steps: the total grows to the steps done.
+        total = max(self.total_steps * self.num_seeds, self.steps)
+        if self.num_seeds == 1:
+            parts = [f"step {self.steps:,}/{total:,}"]
+            each = ""
+        else:  # progress counts every seed's steps; the rates are a seed's, as tracked
+            parts = [f"step {self.steps:,}/{total:,} of {self.num_seeds} seeds"]
+            each = " per seed"
+        parts.append(f"{row['charts/SPS']:,.0f} steps/s{each}")
+        parts.append(f"{row['charts/updates_per_second']:,.0f} updates/s{each}")
         if "charts/episodic_return" in row:
             parts.append(f"return {row['charts/episodic_return']:.3f}")
             if self.step_reward:

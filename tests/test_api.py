@@ -27,7 +27,10 @@ def readme_example() -> str:
 
 
 def test_the_readme_example_trains_acts_and_writes_only_its_run_folder(tmp_path: Path) -> None:
-    report = "print('SCORE', result.score, 'STEPS', result.metrics['env_steps'])"
+    report = (
+        "print('SCORE', result.score, 'STEPS', result.metrics['env_steps'], 'ROWS',"
+        " [int(row['step']) for row in result.metrics['history']])"
+    )
     script = readme_example() + "\n" + report + "\n"
     done = subprocess.run(
         [sys.executable, "-c", script],
@@ -38,10 +41,13 @@ def test_the_readme_example_trains_acts_and_writes_only_its_run_folder(tmp_path:
         timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    reported = re.search(r"SCORE (\S+) STEPS (\d+)", done.stdout)
+    reported = re.search(r"SCORE (\S+) STEPS (\d+) ROWS (.*)", done.stdout)
     assert reported is not None, done.stdout[-3000:]
-    score, steps = reported.groups()
+    score, steps, rows = reported.groups()
     assert int(steps) == 20_000
+    # CartPole's DQN logs every 25,000 steps; a run of 20,000 still draws a curve.
+    # (chunks of whole iterations: 1,008 env steps at a time).
+    assert len(json.loads(rows)) >= 20
     folder = tmp_path / "runs" / "cartpole-dqn"
     metrics = json.loads((folder / "metrics.json").read_text())
     assert metrics["status"] == "FINISHED"

@@ -164,6 +164,10 @@ def main() -> None:
     try:
         from rlspeed import secrets
         from rlspeed.errors import interrupt
+        from rlspeed.machine import choose_mujoco_gl
+
+        # MuJoCo draws without a display through EGL or OSMesa, chosen before it is imported.
+        choose_mujoco_gl()
 
         # Hydra prints the command line's overrides (--cfg, a failed job's line) and logs
         # them (a sweep's jobs): passwords in URLs are masked in all that.

@@ -18,17 +18,23 @@ def physical_memory() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def choose_mujoco_gl() -> None:
-    """Set ``MUJOCO_GL`` to the first of ``HEADLESS_GL`` whose library loads, on Linux, where
-    the user has not set it: mujoco reads it when first imported, so the command's start
-    calls this. Left unset where none loads: filming MuJoCo is then refused in one line
-    saying what to install (``rlspeed.video``)."""
-    if "MUJOCO_GL" in os.environ or not sys.platform.startswith("linux"):
-        return
+def headless_gl() -> str | None:
+    """The first of ``HEADLESS_GL`` whose library loads here (None: neither)."""
     for backend, libraries in HEADLESS_GL.items():
         if any(_loads(library) for library in libraries):
-            os.environ["MUJOCO_GL"] = backend
-            return
+            return backend
+    return None
+
+
+def choose_mujoco_gl() -> None:
+    """Set ``MUJOCO_GL`` to ``headless_gl()`` on Linux where the user has not set it: mujoco
+    reads it when first imported, so the command's start calls this. Left unset where no
+    library loads: filming MuJoCo is then refused in one line saying what to install
+    (``rlspeed.video``)."""
+    if "MUJOCO_GL" in os.environ or not sys.platform.startswith("linux"):
+        return
+    if (backend := headless_gl()) is not None:
+        os.environ["MUJOCO_GL"] = backend
 
 
 def _loads(library: str) -> bool:

@@ -16,7 +16,14 @@ import numpy as np
 import pytest
 
 from rlspeed.machine import GL_PACKAGES, HEADLESS_GL, headless_gl
-from tests.conftest import RLSPEED, assert_one_line_error, cli_env, run_cli, run_in, slow_but
+from tests.conftest import (
+    RLSPEED,
+    assert_one_line_error,
+    headless_env,
+    run_cli,
+    run_in,
+    slow_but,
+)
 
 # Q-learning on the 5 x 5 GridWorld: solved within 2,000 steps, filmed from its text frames.
 GRIDWORLD = [
@@ -41,16 +48,6 @@ def _steps(folder: Path) -> list[int]:
 def _frames(path: Path) -> list[np.ndarray]:
     assert path.read_bytes().startswith(b"GIF8")
     return imageio.mimread(path)
-
-
-def _headless_env(**values: str) -> dict[str, str]:
-    """The CLI's environment on a machine without a display: no DISPLAY, no MUJOCO_GL and no
-    PyOpenGL platform unless given."""
-    env = cli_env(values)
-    for name in ("DISPLAY", "WAYLAND_DISPLAY", "MUJOCO_GL", "PYOPENGL_PLATFORM"):
-        if name not in values:
-            env.pop(name, None)
-    return env
 
 
 FUSED, HOST = ("flax", "jax-vmap"), ("torch", "gym-sync")
@@ -95,7 +92,7 @@ def test_mujoco_that_cannot_draw_here_is_one_line_saying_what_to_install(tmp_pat
     """MUJOCO_GL as the user set it (GLFW, which needs a display) stays; MuJoCo draws no frame,
     and the command says so in one line before anything is created."""
     refused = subprocess.run(
-        [RLSPEED, *PENDULUM, "video_every=64"], cwd=tmp_path, env=_headless_env(MUJOCO_GL="glfw"),
+        [RLSPEED, *PENDULUM, "video_every=64"], cwd=tmp_path, env=headless_env(MUJOCO_GL="glfw"),
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert_one_line_error(
@@ -115,7 +112,7 @@ def test_mujoco_that_cannot_draw_here_is_one_line_saying_what_to_install(tmp_pat
 )
 def test_a_mujoco_env_films_without_a_display_or_mujoco_gl(tmp_path):
     """The issue's case: MuJoCo filmed with nothing set up, while training and in mode=eval."""
-    env = _headless_env()
+    env = headless_env()
     trained = subprocess.run(
         [RLSPEED, *PENDULUM, "video_every=64", "hydra.run.dir=run"], cwd=tmp_path, env=env,
         capture_output=True, text=True, timeout=600,

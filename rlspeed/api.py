@@ -169,6 +169,7 @@ def _train(
 ) -> tuple[float, Path]:
     from rlspeed import secrets
     from rlspeed.cli import CONF_DIR, set_up_config_tree
+    from rlspeed.machine import choose_mujoco_gl
     from rlspeed.preflight import check_overrides
 
     chosen = dict(zip(GROUPS, (algo, task, backend, env, tracking), strict=True))
@@ -179,6 +180,7 @@ def _train(
         arguments.append(f"tracking.uri={_hydra_value(default_store(out_dir))}")
     hydra_arguments = [] if out_dir is None else [f"hydra.run.dir={_hydra_value(str(out_dir))}"]
     secrets.install(streams=False)  # the caller's streams stay theirs
+    choose_mujoco_gl()  # video_every's MuJoCo frames, where mujoco is not imported yet
     arguments = secrets.hide_in_arguments(arguments)
     set_up_config_tree()
     if out_dir is not None:

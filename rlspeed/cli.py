@@ -38,11 +38,13 @@ def _task(cfg: DictConfig, first: CheckedRun | None) -> float:
 
     from rlspeed import secrets
     from rlspeed.errors import RLSpeedError
+    from rlspeed.machine import choose_mujoco_gl
     from rlspeed.preflight import OneLine
     from rlspeed.run import run
     from rlspeed.sweep import exit_if_sweep_gone, stop_with_sweep
 
     secrets.install()  # a job in a process of its own (hydra/launcher=joblib, submitit)
+    choose_mujoco_gl()  # likewise: before the job's task imports mujoco
     if HydraConfig.get().mode == RunMode.MULTIRUN:
         stop_with_sweep()
     try:
@@ -177,6 +179,10 @@ def main() -> None:
     try:
         from rlspeed import secrets
         from rlspeed.errors import interrupt
+        from rlspeed.machine import choose_mujoco_gl
+
+        # MuJoCo draws without a display through EGL or OSMesa, chosen before it is imported.
+        choose_mujoco_gl()
 
         # Hydra prints the command line's overrides (--cfg, a failed job's line) and logs
         # them (a sweep's jobs): passwords in URLs are masked in all that.

@@ -116,7 +116,12 @@ class RunConfig:
     # A run folder (or a file in one) to continue from, with this run's settings.
     resume: str | None = None
     checkpoint: str | None = None
+    # mode=eval: a GIF (or MP4) of one greedy episode; a relative path goes into the eval's
+    # folder.
     video: str | None = None
+    # Env steps between videos of a greedy episode while the run trains (0: none), each
+    # into <run folder>/videos/step_<env step>.gif and the tracked run.
+    video_every: int = 0
 
 
 # The (backend, engine) of a fused run: one program, flax on the functional jax-vmap engine.

@@ -8,12 +8,10 @@ backend built the agent; each algorithm's backend module reads its checkpoint ba
 
 from __future__ import annotations
 
-import importlib.util
 import logging
-import re
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
@@ -25,25 +23,9 @@ from rlspeed.core.tasks import Policy
 from rlspeed.errors import ConfigError
 from rlspeed.registry import ALGOS, BACKENDS, TASKS
 from rlspeed.saved_config import read_config
-from rlspeed.seeding import eval_seeds
-
-if TYPE_CHECKING:
-    from rlspeed.core.tasks import TaskSpec
+from rlspeed.video import described, film, write_video
 
 log = logging.getLogger("rlspeed")
-
-# Pixels per text cell when an env's ``ansi`` frames are painted.
-CELL = 24
-COLORS = {
-    ".": (245, 245, 245),  # empty
-    " ": (245, 245, 245),
-    "#": (60, 60, 60),  # wall
-    "A": (30, 100, 220),  # agent
-    "G": (40, 170, 70),  # goal
-}
-OTHER = (220, 120, 40)
-ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-
 
 # (seed, greedy policy, file) of each agent a checkpoint holds.
 Agents = list[tuple[int, Policy, Path]]
@@ -79,9 +61,10 @@ def load_agents(value: str) -> SavedAgents:
     return saved, agents
 
 
-def evaluate_checkpoint(cfg: RunConfig, evaluated: SavedAgents) -> float:
+def evaluate_checkpoint(cfg: RunConfig, evaluated: SavedAgents, out_dir: Path) -> float:
     """Score every agent of the checkpoint (``evaluated``: as ``load_agents`` read it);
-    print and return their mean score."""
+    print and return their mean score. ``video=``: the first agent's greedy episode, in
+    ``out_dir`` (the eval's folder) where the path is relative (``video_path``)."""
     saved, agents = evaluated
     task = TASKS.get(saved.task.name)
     scores = []
@@ -98,10 +81,18 @@ def evaluate_checkpoint(cfg: RunConfig, evaluated: SavedAgents) -> float:
         print(f"rlspeed: score {scores[-1]:.4f} (seed {seed}, {path})")
     if cfg.video is not None:
         seed, policy, _ = agents[0]
-        frames, fps = film(task, saved, policy, seed)
-        _write_video(frames, fps, Path(cfg.video).expanduser())
-        print(f"rlspeed: video of one episode ({len(frames)} frames): {cfg.video}")
+        filmed = film(task, saved.task, policy, seed)
+        path = video_path(cfg.video, out_dir)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        print(f"rlspeed: video of {described(filmed, write_video(filmed, path))}")
     return float(np.mean(scores))
+
+
+def video_path(value: str, out_dir: Path) -> Path:
+    """Where ``video=value`` is written: an absolute path as given, a relative one in the
+    eval's folder ``out_dir`` (beside its log)."""
+    path = Path(value).expanduser()
+    return path if path.is_absolute() else out_dir / path
 
 
 def saved_run_config(saved: DictConfig) -> RunConfig:
@@ -125,60 +116,3 @@ def _load_policies(saved: RunConfig, path: Path, obs_space: Any, action_space: A
 def _seed_index(path: Path) -> int:
     index = path.stem.removeprefix("checkpoint_seed")
     return int(index) if index.isdigit() else 0
-
-
-def film(
-    task: TaskSpec, saved: RunConfig, policy: Policy, seed: int
-) -> tuple[list[np.ndarray], int]:
-    """RGB frames of one greedy episode, reset with the run's first evaluation seed, and
-    the env's frame rate."""
-    env = task.make_env(saved.task)
-    mode = render_mode(env)
-    env.unwrapped.render_mode = mode
-    obs, _ = env.reset(seed=eval_seeds(seed, 1)[0])
-    frames = [_frame(env.render(), mode)]
-    done = False
-    while not done:
-        action = np.asarray(policy(np.asarray(obs)[None]))[0]
-        obs, _, terminated, truncated, _ = env.step(action)
-        frames.append(_frame(env.render(), mode))
-        done = terminated or truncated
-    env.close()
-    # A text frame may gain a line (FrozenLake's last action): one size for the video.
-    height, width = (max(frame.shape[i] for frame in frames) for i in (0, 1))
-    frames = [
-        np.pad(f, ((0, height - f.shape[0]), (0, width - f.shape[1]), (0, 0)), constant_values=245)
-        for f in frames
-    ]
-    return frames, int(env.metadata.get("render_fps", 30))
-
-
-def _frame(rendered: Any, mode: str | None) -> np.ndarray:
-    if mode == "rgb_array":
-        return np.asarray(rendered, dtype=np.uint8)
-    # Other envs' text frames (task=gym) may colour with escape codes and vary in width.
-    rows = ANSI_ESCAPE.sub("", str(rendered)).rstrip("\n").split("\n")
-    width = max(len(row) for row in rows)
-    cells = np.array(
-        [[COLORS.get(ch, OTHER) for ch in row.ljust(width)] for row in rows], dtype=np.uint8
-    )
-    return np.kron(cells, np.ones((CELL, CELL, 1), dtype=np.uint8))
-
-
-def _write_video(frames: list[Any], fps: int, path: Path) -> None:
-    """``frames``: RGB arrays [height, width, 3] of uint8."""
-    import imageio.v2 as imageio
-
-    if path.suffix.lower() == ".gif":
-        imageio.mimsave(path, frames, duration=1000 / fps, loop=0)
-    else:
-        imageio.mimsave(path, frames, fps=fps)
-
-
-def render_mode(env: Any) -> str | None:
-    """How rlspeed films ``env``: its ``rgb_array`` frames where they can be drawn here,
-    else its text frames (``ansi``) painted as cells; None when it has neither."""
-    modes = env.metadata.get("render_modes", [])
-    if "rgb_array" in modes and importlib.util.find_spec("pygame") is not None:
-        return "rgb_array"
-    return "ansi" if "ansi" in modes else None

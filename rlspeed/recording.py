@@ -31,6 +31,7 @@ from rlspeed.registry import BACKENDS
 from rlspeed.seed_streams import RECENT_EPISODES
 from rlspeed.sweep import TrialReporter
 from rlspeed.tracking import Tracker, cause
+from rlspeed.video import VideoSchedule
 
 if TYPE_CHECKING:
     from rlspeed.core import AgentCheckpoint
@@ -70,6 +71,8 @@ class Run:
     unwritten: set[str] = field(default_factory=set)
     # Whether the study's pruner stopped it (it then ends KILLED, as an interrupt does).
     pruned: bool = False
+    # video_every: when and where the training agent is filmed (None: never).
+    videos: VideoSchedule | None = None
 
     @property
     def pruned_error(self) -> Any:
@@ -471,6 +474,8 @@ def summary(run: Run, result: TrainResult) -> None:
     for files in run.outputs.values():
         # The agent's checkpoint (the MLflow artifact), not the resume state beside it.
         where += [("checkpoint", str(f.path.resolve())) for f in files if f.artifact]
+    if run.videos is not None and run.videos.written:
+        where.append(("videos", str(run.videos.folder.resolve())))
     if run.tracker.run_id is not None:
         label = {"wandb": "W&B run id"}.get(run.cfg.tracking.name, "MLflow run id")
         where.append((label, run.tracker.run_id))

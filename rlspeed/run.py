@@ -49,6 +49,7 @@ from rlspeed.registry import ALGOS, BACKENDS, ENGINES, TASKS, TRACKERS
 from rlspeed.sweep import TrialReporter
 from rlspeed.tracking import cause
 from rlspeed.validation import CheckedRun, check
+from rlspeed.video import VIDEO_FOLDER, VideoSchedule, film
 
 if TYPE_CHECKING:  # JAX: imported by the fused path alone
     pass
@@ -83,7 +84,7 @@ def run(cfg: DictConfig, checked: CheckedRun | None = None) -> float:
     if checked.evaluated is not None:  # mode=eval
         from rlspeed.evaluate import evaluate_checkpoint
 
-        return evaluate_checkpoint(checked.cfg, checked.evaluated)
+        return evaluate_checkpoint(checked.cfg, checked.evaluated, out_dir)
     started = _start(checked, out_dir, continued is not None)
     status, failure = "FAILED", None
     # A scheduler's SIGTERM (preemption, `timeout`), or SLURM's SIGUSR2, ends the run like
@@ -214,6 +215,10 @@ def _start(checked: CheckedRun, out_dir: Path, continued: bool) -> Run:
     if resumed:  # metrics continue from the saved step: the last seed's file has them all
         # (seeds train in order, each one's files written before the next starts)
         monitor.load_state_dict(resumed[max(resumed)]["monitor"])
+    videos = None
+    if cfg.video_every > 0:  # the first seed's agent, on an env of its own
+        filmed = partial(film, task, cfg.task, seed=cfg.seed)
+        videos = VideoSchedule(cfg.video_every, out_dir / VIDEO_FOLDER, filmed, tracker)
     return Run(
         cfg=cfg,
         task=task,
@@ -226,6 +231,7 @@ def _start(checked: CheckedRun, out_dir: Path, continued: bool) -> Run:
         resumed=resumed,
         training_config=training_keys(params),
         resumable=checked.unresumable is None,
+        videos=videos,
     )
 
 
@@ -256,6 +262,8 @@ def _train_host(run: Run) -> TrainResult:
         name = CHECKPOINT_FILES[cfg.backend.name]
         set_agent_files(run, index, name, learner.agent_checkpoint, training.resume_state)
         schedule = _schedule(run, index, training.step)
+        if run.videos is not None and index == 0:
+            run.videos.start(training.step)
         try:
             _drive_host(run, index, training, schedule)
         except EnvFailed as failed:
@@ -284,6 +292,8 @@ def _drive_host(run: Run, index: int, training: HostTraining, schedule: Checkpoi
                     _report(run, logged)
                 training.accept()
                 schedule.reached(chunk.step)
+                if run.videos is not None and index == 0 and run.videos.due(chunk.step):
+                    run.videos.record(chunk.step, chunk.greedy)
                 monitor.moved(chunk.step, index)
                 check_interrupt()
     except ResumeMismatch as error:
@@ -310,6 +320,8 @@ def _train_fused(runs: list[Run]) -> list[TrainResult | Exception]:
         agents, resume_state = partial(training.agents, t), partial(training.resume_state, t)
         set_agent_files(started, 0, "checkpoint.msgpack", agents, resume_state)
         schedules.append(_schedule(started, 0, training.step))
+        if started.videos is not None:
+            started.videos.start(training.step)
     outcomes: list[TrainResult | Exception | None] = [None] * len(runs)
     every_seed = np.arange(first.cfg.num_seeds)
     with deferred_interrupts() as check_interrupt, closing(training.chunks()) as chunks:
@@ -335,6 +347,8 @@ def _train_fused(runs: list[Run]) -> list[TrainResult | Exception]:
                     continue
                 training.accept(t)
                 schedules[t].reached(training.step)
+                if started.videos is not None and started.videos.due(training.step):
+                    started.videos.record(training.step, training.policies(t)[0])  # seed 0's
             check_interrupt()
     return [
         outcome if outcome is not None else training.result(t) for t, outcome in enumerate(outcomes)

@@ -96,6 +96,9 @@ def _check_parts(cfg: RunConfig) -> RunConfig:
     for key in ("total_steps", "log_every", "eval_every"):
         if not 1 <= (value := getattr(cfg, key)) <= MAX_STEPS:
             raise ConfigError(key, value, f"an integer in [1, {MAX_STEPS:,}]")
+    if not 0 <= cfg.video_every <= MAX_STEPS:
+        allowed = f"0 (off) or an integer in [1, {MAX_STEPS:,}] (env steps)"
+        raise ConfigError("video_every", cfg.video_every, allowed)
     every = cfg.checkpoint_every
     if every != "auto" and (isinstance(every, str) or not 0 <= every <= MAX_STEPS):
         allowed = f"auto, 0 (off) or an integer in [1, {MAX_STEPS:,}] (env steps)"

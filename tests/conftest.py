@@ -123,6 +123,16 @@ def cli_env(env: dict[str, str] | None = None) -> dict[str, str]:
     return full_env
 
 
+def headless_env(**values: str) -> dict[str, str]:
+    """The CLI's environment on a machine without a display: no DISPLAY, and no MUJOCO_GL or
+    PyOpenGL platform (rlspeed's to choose) unless given."""
+    env = cli_env(values)
+    for name in ("DISPLAY", "WAYLAND_DISPLAY", "MUJOCO_GL", "PYOPENGL_PLATFORM"):
+        if name not in values:
+            env.pop(name, None)
+    return env
+
+
 def run_cli(args: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: float = 300):
     """Run the installed ``rlspeed`` command; returns the CompletedProcess."""
     return subprocess.run(

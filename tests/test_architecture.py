@@ -121,7 +121,7 @@ LAYERS = [
     ("loops", ["rlspeed.core.algos.loops"]),
     ("parts", [f"rlspeed.core.{name}" for name in ("tasks", "engines", "envs", "backends")]),
     ("parts", ["rlspeed.tracking", "rlspeed.monitor", "rlspeed.seed_streams", "rlspeed.tables"]),
-    ("parts", ["rlspeed.sweep", "rlspeed.slurm"]),
+    ("parts", ["rlspeed.sweep", "rlspeed.slurm", "rlspeed.video"]),
     ("files", ["rlspeed.saved_config"]),
     ("files", ["rlspeed.checkpoint", "rlspeed.statefile", "rlspeed.digests"]),
     ("base", ["rlspeed.config_tree"]),

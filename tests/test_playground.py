@@ -1,7 +1,7 @@
 """task=playground: the twin steps as MuJoCo Playground's env does, ends episodes as rlspeed's
 engines must (final observation kept, termination apart from truncation), runs under jit and
-vmap over seeds, learns fused, trains on the other stacks, and says what cannot work in one
-line.
+vmap over seeds, learns fused, trains on the other stacks, is filmed without a display, and
+says what cannot work in one line.
 
 These need the extra (``pip install "rlspeed[playground]"``): they carry the ``playground``
 marker, which CI runs after installing it. Playground is imported inside the tests, so the
@@ -10,15 +10,18 @@ default selection collects this file without it."""
 from __future__ import annotations
 
 import json
+import subprocess
 
+import imageio.v2 as imageio
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from rlspeed.core.tasks.playground import PlaygroundTaskConfig, make_env, make_functional, settle
+from rlspeed.machine import GL_PACKAGES, headless_gl
 from rlspeed.seeding import Stream, jax_key
-from tests.conftest import assert_one_line_error, run_cli
+from tests.conftest import RLSPEED, assert_one_line_error, headless_env, run_cli
 
 pytestmark = pytest.mark.playground
 
@@ -169,6 +172,23 @@ def test_the_other_algorithms_and_stacks_train(tmp_path, algo, backend, engine):
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["status"] == "FINISHED" and metrics["env_steps"] >= 2048
     assert 0 <= metrics["score"] <= 1000  # rewards in [0, 1], scored at 1000 steps
+
+
+@pytest.mark.skipif(headless_gl() is None, reason=f"neither libEGL nor libOSMesa ({GL_PACKAGES})")
+def test_video_every_films_the_env_as_mujoco_draws_it_without_a_display(tmp_path):
+    """Playground's envs are filmed through their Gymnasium face, drawn by MuJoCo with the
+    OpenGL rlspeed picks (MUJOCO_GL unset), one frame per control step."""
+    args = ["task=playground", "task.id=CartpoleBalance", "task.max_steps=50", "algo=ppo"]
+    args += ["backend=torch", "env=gym-sync", "num_envs=4", "algo.num_steps=64"]
+    args += ["task.eval_episodes=1", "total_steps=256", "log_every=256", "video_every=256"]
+    trained = subprocess.run(
+        [RLSPEED, *args, *TINY, "hydra.run.dir=run"], cwd=tmp_path, env=headless_env(),
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert trained.returncode == 0, trained.stderr[-2000:]
+    frames = imageio.mimread(tmp_path / "run" / "videos" / "step_256.gif")
+    assert len(frames) == 1 + 50 and frames[0].shape == (240, 320, 3)
+    assert frames[-1].std() > 10  # the cart and pole on their floor, not a blank image
 
 
 @pytest.mark.parametrize(

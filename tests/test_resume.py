@@ -131,7 +131,7 @@ def test_sigterm_then_resume_ends_like_an_uninterrupted_run(tmp_path, path):
     )
     assert evaluated.returncode == 0, evaluated.stderr[-2000:]
     assert f"rlspeed: score {a['score']:.4f}" in evaluated.stdout
-    assert (tmp_path / "episode.gif").stat().st_size > 0
+    assert (tmp_path / "eval" / "episode.gif").stat().st_size > 0  # in the eval's folder
 
 
 def test_a_signal_waits_for_the_end_of_the_iteration():

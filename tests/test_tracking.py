@@ -116,7 +116,9 @@ from rlspeed.tracking import mlflow as tracking
 from rlspeed.tracking._store_writer import Row
 tracking.preload()
 before = set(sys.modules)
+out_dir = str(Path(sys.argv[2]).parent)
 settings = SimpleNamespace(uri=sys.argv[1], experiment="rlspeed", parent_run_id=None)
+settings.out_dir = out_dir
 store = tracking.make_store(settings)
 store.start("run", {"algo.gamma": "0.9"}, {"tag": "x"}, None)
 store.log_rows([Row({"return": 1.0}, 10, int(time.time() * 1000))])

@@ -53,6 +53,14 @@ def cause(error: BaseException) -> str:
     return (str(error).splitlines() or [type(error).__name__])[0][:200]
 
 
+def artifact_folder(path: Path, out_dir: Path) -> str | None:
+    """Where a run's file goes among its tracked artifacts: the folder it is in inside the
+    run folder (``videos``), None for the run folder's own files (and files elsewhere)."""
+    if not path.parent.is_relative_to(out_dir) or path.parent == out_dir:
+        return None
+    return path.parent.relative_to(out_dir).as_posix()
+
+
 @dataclass(frozen=True)
 class TrackerSpec:
     name: str

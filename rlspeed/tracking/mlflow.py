@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, overload
 from rlspeed.config_tree import check_creatable, unreachable
 from rlspeed.errors import ConfigError, StoreUnreachable
 from rlspeed.secrets import mask, reveal, split_credentials
-from rlspeed.tracking import TrackerSpec, cause
+from rlspeed.tracking import TrackerSpec, artifact_folder, cause
 from rlspeed.tracking._store_writer import Row
 from rlspeed.tracking._writer import WriterProcess
 
@@ -299,6 +299,7 @@ class MlflowStore:
         self._experiment = cfg.experiment
         self._experiment_id: str | None = None
         self._parent_run_id = cfg.parent_run_id
+        self._out_dir = Path(cfg.out_dir)
         self._params_logged = False
         self.run_id: str | None = None
 
@@ -336,7 +337,8 @@ class MlflowStore:
         self._client.log_batch(self.run_id, metrics=metrics)
 
     def log_artifact(self, path: Path) -> None:
-        self._client.log_artifact(self.run_id, str(path))
+        folder = artifact_folder(path, self._out_dir)  # videos/ as in the run folder
+        self._client.log_artifact(self.run_id, str(path), artifact_path=folder)
 
     def set_tags(self, tags: dict[str, str]) -> None:
         from mlflow.entities import RunTag
@@ -395,6 +397,7 @@ def make_tracker(cfg: DictConfig, out_dir: Path) -> WriterProcess:
     server's user and password go to it in its environment (server_credentials)."""
     uri, credentials = server_credentials(resolve_uri(cfg))
     settings = {"uri": uri, "experiment": cfg.experiment, "parent_run_id": cfg.parent_run_id}
+    settings["out_dir"] = str(out_dir.resolve())
     return WriterProcess(__name__, settings, env=credentials)
 
 

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 from rlspeed import secrets
 from rlspeed.config_tree import check_creatable
 from rlspeed.errors import ConfigError
-from rlspeed.tracking import TrackerSpec, cause
+from rlspeed.tracking import TrackerSpec, artifact_folder, cause
 from rlspeed.tracking._store_writer import Row
 from rlspeed.tracking._writer import WriterProcess
 
@@ -160,6 +160,7 @@ class WandbStore:
         self._run: Any = None
         self.run_id: str | None = None
         self._files: list[Path] = []
+        self._out_dir = Path(cfg.out_dir)
         # The config's ``rlspeed`` section (split_tags), added to by set_tags.
         self._about: dict[str, str] = {}
         self._labels: list[str] = []
@@ -235,7 +236,8 @@ class WandbStore:
             for path in self._files:
                 # Copied as they are now (W&B's staging folder, WANDB_DATA_DIR, until they are
                 # uploaded): a requeued job writes the same names in the folder again.
-                model.add_file(str(path), name=path.name)
+                folder = artifact_folder(path, self._out_dir)  # videos/ as in the run folder
+                model.add_file(str(path), name=f"{folder}/{path.name}" if folder else path.name)
             run.log_artifact(model, aliases=["latest", status.lower()])
             self._files = []
         run.summary["status"] = status
@@ -288,6 +290,7 @@ def make_tracker(cfg: DictConfig, out_dir: Path) -> WriterProcess:
         "entity": cfg.entity,
         "mode": cfg.mode,
         "dir": str(wandb_dir(cfg, out_dir).resolve()),
+        "out_dir": str(out_dir.resolve()),
         "group": cfg.group,
         "tags": list(cfg.tags),
         "command": sys.argv,

@@ -79,6 +79,14 @@ class FunctionalGymEnv(gym.Env[np.ndarray, np.ndarray]):
         self._compiled = compiled(twin)
         self._key = jax.random.key(0)
         self._state: PyTree | None = None
+        # A twin that draws its state (``frame(state)``, at ``render_fps``) is filmed in
+        # rgb_array (rlspeed's videos); ``draws_with_mujoco``: MuJoCo draws it (OpenGL).
+        self._frame: Callable[[PyTree], np.ndarray] | None = getattr(twin, "frame", None)
+        if self._frame is not None:
+            fps = getattr(twin, "render_fps", 30)
+            self.metadata = {"render_modes": ["rgb_array"], "render_fps": fps}
+        self.draws_with_mujoco = getattr(twin, "draws_with_mujoco", False)
+        self.render_mode: str | None = None
 
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
@@ -99,6 +107,13 @@ class FunctionalGymEnv(gym.Env[np.ndarray, np.ndarray]):
         stepped = self._compiled.step(self._state, action, key)
         self._state = stepped.state
         return np.asarray(stepped.obs), float(stepped.reward), bool(stepped.terminated), False, {}
+
+    def render(self) -> np.ndarray | None:
+        """The state as its twin draws it (``rgb_array``), once reset."""
+        if self.render_mode != "rgb_array" or self._frame is None:
+            return None
+        assert self._state is not None, "reset() before render()"
+        return self._frame(self._state)
 
     def rlspeed_get_state(self) -> dict[str, Any]:
         """The key and the twin's state as NumPy arrays (README, An env's own state)."""

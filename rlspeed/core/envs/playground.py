@@ -21,7 +21,11 @@ import numpy as np
 from gymnasium import spaces
 
 if TYPE_CHECKING:
+    import mujoco
     from mujoco_playground import MjxEnv, State
+
+# The size of a video's frames (Playground's own default for its renders).
+FRAME_HEIGHT, FRAME_WIDTH = 240, 320
 
 
 def _strong(tree: State) -> State:
@@ -58,15 +62,39 @@ def observation_space(env: MjxEnv) -> spaces.Space[Any]:
 
 
 class PlaygroundTwin:
-    """An ``MjxEnv``'s ``reset``/``step`` as a ``FunctionalEnv``."""
+    """An ``MjxEnv``'s ``reset``/``step`` as a ``FunctionalEnv``, and its state drawn by
+    MuJoCo for videos (``frame``)."""
 
     # Its physics is deterministic; an env that draws at a step keeps its own key in its state.
     transition_uses_rng = False
+    # Frames come from MuJoCo's OpenGL renderer (rlspeed.video names what it needs).
+    draws_with_mujoco = True
 
     def __init__(self, env: MjxEnv) -> None:
         self.env = env
         self.observation_space: spaces.Space[Any] = observation_space(env)
         self.action_space: spaces.Space[Any] = action_space(env)
+        # One frame per control step.
+        self.render_fps = max(1, round(1 / env.dt))
+        self._renderer: mujoco.Renderer | None = None  # made at the first frame
+
+    def frame(self, state: State) -> np.ndarray:
+        """An RGB image [height, width, 3] of ``state`` (one env's, on the host) from the
+        model's free camera, as Playground draws its envs."""
+        import mujoco
+
+        model = self.env.mj_model
+        if self._renderer is None:
+            self._renderer = mujoco.Renderer(model, height=FRAME_HEIGHT, width=FRAME_WIDTH)
+        data = mujoco.MjData(model)
+        # Positions and velocities set the scene (mj_forward computes the rest from them).
+        data.qpos, data.qvel = np.asarray(state.data.qpos), np.asarray(state.data.qvel)
+        data.mocap_pos = np.asarray(state.data.mocap_pos)
+        data.mocap_quat = np.asarray(state.data.mocap_quat)
+        mujoco.mj_forward(model, data)
+        self._renderer.update_scene(data)
+        image: np.ndarray = self._renderer.render()
+        return image
 
     def initial(self, rng: jax.Array, params: None = None) -> State:
         return _strong(self.env.reset(rng))

@@ -238,7 +238,6 @@ def _train_host(run: Run) -> TrainResult:
     starts threads of its own."""
     cfg = run.cfg
     make_learner = import_named(ALGOS.get(cfg.algo.name).learners[cfg.backend.name])
-    _trains_on(run, [BACKENDS.get(cfg.backend.name).device_name(cfg.backend)])
     steps = updates = 0
     for index in range(cfg.num_seeds):
         seed = cfg.seed + index
@@ -254,6 +253,8 @@ def _train_host(run: Run) -> TrainResult:
         training = HostTraining(
             learner, engine, cfg.total_steps, cfg.log_every, run.resumed.get(index)
         )
+        if index == 0:  # asked once the backend has started (after the engine's workers)
+            _trains_on(run, [BACKENDS.get(cfg.backend.name).device_name(cfg.backend)])
         name = CHECKPOINT_FILES[cfg.backend.name]
         set_agent_files(run, index, name, learner.agent_checkpoint, training.resume_state)
         schedule = _schedule(run, index, training.step)

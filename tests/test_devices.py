@@ -15,7 +15,14 @@ from mlflow.tracking import MlflowClient
 
 from rlspeed.errors import ConfigError
 from rlspeed.validation import check
-from tests.conftest import assert_one_line_error, run_cli, saved_agent, start_cli, without_rates
+from tests.conftest import (
+    assert_one_line_error,
+    run_cli,
+    run_in,
+    saved_agent,
+    start_cli,
+    without_rates,
+)
 
 FUSED = ["backend=flax", "env=jax-vmap", "tracking=none", "progress=plain"]
 # Four seeds of PPO, logged after each of its first batches: lanes on other devices part
@@ -59,6 +66,12 @@ def test_a_device_count_that_cannot_work_is_one_line(make_cfg, setting, stack, a
         check(cfg)
     line = str(refused.value)
     assert line.startswith(f"rlspeed: invalid backend.devices={setting}: expected {allowed}")
+
+
+def test_a_host_driven_run_names_its_device(tmp_path, monkeypatch, make_cfg):
+    args = ["backend=torch", "env=gym-sync", "algo=qlearn", "task=gridworld", "num_envs=2"]
+    args += ["total_steps=200", "log_every=100", "tracking=none", "progress=none"]
+    assert run_in(tmp_path / "run", monkeypatch, make_cfg(args))["devices"] == ["cpu"]
 
 
 @pytest.mark.slow

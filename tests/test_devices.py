@@ -148,3 +148,26 @@ def test_a_run_cut_on_some_devices_resumes_on_others_to_the_same_end(
         assert a[key] == b[key], key
     assert _rows(a) == _rows(b)
     assert saved_agent(tmp_path / "whole") == saved_agent(tmp_path / "resumed")
+
+
+@pytest.mark.slow
+def test_a_batched_sweep_over_two_devices_records_every_trial(tmp_path):
+    """Three trials as lanes of one program on two devices (two lanes each, one padded):
+    each trial finishes with its own folder, metrics.json and MLflow run, naming both."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    sweep = [
+        "-m", "hparams=qlearn_search", "backend=flax", "env=jax-vmap", "progress=none",
+        "total_steps=32000", "hydra.sweeper.report_every=16000", "hydra.sweeper.sampler.seed=1",
+        "hydra.sweeper.n_trials=3", "hydra.sweeper.batch_size=3", "hydra/sweeper/pruner=none",
+        "tracking=mlflow", f"tracking.uri={uri}",
+    ]  # fmt: skip
+    result = run_cli(sweep, tmp_path, env=_on(2))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "one program of 3 lane(s)" in result.stdout + result.stderr
+    trials = [_metrics(f.parent) for f in tmp_path.glob("outputs/multirun/*/*/*/metrics.json")]
+    assert len(trials) == 3
+    assert all(t["status"] == "FINISHED" and t["devices"] == ["cpu:0", "cpu:1"] for t in trials)
+    client = MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("rlspeed").experiment_id])
+    tagged = {r.info.run_id for r in runs if r.data.tags.get("rlspeed.devices") == "cpu:0, cpu:1"}
+    assert tagged == {t["mlflow_run_id"] for t in trials}

@@ -61,6 +61,8 @@ FORMAT = 3
 FREE_KEYS: tuple[str, ...] = ("resume", "mode", "checkpoint", "video", "progress")
 FREE_KEYS += ("tracking.", "trial.", "backend.compilation_cache", "backend.threads")
 FREE_KEYS += ("checkpoint_every", "env.step_timeout_s")
+# Where a fused run's lanes run: a run started on 4 devices resumes on 1 and the other way.
+FREE_KEYS += ("backend.devices",)
 
 
 # ---------------------------------------------------------------- writing

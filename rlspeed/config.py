@@ -27,6 +27,9 @@ class BackendConfig:
     # the CPU), cpu, cuda or cuda:N. torch: its tensors (environments stay where the engine
     # keeps them; arrays cross through DLPack). flax: JAX's platform (cpu keeps JAX off a GPU).
     device: str = "auto"
+    # A fused run's lanes (its seeds, a batch of trials) spread over JAX's local devices:
+    # all, or a count of them (the first ones). One program, the same numbers per lane.
+    devices: int | str = "all"
     # backend=flax: the folder where compiled XLA programs are kept between runs (JAX's
     # persistent compilation cache); None compiles every program in every run.
     compilation_cache: str | None = None

@@ -27,7 +27,6 @@ from rlspeed.core.algos.loops import TrainResult
 from rlspeed.core.engines import EngineSpec
 from rlspeed.core.tasks import TaskSpec
 from rlspeed.monitor import RunMonitor, to_log_file
-from rlspeed.registry import BACKENDS
 from rlspeed.seed_streams import RECENT_EPISODES
 from rlspeed.sweep import TrialReporter
 from rlspeed.tracking import Tracker, cause
@@ -73,6 +72,8 @@ class Run:
     pruned: bool = False
     # video_every: when and where the training agent is filmed (None: never).
     videos: VideoSchedule | None = None
+    # The devices it trains on (``platform:id``): a fused run's lanes may spread over several.
+    devices: list[str] = field(default_factory=list)
 
     @property
     def pruned_error(self) -> Any:
@@ -302,6 +303,7 @@ def _finishing(run: Run, status: str, failure: str | None) -> Iterator[Unrecorde
             errors=errors,
             run_id=tracker.run_id,
             id_key=key,
+            devices=run.devices,
         )
         write(OutputFile(out_dir / "metrics.json", metrics))
         final = final_status()
@@ -322,6 +324,7 @@ def write_metrics(
     errors: list[str],
     run_id: str | None,
     id_key: str = "mlflow_run_id",
+    devices: list[str] | None = None,
 ) -> Path:
     summary = {
         "status": status,
@@ -332,6 +335,8 @@ def write_metrics(
         "mlflow_run_id": None,
         id_key: run_id,
         "num_seeds": monitor.num_seeds,
+        # Where it trained (platform:id): a fused run's lanes spread over these.
+        "devices": devices or [],
         # Means over seeds where num_seeds > 1; per-seed values under "seeds".
         "score": monitor.score,
         "rolling_step_reward": monitor.rolling_step_reward,
@@ -451,8 +456,8 @@ def summary(run: Run, result: TrainResult) -> None:
     table.add_column("value")
     for key, value in run.choices.items():
         table.add_row(key, value)
-    backend = run.cfg.backend
-    table.add_row("device", BACKENDS.get(backend.name).device_name(backend))
+    devices = run.devices
+    table.add_row("devices" if len(devices) > 1 else "device", ", ".join(devices))
     wall = monitor.wall_time
     seeds = f" (mean of {monitor.num_seeds} seeds)" if monitor.num_seeds > 1 else ""
     rows = [

@@ -259,6 +259,8 @@ def _train_host(run: Run) -> TrainResult:
         training = HostTraining(
             learner, engine, cfg.total_steps, cfg.log_every, run.resumed.get(index)
         )
+        if index == 0:  # asked once the backend has started (after the engine's workers)
+            _trains_on(run, [BACKENDS.get(cfg.backend.name).device_name(cfg.backend)])
         name = CHECKPOINT_FILES[cfg.backend.name]
         set_agent_files(run, index, name, learner.agent_checkpoint, training.resume_state)
         schedule = _schedule(run, index, training.step)
@@ -313,10 +315,14 @@ def _train_fused(runs: list[Run]) -> list[TrainResult | Exception]:
     for started in runs:  # until the first chunk returns, the time goes to compiling
         started.monitor.compiling()
     make_train = import_named(ALGOS.get(first.cfg.algo.name).fused)
+    from rlspeed.core.backends.flax import lane_devices
+
     resumed = first.resumed.get(0)
-    training = FusedTraining([r.cfg for r in runs], first.task, make_train, resumed)
+    devices = lane_devices(first.cfg.backend)
+    training = FusedTraining([r.cfg for r in runs], first.task, make_train, resumed, devices)
     schedules = []
     for t, started in enumerate(runs):
+        _trains_on(started, training.devices)
         agents, resume_state = partial(training.agents, t), partial(training.resume_state, t)
         set_agent_files(started, 0, "checkpoint.msgpack", agents, resume_state)
         schedules.append(_schedule(started, 0, training.step))
@@ -353,6 +359,12 @@ def _train_fused(runs: list[Run]) -> list[TrainResult | Exception]:
     return [
         outcome if outcome is not None else training.result(t) for t, outcome in enumerate(outcomes)
     ]
+
+
+def _trains_on(run: Run, devices: list[str]) -> None:
+    """The run trains on ``devices``: its summary, metrics.json and tracked run say so."""
+    run.devices = devices
+    run.tracker.set_tags({"rlspeed.devices": ", ".join(devices)})
 
 
 def _schedule(run: Run, index: int, start_step: int) -> CheckpointSchedule:

@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from rlspeed.config import MAX_SEEDS, MAX_STEPS, RunConfig, is_fused
 from rlspeed.config_tree import check_creatable
 from rlspeed.core.algos import batch_rows, network_size
+from rlspeed.core.backends import check_devices
 from rlspeed.errors import ConfigError, StoreUnreachable
 from rlspeed.registry import ALGOS, BACKENDS, ENGINES, TASKS, TRACKERS
 
@@ -74,6 +75,10 @@ def check(composed: DictConfig) -> CheckedRun:
     # After the sizes it reads are checked; before resume= compares the config with the
     # saved one, which holds the number its run picked.
     cfg = resolve_threads(cfg)
+    if cfg.backend.devices not in ("all", 1):  # a count this machine must have
+        from rlspeed.core.backends.flax import lane_devices
+
+        lane_devices(cfg.backend)
     # Reads run folders (whole resume files): loaded only once every setting above is checked
     # (a bad setting is refused before NumPy, let alone a backend, is imported).
     from rlspeed.core.engines.env_state import check_resumable
@@ -149,6 +154,7 @@ def _check_parts(cfg: RunConfig) -> RunConfig:
         )
     algo.check_stack(backend.name, engine.name)
     backend.check(cfg.backend)
+    check_devices(cfg.backend, is_fused(cfg))
     if engine.needs_functional_env and task.make_functional is None:
         fits = [e.name for e in ENGINES if not e.needs_functional_env]
         raise ConfigError(

@@ -117,6 +117,17 @@ def _check_sweep(rows: list[dict[str, str]]) -> None:
     assert float(rows[1]["lane_vs_lone"]) <= 1e-6
 
 
+def _check_devices(rows: list[dict[str, str]]) -> None:
+    """The same lanes on 1 and 2 devices did equal work, on as many devices as asked for."""
+    assert [(r["devices"], r["devices_used"], r["lanes"]) for r in rows] == [
+        ("1", "1", "4"), ("2", "2", "4"),
+    ]  # fmt: skip
+    for key in ("env_steps", "gradient_updates"):
+        assert rows[0][key] == rows[1][key] and int(rows[0][key]) > 0, key
+    assert int(rows[0]["env_steps"]) == 4 * 2_048
+    assert all(float(r["lanes_per_s"]) > 0 for r in rows)
+
+
 CHECKS = {
     "envs": _check_envs,
     "mjx": partial(_check_envs, tasks=("halfcheetah",), counts=("8",)),
@@ -127,6 +138,7 @@ CHECKS = {
     "overhead": _check_overhead,
     "torchloop": _check_torchloop,
     "sweep": _check_sweep,
+    "devices": _check_devices,
 }
 
 

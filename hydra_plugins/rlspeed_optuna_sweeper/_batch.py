@@ -16,6 +16,7 @@ import contextlib
 import copy
 import json
 import logging
+import math
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -127,19 +128,29 @@ def _batch_log(sweep_dir: Path, numbers: list[int]) -> Iterator[None]:
 
 
 def _fitting(group: list[int], cfg: DictConfig) -> list[list[int]]:
-    """``group`` split into as few parts as fit in memory together: a program holds every
-    lane's state (``check_memory`` of the run with that many seeds)."""
+    """``group`` split into as few parts of equal size as fit in memory: a program holds
+    every lane's state, a share on each device its lanes spread over (``check_memory`` of
+    the run with that many seeds, counted per GPU; forced CPU devices share one memory)."""
+    from rlspeed.core.backends.flax import lane_devices
     from rlspeed.validation import check
 
+    try:
+        devices = lane_devices(check(cfg).cfg.backend)
+    except ConfigError:  # each trial fails on its own, with its own line
+        return [[index] for index in group]
+    memories = len(devices) if devices[0].platform != "cpu" else 1
     size = len(group)
     while size > 1:
         lanes = copy.deepcopy(cfg)
         lanes.num_seeds = cfg.num_seeds * size
+        lanes.backend.devices = memories
         try:
             check(lanes)
             break
         except ConfigError:
             size = (size + 1) // 2
+    parts = math.ceil(len(group) / size)
+    size = math.ceil(len(group) / parts)  # as even as the parts can be: every device as full
     return [group[i : i + size] for i in range(0, len(group), size)]
 
 

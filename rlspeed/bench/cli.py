@@ -29,6 +29,8 @@ BENCHMARKS = {
     " script, with 1 thread and with every core",
     "sweep": "whole Optuna sweeps (qlearn_search, ppo_float_search) on the fused path with"
     " hydra.sweeper.batch_size 1, 8 and 16: trials per hour, best value, lane against lone run",
+    "devices": "a fused run's lanes over 1, 2 and 4 devices (backend.devices; forced CPU"
+    " devices where there is no GPU): lanes/s and env steps/s against the lanes, PPO CartPole",
 }
 # Sized for one accelerator (8 minutes there): run by name, not by `all`.
 ACCELERATOR = {

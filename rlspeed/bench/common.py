@@ -5,10 +5,11 @@ PNG next to each other."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,21 +35,31 @@ def calls_per_second(call: Callable[[], Any], budget_s: float, warm_up_calls: in
             return calls / elapsed
 
 
-def run_module(module: str, args: Sequence[str]) -> str:
+def run_module(module: str, args: Sequence[str], env: Mapping[str, str] | None = None) -> str:
     """``python -m module *args`` in a fresh process (no shared JIT caches or torch threads
-    between the runs compared); its stdout, or a RuntimeError with the output's tail."""
-    result = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True)
+    between the runs compared), with ``env`` added to its environment; its stdout, or a
+    RuntimeError with the output's tail."""
+    result = subprocess.run(
+        [sys.executable, "-m", module, *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
     if result.returncode != 0:
         tail = (result.stderr or result.stdout).strip().splitlines()[-5:]
         raise RuntimeError(f"{module} {' '.join(args)} failed: " + " | ".join(tail))
     return result.stdout
 
 
-def run_rlspeed(overrides: Sequence[str], run_dir: Path) -> dict[str, Any]:
-    """Train through the real CLI in a fresh process and return its ``metrics.json``."""
+def run_rlspeed(
+    overrides: Sequence[str], run_dir: Path, env: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """Train through the real CLI in a fresh process (``env`` added to its environment)
+    and return its ``metrics.json``."""
     run_module(
         "rlspeed.cli",
         [*overrides, "tracking=none", "progress=none", f"hydra.run.dir={run_dir}"],
+        env,
     )
     metrics = json.loads((run_dir / "metrics.json").read_text())
     metrics["config"] = yaml.safe_load((run_dir / "config.yaml").read_text())

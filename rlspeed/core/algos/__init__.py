@@ -222,8 +222,14 @@ def seed_record_bytes() -> int:
 
 
 def agents_at_once(cfg: RunConfig) -> int:
-    """Agents in memory at once: the fused jax-vmap path holds every seed's."""
-    return cfg.num_seeds if ENGINES.get(cfg.env.name).needs_functional_env else 1
+    """Agents in one device's memory at once: the fused jax-vmap path holds every seed's, a
+    share on each device where ``backend.devices`` is a count (the lanes per device of
+    ``loops.lanes.LaneLayout``). Each device is counted as having the memory of its own that
+    GPUs have; forced CPU devices share the host's."""
+    if not ENGINES.get(cfg.env.name).needs_functional_env:
+        return 1
+    devices = cfg.backend.devices
+    return math.ceil(cfg.num_seeds / devices) if isinstance(devices, int) else cfg.num_seeds
 
 
 # The pairing that runs an algorithm's fused program (``rlspeed.config.is_fused``); every

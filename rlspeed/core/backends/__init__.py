@@ -13,6 +13,8 @@ if TYPE_CHECKING:
     from rlspeed.config import BackendConfig
 
 DEVICES = "auto, cpu, cuda or cuda:N"
+# backend.devices: a count above this is a typo (a node has at most tens of accelerators).
+MAX_DEVICES = 1024
 
 
 def device_setting(cfg: BackendConfig) -> str:
@@ -40,6 +42,19 @@ def check_device(cfg: BackendConfig, gpus: Callable[[], int]) -> None:
     if index >= count:
         seen = f"{count} GPU{'s' if count != 1 else ''}" if count else "no GPU"
         raise ConfigError("backend.device", device, f"auto or cpu: {cfg.name} sees {seen}")
+
+
+def check_devices(cfg: BackendConfig, fused: bool) -> None:
+    """Refuse ``backend.devices`` unless it is all or a count in [1, MAX_DEVICES], and a
+    count above 1 where the run is not one fused program (whose lanes it spreads)."""
+    devices = cfg.devices
+    if devices == "all":
+        return
+    if isinstance(devices, str) or not 1 <= devices <= MAX_DEVICES:
+        raise ConfigError("backend.devices", devices, f"all, or a count in [1, {MAX_DEVICES:,}]")
+    if devices > 1 and not fused:
+        allowed = "all or 1: devices spread the lanes of a fused run (backend=flax env=jax-vmap)"
+        raise ConfigError("backend.devices", devices, allowed)
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rlspeed.core.backends import BackendSpec, check_device, device_setting, gpu_index
+from rlspeed.errors import ConfigError
 
 if TYPE_CHECKING:
+    import jax
+
     from rlspeed.config import BackendConfig
 
 
@@ -53,6 +56,30 @@ def setup(cfg: BackendConfig, seed: int) -> None:
         _set("jax_compilation_cache_dir", str(cache_dir))
         # Every program, however quick to compile: a run compiles many small ones.
         _set("jax_persistent_cache_min_compile_time_secs", 0.0)
+
+
+def lane_devices(cfg: BackendConfig) -> list[jax.Device]:
+    """The devices a fused run's lanes spread over (``backend.devices``): all or the first N
+    of JAX's local devices (of its default platform: ``backend.device=cpu`` makes them
+    CPUs), or the one GPU ``backend.device=cuda:N`` names. A count above what JAX sees is
+    refused in one line. JAX starts here if it has not: set up first, as the run sets it
+    up (its platform and threads are fixed as it starts; ``setup`` reads no seed)."""
+    import jax
+
+    setup(cfg, 0)
+    device = device_setting(cfg)
+    index = gpu_index(device)
+    found = (
+        [jax.devices("cuda")[index]] if index is not None and ":" in device else jax.local_devices()
+    )
+    if cfg.devices == "all":
+        return found
+    assert isinstance(cfg.devices, int)  # checked: all or a count (check_devices)
+    if cfg.devices > len(found):
+        names = ", ".join(f"{d.platform}:{d.id}" for d in found)
+        allowed = f"all, or a count in [1, {len(found)}] (the devices this run sees: {names})"
+        raise ConfigError("backend.devices", cfg.devices, allowed)
+    return found[: cfg.devices]
 
 
 def device_name(cfg: BackendConfig) -> str:

@@ -3,7 +3,8 @@
 and yields what each call did, per run: steps, updates, episodes, metrics and, when asked,
 scores. Every agent of every run is a lane of one vmapped train state (a run's
 ``num_seeds``; a sweep's trials whose configs differ only in traced hyperparameters, which
-are inputs per lane). The run (``rlspeed.run``) records each chunk, says which runs it
+are inputs per lane), spread over the devices it is given (``lanes.LaneLayout``). The run
+(``rlspeed.run``) records each chunk, says which runs it
 keeps (``accept``) and which stop (``stop``: a pruned trial's lanes are frozen), and saves
 what ``agents``/``resume_state`` return; nothing here records or writes.
 """
@@ -13,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Callable, Generator, Mapping, Sequence
 from functools import cache, partial
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -30,6 +31,7 @@ from rlspeed.core.algos.loops.fused import (
     device_policies,
     first_iterations,
 )
+from rlspeed.core.algos.loops.lanes import LaneLayout
 from rlspeed.core.envs.vmap import VmapEnv, make_vmap_env
 from rlspeed.core.state import tree_from_host, tree_to_host
 from rlspeed.core.tasks import TaskSpec
@@ -72,7 +74,9 @@ class FusedChunk(NamedTuple):
 
 class FusedTraining:
     """Runs ``cfgs`` (one run, or a sweep's trials equal but for traced hyperparameters and
-    seeds) as one program; ``resumed`` (one run only) continues a saved ``resume_state``."""
+    seeds) as one program; ``resumed`` (one run only) continues a saved ``resume_state``.
+    ``devices``: where the lanes run (None: JAX's default device). What it saves and
+    resumes from is the same whatever the devices."""
 
     def __init__(
         self,
@@ -80,11 +84,13 @@ class FusedTraining:
         task: TaskSpec,
         make_train: MakeTrain,
         resumed: dict[str, Any] | None = None,
+        devices: Sequence[jax.Device] | None = None,
     ) -> None:
         cfg, seeds = cfgs[0], cfgs[0].num_seeds
         assert not (len(cfgs) > 1 and resumed is not None), "a batch of runs starts fresh"
         self.cfgs, self.seeds, self.batched = cfgs, seeds, len(cfgs) > 1
         self.lanes = len(cfgs) * seeds
+        self.layout = layout = LaneLayout(self.lanes, devices or jax.devices()[:1])
         env = make_vmap_env(task, cfg.task, cfg.num_envs)
 
         def make(values: HParams) -> FusedTrainer:
@@ -99,11 +105,11 @@ class FusedTraining:
         # Sizes, the greedy policy and the summaries read no traced value: any run's will do.
         self.trainer = trainer = self._make(hparams[0])
         self._hparams: HParams = (
-            {name: np.repeat([h[name] for h in hparams], seeds) for name in hparams[0]}
+            layout.pad({name: np.repeat([h[name] for h in hparams], seeds) for name in hparams[0]})
             if self.lanes > 1
             else hparams[0]
         )
-        self._programs = programs = _programs(make_train, cfg, task, self.lanes)
+        self._programs = programs = _programs(make_train, cfg, task, layout)
         self._policy_params = programs.setdefault("policy_params", jax.jit(trainer.policy_params))
         # XLA:CPU compiles a loop with a traced bound (masked_scan) as fast as a
         # fixed-length scan, so there one program runs every chunk, a shorter last one
@@ -114,11 +120,12 @@ class FusedTraining:
         self._masked = jax.default_backend() == "cpu"
         target = math.ceil(cfg.log_every / trainer.steps_per_iteration)
         self._chunk = chunk_length(target, trainer.total_iterations, self._masked)
-        # Per lane: whether its run still trains (a batch's frozen lanes keep their state).
-        self._live = np.ones(self.lanes, dtype=bool)
+        # Per lane: whether its run still trains (frozen lanes keep their state: a batch's
+        # stopped runs, the padding).
+        self._live = np.arange(layout.padded) < self.lanes
         lane_seeds = [run.seed + i for run in cfgs for i in range(seeds)]
         lane_tasks = [run.task for run in cfgs for _ in range(seeds)]
-        self._scores_of = _lane_scores(task, lane_tasks, lane_seeds, trainer, programs)
+        self._scores_of = _lane_scores(task, lane_tasks, lane_seeds, trainer, programs, layout)
         self._resumed = resumed
         self.iterations = resumed["iterations"] if resumed is not None else 0
         self._state: PyTree = None
@@ -202,48 +209,57 @@ class FusedTraining:
         steps, updates = (int(np.sum(x)) for x in jax.device_get((state.step, state.updates)))
         return TrainResult(steps=steps, updates=updates)
 
+    @property
+    def devices(self) -> list[str]:
+        """The devices the lanes run on (``platform:id``)."""
+        return self.layout.names
+
     def _init(self) -> PyTree:
-        programs = self._programs
+        programs, layout = self._programs, self.layout
 
         def init(keys: JaxKeys, values: HParams) -> PyTree:
             return self._make(values).init(keys)
 
         if "init" not in programs:
-            programs["init"] = jax.jit(
-                init if self.lanes == 1 else jax.vmap(init), compiler_options=RUN_ONCE
-            )
+            program = init if self.lanes == 1 else layout.spread(jax.vmap(init), (True, True))
+            programs["init"] = jax.jit(program, compiler_options=RUN_ONCE)
         # Lane t * seeds + i gets the keys of a single run with run t's seed + i.
-        seeds = [run.seed + i for run in self.cfgs for i in range(self.seeds)]
+        seeds = layout.padded_list([run.seed + i for run in self.cfgs for i in range(self.seeds)])
         keys = jax_keys(seeds[0] if self.lanes == 1 else seeds)
         state = programs["init"](keys, self._hparams)
-        if self._resumed is not None:
-            state = tree_from_host(state, self._resumed["state"])
+        if self._resumed is not None:  # saved without padding, whatever the devices were
+            restored = tree_from_host(layout.real(state), self._resumed["state"])
+            state = layout.place(layout.pad(restored))
         return state
 
     def _run(self, state: PyTree, iterations: int) -> tuple[PyTree, PyTree]:
         masked, programs = self._masked, self._programs
         length = self._chunk if masked else iterations
         if ("chunk", length, masked) not in programs:
-            batched, make = self.batched, self._make
+            freezes, make = self.batched or self.layout.padded > self.lanes, self._make
 
             def run_chunk(
                 state: PyTree, valid: jax.Array, values: HParams, live: jax.Array
             ) -> tuple[PyTree, PyTree]:
                 new, stats = make(values).run(state, length, valid if masked else None)
-                if batched:  # a stopped run's lanes keep their state
+                if freezes:  # a stopped run's lanes, and padded ones, keep their state
                     new = jax.tree.map(lambda n, o: jnp.where(live, n, o), new, state)
                 return new, stats
 
-            vmapped = jax.vmap(run_chunk, in_axes=(0, None, 0, 0)) if self.lanes > 1 else run_chunk
-            programs["chunk", length, masked] = jax.jit(vmapped)
+            program = run_chunk
+            if self.lanes > 1:
+                vmapped = jax.vmap(run_chunk, in_axes=(0, None, 0, 0))
+                program = self.layout.spread(vmapped, (True, False, True, True))
+            programs["chunk", length, masked] = jax.jit(program)
         chunk = programs["chunk", length, masked]
         ran: tuple[PyTree, PyTree] = chunk(state, np.int32(iterations), self._hparams, self._live)
         return ran
 
     def _part(self, tree: PyTree, run: int) -> PyTree:
-        """Run ``run``'s part of a tree with a lane axis (a lone run's tree as it is)."""
+        """Run ``run``'s part of a tree with a lane axis (a lone run's tree as it is, but for
+        padded lanes)."""
         if not self.batched:
-            return tree
+            return self.layout.real(tree)
         # The start as an array: an index that is a new constant compiles a program each.
         start = jnp.int32(run * self.seeds)
         if self.seeds == 1:
@@ -288,11 +304,13 @@ def _lane_scores(
     lane_seeds: list[int],
     trainer: FusedTrainer,
     programs: dict[Any, Any],
+    layout: LaneLayout,
 ) -> Callable[[PyTree], np.ndarray]:
     """(every lane's policy params, stacked where there are several) -> every lane's score
-    (lane ``t * num_seeds + i``: seed ``i`` of run ``t``): on the task's JAX twin in one
-    compiled call (vmapped over lanes, each with its own traced env params); on the host,
-    for a task with no device evaluation, one evaluation per lane."""
+    (lane ``t * num_seeds + i``: seed ``i`` of run ``t``; padded lanes of ``layout`` too, on
+    the device): on the task's JAX twin in one compiled call (vmapped over lanes, each with
+    its own traced env params); on the host, for a task with no device evaluation, one
+    evaluation per real lane."""
     if task.evaluate_on_device is None:
         greedy = programs.setdefault("greedy", jax.jit(trainer.greedy))
 
@@ -316,7 +334,8 @@ def _lane_scores(
         key = jax_key(lane_seeds[0], Stream.EVAL)
         return lambda params: np.atleast_1d(np.asarray(one(params, key, traced[0])))
     every = programs.setdefault("score", jax.jit(jax.vmap(score)))
-    keys = jax_key(lane_seeds, Stream.EVAL)
+    keys = jax_key(layout.padded_list(lane_seeds), Stream.EVAL)
+    traced = layout.padded_list(traced)
     values = {name: np.array([lane[name] for lane in traced], np.float32) for name in traced[0]}
     return lambda params: np.asarray(every(params, keys, values))
 
@@ -359,11 +378,11 @@ _KEPT_PROGRAMS = 4
 
 
 def _programs(
-    make_train: Callable[..., Any], cfg: RunConfig, task: TaskSpec, lanes: int
+    make_train: Callable[..., Any], cfg: RunConfig, task: TaskSpec, layout: LaneLayout
 ) -> dict[Any, Any]:
-    """The cache of programs of runs like ``cfg`` with ``lanes`` lanes: configs equal but
-    for traced values and what no program reads (seed: keys are inputs; the trial,
-    tracking, progress, outputs)."""
+    """The cache of programs of runs like ``cfg`` with lanes laid out as ``layout``: configs
+    equal but for traced values and what no program reads (seed: keys are inputs; the
+    trial, tracking, progress, outputs; how many devices the config allowed)."""
     unset = dict.fromkeys(traced_values(cfg, task), 0.0)
     static = dataclasses.replace(
         with_values(cfg, task, unset),
@@ -372,7 +391,9 @@ def _programs(
         tracking=TrackingConfig(),
         progress="",
         checkpoint_every=0,
+        backend=dataclasses.replace(cfg.backend, devices="all"),
     )
+    lanes = f"{layout.lanes}/{layout.padded}/{','.join(layout.names)}"
     key = f"{make_train.__module__}.{make_train.__qualname__}/{lanes}/{static!r}"
     if key not in _PROGRAMS:
         while len(_PROGRAMS) >= _KEPT_PROGRAMS:

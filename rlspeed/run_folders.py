@@ -109,15 +109,18 @@ def check_resume(cfg: RunConfig) -> dict[int, dict[str, Any]]:
             "rlspeed in a format that is not read, for safety (reading a pickle can run "
             "code); start that run anew",
         )
-    if not saved_files or not (folder / CONFIG_FILE).is_file():
+    if not (folder / CONFIG_FILE).is_file():
         raise ConfigError(
             "resume",
             value,
             f"a run folder (or a file in one) with {RESUME_FILE} and {CONFIG_FILE}, "
             "as rlspeed runs write",
         )
+    saved_config = read_config("resume", value, folder)
+    if not saved_files:
+        raise ConfigError("resume", value, _no_resume_state(value, folder, saved_config))
     current = training_keys(flatten(cfg))
-    saved = training_keys(flatten(read_config("resume", value, folder)))
+    saved = training_keys(flatten(saved_config))
     _same_config(value, saved, current, "it ran with")
     _added_keys_at_default(value, cfg, saved, current)
     fused = is_fused(cfg)
@@ -139,12 +142,48 @@ def check_resume(cfg: RunConfig) -> dict[int, dict[str, Any]]:
             raise ConfigError(
                 "resume", value, f"a {path.name} of a {kind} run (it has no {missing[0]})"
             )
+    trained = max(_trained_steps(state, fused) for state in states.values())
+    if cfg.total_steps < trained:
+        raise ConfigError(
+            "total_steps",
+            cfg.total_steps,
+            f">= {trained:,}, the env steps the run in resume={value} has trained "
+            "(a resumed run trains on from there; a larger total_steps extends it)",
+        )
     return states
 
 
+def _trained_steps(state: dict[str, Any], fused: bool) -> int:
+    """The env steps (per seed) a saved state has trained: a host-driven seed's counter; on
+    the fused path, which logs every chunk it keeps, the monitor's count of its seeds."""
+    if not fused:
+        return int(state["step"])
+    streams = state.get("monitor", {}).get("streams", [])
+    return max((int(stream["steps"]) for stream in streams), default=0)
+
+
+def _no_resume_state(value: str, folder: Path, saved: Any) -> str:
+    """What resume= expects of a run folder without a resume file, and what to do instead:
+    its agent file still starts a new run (init_from=)."""
+    trial = saved.get("trial", {})
+    if trial.get("number") is not None and not trial.get("keep_resume", False):
+        why = (
+            f"this one is trial {trial.get('number')} of a sweep, whose resume state is "
+            "dropped when a trial ends unless hydra.sweeper.keep_resume=true"
+        )
+    else:
+        why = f"this one has none: its env's state cannot be saved, or {RESUME_FILE} was removed"
+    instead = ""
+    if agent_files(str(folder)):
+        source = value if agent_files(value) else str(folder)
+        instead = f"; init_from={source} starts a new run from its agent's weights"
+    return f"a run folder with {RESUME_FILE} ({why}){instead}"
+
+
 def _same_config(value: str, saved: dict[str, Any], current: dict[str, Any], ran: str) -> None:
-    # Keys both have: a key added to rlspeed since that run has its default there.
-    for key in sorted(saved.keys() & current.keys()):
+    # Keys both have: a key added to rlspeed since that run has its default there. A larger
+    # total_steps extends the run (checked against the steps it trained: check_resume).
+    for key in sorted(saved.keys() & current.keys() - {"total_steps"}):
         if saved[key] != current[key]:
             raise ConfigError(
                 "resume",

@@ -70,6 +70,8 @@ class Run:
     unwritten: set[str] = field(default_factory=set)
     # Whether the study's pruner stopped it (it then ends KILLED, as an interrupt does).
     pruned: bool = False
+    # init_from=PATH: the weights every agent starts from (None: its seed's).
+    initial: AgentCheckpoint | None = None
 
     @property
     def pruned_error(self) -> Any:

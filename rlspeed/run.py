@@ -23,7 +23,7 @@ from rlspeed.config import env_id, is_fused, task_label
 from rlspeed.config_tree import flatten, to_yaml
 from rlspeed.core.algos import import_named
 from rlspeed.core.algos.loops import CHECKPOINT_FILES, TrainResult
-from rlspeed.core.algos.loops.host import HostTraining, ResumeMismatch
+from rlspeed.core.algos.loops.host import HostTraining, ResumeMismatch, start_from
 from rlspeed.errors import (
     ConfigError,
     DivergenceError,
@@ -198,6 +198,8 @@ def _start(checked: CheckedRun, out_dir: Path, continued: bool) -> Run:
         tracked_run = resumed[min(resumed)].get("tracked_run_id")
     elif resumed:
         tags["rlspeed.resumed_from"] = str(run_folder(str(cfg.resume)).resolve())
+    if checked.initial is not None:
+        tags["rlspeed.init_from"] = str(Path(str(cfg.init_from)).expanduser().resolve())
     tracker = TRACKERS.get(cfg.tracking.name).make(cfg.tracking, out_dir)
     params = flatten(cfg)
     tracker.start(run_name=run_name, params=params, tags=tags, run_id=tracked_run)
@@ -226,6 +228,7 @@ def _start(checked: CheckedRun, out_dir: Path, continued: bool) -> Run:
         resumed=resumed,
         training_config=training_keys(params),
         resumable=checked.unresumable is None,
+        initial=checked.initial,
     )
 
 
@@ -250,6 +253,8 @@ def _train_host(run: Run) -> TrainResult:
         except BaseException:
             engine.close()
             raise
+        if run.initial is not None:
+            start_from(learner, run.initial)
         training = HostTraining(
             learner, engine, cfg.total_steps, cfg.log_every, run.resumed.get(index)
         )
@@ -304,7 +309,7 @@ def _train_fused(runs: list[Run]) -> list[TrainResult | Exception]:
         started.monitor.compiling()
     make_train = import_named(ALGOS.get(first.cfg.algo.name).fused)
     resumed = first.resumed.get(0)
-    training = FusedTraining([r.cfg for r in runs], first.task, make_train, resumed)
+    training = FusedTraining([r.cfg for r in runs], first.task, make_train, resumed, first.initial)
     schedules = []
     for t, started in enumerate(runs):
         agents, resume_state = partial(training.agents, t), partial(training.resume_state, t)

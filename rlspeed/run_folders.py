@@ -1,33 +1,44 @@
 """The run folders a config names, checked against it before any work starts: ``resume=``
-(a run of this config whose resume files are whole) and ``checkpoint=`` / ``video=`` of
-``mode=eval`` (agent files and a config.yaml that read back). Each refusal is one
+(a run of this config whose resume files are whole), ``init_from=`` (an agent this run's
+networks can take) and ``checkpoint=`` / ``video=`` of ``mode=eval`` (agent files and a
+config.yaml that read back). Each refusal is one
 ConfigError line; the files themselves are read by ``rlspeed.checkpoint`` and
 ``rlspeed.evaluate``, once: what the check reads goes to the run.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
+import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlspeed.checkpoint import (
     CONFIG_FILE,
     PICKLED_RESUME_FILES,
     RESUME_FILE,
     agent_files,
+    read_agent,
     read_states,
     resume_files,
     run_folder,
     seed_file,
     training_keys,
+    why,
 )
 from rlspeed.config import RunConfig, is_fused
 from rlspeed.config_tree import check_creatable, flatten
+from rlspeed.core.state import weights
 from rlspeed.errors import ConfigError
-from rlspeed.evaluate import SavedAgents, load_agents, render_mode
+from rlspeed.evaluate import SavedAgents, load_agents, render_mode, saved_run_config
 from rlspeed.registry import ALGOS, TASKS
 from rlspeed.saved_config import read_config
+
+if TYPE_CHECKING:
+    from gymnasium import spaces
+
+    from rlspeed.core import AgentCheckpoint
 
 MODES = ("train", "eval")
 # What a host-driven (False) and a fused (True) run's resume files hold beside the format,
@@ -212,3 +223,95 @@ def _added_keys_at_default(
                 f"a run of this config (it ran before rlspeed had {key}, as its default "
                 f"{key}={default}; this run has {key}={current[key]}); set {key}={default}",
             )
+
+
+def check_init_from(cfg: RunConfig) -> AgentCheckpoint | None:
+    """``init_from=PATH``: a run folder of one agent, or one agent file in a folder with its
+    config.yaml, whose agent this run's networks can take: the same algorithm and backend
+    (the file's format), the same observation and action spaces, arrays of the shapes this
+    run's config builds. Returns that agent's weights (its optimizer states left out), read
+    as mode=eval reads agents (nothing in the folder runs); one ConfigError line otherwise.
+    A resumed run continues its own agent: nothing is read (None)."""
+    value = cfg.init_from
+    if value is None or cfg.resume is not None:
+        return None
+    if cfg.mode != "train":
+        raise ConfigError("init_from", value, "null unless mode=train")
+    paths = agent_files(value)
+    if not paths or not (paths[0].parent / CONFIG_FILE).is_file():
+        raise ConfigError(
+            "init_from",
+            value,
+            "a run folder or a checkpoint file in one (checkpoint.pt, checkpoint.msgpack, "
+            f"checkpoint_seed<i>.*) with its {CONFIG_FILE}",
+        )
+    if len(paths) > 1:
+        names = ", ".join(path.name for path in paths)
+        raise ConfigError("init_from", value, f"one agent: one of its files ({names})")
+    saved = saved_run_config(read_config("init_from", value, paths[0].parent))
+    for key in ("algo", "backend"):
+        ours, theirs = getattr(cfg, key).name, getattr(saved, key).name
+        if ours != theirs:
+            raise ConfigError(
+                "init_from",
+                value,
+                f"an agent of this run's {key}={ours} (it was trained with {key}={theirs})",
+            )
+    if is_fused(saved) and saved.num_seeds > 1:
+        raise ConfigError(
+            "init_from",
+            value,
+            f"one agent (its {paths[0].name} holds the {saved.num_seeds} seeds of one fused "
+            "run; train one seed, or start from a run of one)",
+        )
+    obs_space, action_space = _spaces(cfg, value, saved)
+    try:
+        with warnings.catch_warnings():
+            # A file that is not what it should be can make a loader warn before it fails.
+            warnings.simplefilter("ignore")
+            agent = read_agent(paths[0], cfg.backend.name)
+            # The agent as this run's networks, one seed's: what does not fit is refused.
+            one = dataclasses.replace(cfg, num_seeds=1)
+            module = ALGOS.get(cfg.algo.name).backend_module(cfg.backend.name)
+            module.load_policies(one, agent, obs_space, action_space)
+    except Exception as error:  # damaged, cut short, of other shapes
+        raise ConfigError(
+            "init_from",
+            value,
+            f"an agent whose arrays fit the networks this run builds, as its run's network "
+            f"settings did ({why(error)})",
+        ) from None
+    if "obs_norm" in agent:
+        raise ConfigError(
+            "init_from",
+            value,
+            "an agent trained without algo.normalize_obs (its observation statistics are "
+            "not carried into a new run)",
+        )
+    return weights(agent)
+
+
+def _spaces(cfg: RunConfig, value: str, saved: RunConfig) -> tuple[spaces.Space[Any], ...]:
+    """This run's observation and action spaces; ConfigError unless the saved agent's run
+    had the same."""
+    built = []
+    for run in (cfg, saved):
+        env = TASKS.get(run.task.name).make_env(run.task)
+        built.append((env.observation_space, env.action_space))
+        env.close()
+    (ours, theirs) = built
+    for what, mine, its in zip(("observations", "actions"), ours, theirs, strict=True):
+        if mine != its:
+            raise ConfigError(
+                "init_from",
+                value,
+                f"an agent for this run's {what}, {_short(mine)} (it was trained on "
+                f"task={saved.task.name}'s {_short(its)})",
+            )
+    return ours
+
+
+def _short(space: spaces.Space[Any]) -> str:
+    """A space as one short phrase (Doors' MultiDiscrete lists 225 numbers)."""
+    text = str(space)
+    return text if len(text) <= 60 else f"{type(space).__name__} of shape {space.shape}"

@@ -94,8 +94,8 @@ def finished_run(tmp_path_factory) -> Path:
     return folder
 
 
-QLEARN = ["algo=qlearn", "task=gridworld", "backend=torch", "env=gym-sync", "num_envs=2"]
-QLEARN += ["log_every=100", "tracking=none"]
+TORCH = ["backend=torch", "env=gym-sync"]
+QLEARN = ["algo=qlearn", "task=gridworld", "num_envs=2", "log_every=100", "tracking=none", *TORCH]
 
 
 def _refused(args: list[str], tmp_path: Path, monkeypatch, capsys) -> str:
@@ -147,3 +147,104 @@ def test_a_run_without_its_resume_state_says_why_and_what_to_do(
     line = _refused(args, tmp_path, monkeypatch, capsys)
     assert "(this one is trial 3 of a sweep, whose resume state is dropped when a trial " in line
     assert "ends unless hydra.sweeper.keep_resume=true); init_from=run starts a new run" in line
+
+
+# ---------------------------------------------------------------- init_from=
+
+# A step size far below a float32 weight's last digit: the weights the run starts from are
+# the weights it saves, bit for bit, while its optimizer counts its own updates.
+FROZEN = {"algo.learning_rate": 1e-30, "total_steps": 240, "seed": 5}
+
+
+@pytest.mark.parametrize("stack", slow_but("torch-gym-sync", list(STACKS)))
+def test_a_new_run_starts_from_a_saved_agents_weights_with_a_fresh_optimizer(tmp_path, stack):
+    """``init_from=<run>``: a new folder, step 0, the saved agent's networks (target too),
+    the optimizer's state of its own updates alone."""
+    stack_args = dict(STACKS[stack])
+    stack_args.pop("steps")
+    source = rlspeed.train(**DQN, **stack_args, total_steps=240, out_dir=tmp_path / "source")
+    args = {**DQN, **stack_args, **FROZEN, "init_from": str(source.output_dir)}
+    started = rlspeed.train(**args, out_dir=tmp_path / "new")
+    metrics = started.metrics
+    assert (metrics["status"], metrics["env_steps"]) == ("FINISHED", 240)
+    new, old = saved_agent(started.output_dir), saved_agent(source.output_dir)
+    if stack == "torch-gym-sync":
+        for network in ("q_network", "target_network"):
+            assert new[network] == old[network]
+        adam = [state["step"] for state in new["optimizer"]["state"].values()]
+        assert adam and all(step == metrics["gradient_updates"] for step in adam)
+    else:
+        import flax.serialization
+
+        new, old = (flax.serialization.msgpack_restore(agent) for agent in (new, old))
+        for params in ("params", "target_params"):
+            assert jax_leaves(new[params]) == jax_leaves(old[params])
+        assert int(new["opt_state"]["0"]["count"]) == metrics["gradient_updates"]
+        assert int(old["opt_state"]["0"]["count"]) == source.metrics["gradient_updates"]
+
+
+def jax_leaves(tree: dict) -> list:
+    import jax
+
+    return [leaf.tolist() for leaf in jax.tree.leaves(tree)]
+
+
+def test_a_run_started_from_weights_resumes_without_reading_them_again(finished_run, tmp_path):
+    """The same command plus ``resume=`` continues the new run's own agent: the folder it
+    started from is not read again (here it is gone)."""
+    source = tmp_path / "source"
+    shutil.copytree(finished_run, source)
+    args = {"algo": "qlearn", "task": "gridworld", "backend": "torch", "env": "gym-sync"}
+    args |= {"num_envs": 2, "log_every": 100, "tracking": "none", "progress": "none"}
+    args |= {"init_from": str(source)}
+    started = rlspeed.train(**args, total_steps=200, out_dir=tmp_path / "new")
+    assert started.metrics["env_steps"] == 200
+    shutil.rmtree(source)
+    extended = rlspeed.train(
+        **args, total_steps=400, resume=str(started.output_dir), out_dir=tmp_path / "more"
+    )
+    assert extended.metrics["env_steps"] == 400
+
+
+# Tiny Q-learning runs of two seeds: one agent file each on the host, one for both fused.
+SEEDS = {"algo": "qlearn", "task": "gridworld", "num_envs": 2, "total_steps": 200}
+SEEDS |= {"log_every": 100, "tracking": "none", "progress": "none", "num_seeds": 2}
+
+
+def test_init_from_takes_one_agent_of_a_run_of_several(tmp_path, monkeypatch, capsys):
+    """A run folder holding several agents is refused in one line naming its files; one of
+    those files is taken."""
+    rlspeed.train(**SEEDS, backend="torch", env="gym-sync", out_dir=tmp_path / "seeds")
+    line = _refused([*QLEARN, "init_from=seeds"], tmp_path, monkeypatch, capsys)
+    assert line == (
+        "rlspeed: invalid init_from=seeds: expected one agent: one of its files "
+        "(checkpoint_seed0.pt, checkpoint_seed1.pt)"
+    )
+    one = str(tmp_path / "seeds" / "checkpoint_seed1.pt")
+    started = rlspeed.train(
+        **{**SEEDS, "num_seeds": 1}, backend="torch", env="gym-sync", init_from=one,
+        out_dir=tmp_path / "one",
+    )  # fmt: skip
+    assert started.metrics["status"] == "FINISHED"
+
+
+@pytest.mark.slow  # a fused program compiled, a PPO run
+def test_init_from_refuses_what_it_cannot_carry(tmp_path, monkeypatch, capsys):
+    """A fused run's seeds are saved together: refused; so is an agent whose observation
+    statistics (PPO's normalize_obs) a new run would not carry."""
+    rlspeed.train(**SEEDS, backend="flax", env="jax-vmap", out_dir=tmp_path / "fused")
+    fused = [*QLEARN[:-2], "backend=flax", "env=jax-vmap", "init_from=fused"]
+    line = _refused(fused, tmp_path, monkeypatch, capsys)
+    assert line == (
+        "rlspeed: invalid init_from=fused: expected one agent (its checkpoint.msgpack holds the "
+        "2 seeds of one fused run; train one seed, or start from a run of one)"
+    )
+    ppo = {"algo": "ppo", "task": "cartpole", "num_envs": 2, "total_steps": 32}
+    ppo |= {"algo.num_steps": 16, "algo.normalize_obs": True, "tracking": "none"}
+    rlspeed.train(**ppo, backend="torch", env="gym-sync", out_dir=tmp_path / "normalized")
+    normalized = [f"{key}={value}" for key, value in ppo.items()]
+    line = _refused([*normalized, *TORCH, "init_from=normalized"], tmp_path, monkeypatch, capsys)
+    assert line == (
+        "rlspeed: invalid init_from=normalized: expected an agent trained without "
+        "algo.normalize_obs (its observation statistics are not carried into a new run)"
+    )

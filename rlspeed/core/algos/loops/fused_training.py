@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from jax.typing import ArrayLike
 
     from rlspeed.config import TaskConfig
-    from rlspeed.core import PyTree
+    from rlspeed.core import AgentCheckpoint, PyTree
 
     # The traced hyperparameters by name (``traced_values``): NumPy numbers, or arrays of
     # one per lane, on the host; tracers inside the program.
@@ -72,7 +72,8 @@ class FusedChunk(NamedTuple):
 
 class FusedTraining:
     """Runs ``cfgs`` (one run, or a sweep's trials equal but for traced hyperparameters and
-    seeds) as one program; ``resumed`` (one run only) continues a saved ``resume_state``."""
+    seeds) as one program; ``resumed`` (one run only) continues a saved ``resume_state``;
+    ``initial``: the weights every agent starts from (``init_from=``), else its seed's."""
 
     def __init__(
         self,
@@ -80,6 +81,7 @@ class FusedTraining:
         task: TaskSpec,
         make_train: MakeTrain,
         resumed: dict[str, Any] | None = None,
+        initial: AgentCheckpoint | None = None,
     ) -> None:
         cfg, seeds = cfgs[0], cfgs[0].num_seeds
         assert not (len(cfgs) > 1 and resumed is not None), "a batch of runs starts fresh"
@@ -119,7 +121,7 @@ class FusedTraining:
         lane_seeds = [run.seed + i for run in cfgs for i in range(seeds)]
         lane_tasks = [run.task for run in cfgs for _ in range(seeds)]
         self._scores_of = _lane_scores(task, lane_tasks, lane_seeds, trainer, programs)
-        self._resumed = resumed
+        self._resumed, self._initial = resumed, initial
         self.iterations = resumed["iterations"] if resumed is not None else 0
         self._state: PyTree = None
         # Per run: the state after its last accepted chunk, and its iteration count.
@@ -216,6 +218,11 @@ class FusedTraining:
         seeds = [run.seed + i for run in self.cfgs for i in range(self.seeds)]
         keys = jax_keys(seeds[0] if self.lanes == 1 else seeds)
         state = programs["init"](keys, self._hparams)
+        if self._initial is not None:
+            start = self.trainer.start_from
+            if self.lanes > 1:  # every lane's agent from the same weights
+                start = jax.vmap(start, in_axes=(0, None))
+            state = start(state, self._initial)
         if self._resumed is not None:
             state = tree_from_host(state, self._resumed["state"])
         return state

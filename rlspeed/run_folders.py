@@ -1,9 +1,9 @@
 """The run folders a config names, checked against it before any work starts: ``resume=``
 (a run of this config whose resume files are whole), ``init_from=`` (an agent this run's
 networks can take) and ``checkpoint=`` / ``video=`` of ``mode=eval`` (agent files and a
-config.yaml that read back). Each refusal is one
-ConfigError line; the files themselves are read by ``rlspeed.checkpoint`` and
-``rlspeed.evaluate``, once: what the check reads goes to the run.
+config.yaml that read back). Each refusal is one ConfigError line; the files themselves are
+read by ``rlspeed.checkpoint`` and ``rlspeed.evaluate``, once: what the check reads goes to
+the run.
 """
 
 from __future__ import annotations
@@ -248,15 +248,16 @@ def check_init_from(cfg: RunConfig) -> AgentCheckpoint | None:
     if len(paths) > 1:
         names = ", ".join(path.name for path in paths)
         raise ConfigError("init_from", value, f"one agent: one of its files ({names})")
-    saved = saved_run_config(read_config("init_from", value, paths[0].parent))
-    for key in ("algo", "backend"):
-        ours, theirs = getattr(cfg, key).name, getattr(saved, key).name
+    read = read_config("init_from", value, paths[0].parent)
+    for key in ("algo", "backend"):  # before the saved config is typed by its algo's schema
+        ours, theirs = getattr(cfg, key).name, read[key].name
         if ours != theirs:
             raise ConfigError(
                 "init_from",
                 value,
                 f"an agent of this run's {key}={ours} (it was trained with {key}={theirs})",
             )
+    saved = saved_run_config(read)
     if is_fused(saved) and saved.num_seeds > 1:
         raise ConfigError(
             "init_from",

@@ -144,7 +144,8 @@ OPTIMIZER_ENTRIES = ("optimizer", "opt_state")
 def weights(saved: AgentCheckpoint) -> AgentCheckpoint:
     """An agent file's tree without its optimizers' states: what ``init_from=`` starts a
     new run's agent from (networks, target networks, a Q-table, SAC's entropy coefficient).
-    Integer arrays in it are counters (PQN's exploration clock): the new run keeps its own."""
+    Integer arrays in it are counters (PQN's exploration clock), which the new run's agent
+    keeps at its own (``load_weights``, ``with_weights``)."""
     return {name: part for name, part in saved.items() if not name.endswith(OPTIMIZER_ENTRIES)}
 
 

@@ -57,7 +57,7 @@ def test_a_finished_run_extended_ends_like_the_longer_run_uninterrupted(tmp_path
     assert extended.metrics["env_steps"] == 2 * steps
     assert saved_agent(extended.output_dir) == saved_agent(whole.output_dir)
     assert logged_rows(extended.output_dir) == logged_rows(whole.output_dir)
-    # The first run's folder is left as it was: it can be extended again.
+    # The steps added trained the agent: the first run's is not the longer run's.
     assert saved_agent(first.output_dir) != saved_agent(whole.output_dir)
 
 

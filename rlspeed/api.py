@@ -126,7 +126,10 @@ def train(
     **overrides: Any,
 ) -> Result:
     """Train as ``rlspeed`` would with these choices and overrides, e.g.
-    ``train(algo="ppo", task="cartpole", total_steps=100_000, **{"algo.learning_rate": 3e-4})``.
+    ``train(algo="ppo", task="cartpole", total_steps=100_000, **{"algo.learning_rate": 3e-4})``;
+    ``resume=<run folder>`` with a larger ``total_steps`` trains a run further,
+    ``init_from=<run folder>`` starts a new run from its agent's weights (README,
+    "Continuing a run").
 
     Unset groups take the command's defaults. The config is checked as the command checks
     it (a bad value raises ConfigError naming key, value and what is allowed, before anything

@@ -118,6 +118,9 @@ class RunConfig:
     mode: str = "train"
     # A run folder (or a file in one) to continue from, with this run's settings.
     resume: str | None = None
+    # A run folder or agent file whose agent's weights this new run's agent starts from
+    # (its optimizers, counters and random streams start fresh, from seed).
+    init_from: str | None = None
     checkpoint: str | None = None
     # mode=eval: a GIF (or MP4) of one greedy episode; a relative path goes into the eval's
     # folder.

@@ -74,6 +74,8 @@ class Run:
     videos: VideoSchedule | None = None
     # The devices it trains on (``platform:id``): a fused run's lanes may spread over several.
     devices: list[str] = field(default_factory=list)
+    # init_from=PATH: the weights every agent starts from (None: its seed's).
+    initial: AgentCheckpoint | None = None
 
     @property
     def pruned_error(self) -> Any:

@@ -23,7 +23,7 @@ from rlspeed.config import env_id, is_fused, task_label
 from rlspeed.config_tree import flatten, to_yaml
 from rlspeed.core.algos import import_named
 from rlspeed.core.algos.loops import CHECKPOINT_FILES, TrainResult
-from rlspeed.core.algos.loops.host import HostTraining, ResumeMismatch
+from rlspeed.core.algos.loops.host import HostTraining, ResumeMismatch, start_from
 from rlspeed.errors import (
     ConfigError,
     DivergenceError,
@@ -199,6 +199,8 @@ def _start(checked: CheckedRun, out_dir: Path, continued: bool) -> Run:
         tracked_run = resumed[min(resumed)].get("tracked_run_id")
     elif resumed:
         tags["rlspeed.resumed_from"] = str(run_folder(str(cfg.resume)).resolve())
+    if checked.initial is not None:
+        tags["rlspeed.init_from"] = str(Path(str(cfg.init_from)).expanduser().resolve())
     tracker = TRACKERS.get(cfg.tracking.name).make(cfg.tracking, out_dir)
     params = flatten(cfg)
     tracker.start(run_name=run_name, params=params, tags=tags, run_id=tracked_run)
@@ -232,6 +234,7 @@ def _start(checked: CheckedRun, out_dir: Path, continued: bool) -> Run:
         training_config=training_keys(params),
         resumable=checked.unresumable is None,
         videos=videos,
+        initial=checked.initial,
     )
 
 
@@ -256,6 +259,8 @@ def _train_host(run: Run) -> TrainResult:
         except BaseException:
             engine.close()
             raise
+        if run.initial is not None:
+            start_from(learner, run.initial)
         training = HostTraining(
             learner, engine, cfg.total_steps, cfg.log_every, run.resumed.get(index)
         )
@@ -319,7 +324,9 @@ def _train_fused(runs: list[Run]) -> list[TrainResult | Exception]:
 
     resumed = first.resumed.get(0)
     devices = lane_devices(first.cfg.backend)
-    training = FusedTraining([r.cfg for r in runs], first.task, make_train, resumed, devices)
+    training = FusedTraining(
+        [r.cfg for r in runs], first.task, make_train, resumed, devices, first.initial
+    )
     schedules = []
     for t, started in enumerate(runs):
         _trains_on(started, training.devices)

@@ -1,33 +1,44 @@
 """The run folders a config names, checked against it before any work starts: ``resume=``
-(a run of this config whose resume files are whole) and ``checkpoint=`` / ``video=`` of
-``mode=eval`` (agent files and a config.yaml that read back). Each refusal is one
-ConfigError line; the files themselves are read by ``rlspeed.checkpoint`` and
-``rlspeed.evaluate``, once: what the check reads goes to the run.
+(a run of this config whose resume files are whole), ``init_from=`` (an agent this run's
+networks can take) and ``checkpoint=`` / ``video=`` of ``mode=eval`` (agent files and a
+config.yaml that read back). Each refusal is one ConfigError line; the files themselves are
+read by ``rlspeed.checkpoint`` and ``rlspeed.evaluate``, once: what the check reads goes to
+the run.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlspeed.checkpoint import (
     CONFIG_FILE,
     PICKLED_RESUME_FILES,
     RESUME_FILE,
     agent_files,
+    read_agent,
     read_states,
     resume_files,
     run_folder,
     seed_file,
     training_keys,
+    why,
 )
 from rlspeed.config import RunConfig, is_fused
 from rlspeed.config_tree import check_creatable, flatten
+from rlspeed.core.state import weights
 from rlspeed.errors import ConfigError
-from rlspeed.evaluate import SavedAgents, load_agents
+from rlspeed.evaluate import SavedAgents, load_agents, saved_run_config
 from rlspeed.registry import ALGOS, TASKS
 from rlspeed.saved_config import read_config
 from rlspeed.video import check_filmable, video_suffixes
+
+if TYPE_CHECKING:
+    from gymnasium import spaces
+
+    from rlspeed.core import AgentCheckpoint
 
 MODES = ("train", "eval")
 # What a host-driven (False) and a fused (True) run's resume files hold beside the format,
@@ -108,15 +119,18 @@ def check_resume(cfg: RunConfig) -> dict[int, dict[str, Any]]:
             "rlspeed in a format that is not read, for safety (reading a pickle can run "
             "code); start that run anew",
         )
-    if not saved_files or not (folder / CONFIG_FILE).is_file():
+    if not (folder / CONFIG_FILE).is_file():
         raise ConfigError(
             "resume",
             value,
             f"a run folder (or a file in one) with {RESUME_FILE} and {CONFIG_FILE}, "
             "as rlspeed runs write",
         )
+    saved_config = read_config("resume", value, folder)
+    if not saved_files:
+        raise ConfigError("resume", value, _no_resume_state(value, folder, saved_config))
     current = training_keys(flatten(cfg))
-    saved = training_keys(flatten(read_config("resume", value, folder)))
+    saved = training_keys(flatten(saved_config))
     _same_config(value, saved, current, "it ran with")
     _added_keys_at_default(value, cfg, saved, current)
     fused = is_fused(cfg)
@@ -138,12 +152,48 @@ def check_resume(cfg: RunConfig) -> dict[int, dict[str, Any]]:
             raise ConfigError(
                 "resume", value, f"a {path.name} of a {kind} run (it has no {missing[0]})"
             )
+    trained = max(_trained_steps(state, fused) for state in states.values())
+    if cfg.total_steps < trained:
+        raise ConfigError(
+            "total_steps",
+            cfg.total_steps,
+            f">= {trained:,}, the env steps the run in resume={value} has trained "
+            "(a resumed run trains on from there; a larger total_steps extends it)",
+        )
     return states
 
 
+def _trained_steps(state: dict[str, Any], fused: bool) -> int:
+    """The env steps (per seed) a saved state has trained: a host-driven seed's counter; on
+    the fused path, which logs every chunk it keeps, the monitor's count of its seeds."""
+    if not fused:
+        return int(state["step"])
+    streams = state.get("monitor", {}).get("streams", [])
+    return max((int(stream["steps"]) for stream in streams), default=0)
+
+
+def _no_resume_state(value: str, folder: Path, saved: Any) -> str:
+    """What resume= expects of a run folder without a resume file, and what to do instead:
+    its agent file still starts a new run (init_from=)."""
+    trial = saved.get("trial", {})
+    if trial.get("number") is not None and not trial.get("keep_resume", False):
+        why = (
+            f"this one is trial {trial.get('number')} of a sweep, whose resume state is "
+            "dropped when a trial ends unless hydra.sweeper.keep_resume=true"
+        )
+    else:
+        why = f"this one has none: its env's state cannot be saved, or {RESUME_FILE} was removed"
+    instead = ""
+    if agent_files(str(folder)):
+        source = value if agent_files(value) else str(folder)
+        instead = f"; init_from={source} starts a new run from its agent's weights"
+    return f"a run folder with {RESUME_FILE} ({why}){instead}"
+
+
 def _same_config(value: str, saved: dict[str, Any], current: dict[str, Any], ran: str) -> None:
-    # Keys both have: a key added to rlspeed since that run has its default there.
-    for key in sorted(saved.keys() & current.keys()):
+    # Keys both have: a key added to rlspeed since that run has its default there. A larger
+    # total_steps extends the run (checked against the steps it trained: check_resume).
+    for key in sorted(saved.keys() & current.keys() - {"total_steps"}):
         if saved[key] != current[key]:
             raise ConfigError(
                 "resume",
@@ -172,3 +222,96 @@ def _added_keys_at_default(
                 f"a run of this config (it ran before rlspeed had {key}, as its default "
                 f"{key}={default}; this run has {key}={current[key]}); set {key}={default}",
             )
+
+
+def check_init_from(cfg: RunConfig) -> AgentCheckpoint | None:
+    """``init_from=PATH``: a run folder of one agent, or one agent file in a folder with its
+    config.yaml, whose agent this run's networks can take: the same algorithm and backend
+    (the file's format), the same observation and action spaces, arrays of the shapes this
+    run's config builds. Returns that agent's weights (its optimizer states left out), read
+    as mode=eval reads agents (nothing in the folder runs); one ConfigError line otherwise.
+    A resumed run continues its own agent: nothing is read (None)."""
+    value = cfg.init_from
+    if value is None or cfg.resume is not None:
+        return None
+    if cfg.mode != "train":
+        raise ConfigError("init_from", value, "null unless mode=train")
+    paths = agent_files(value)
+    if not paths or not (paths[0].parent / CONFIG_FILE).is_file():
+        raise ConfigError(
+            "init_from",
+            value,
+            "a run folder or a checkpoint file in one (checkpoint.pt, checkpoint.msgpack, "
+            f"checkpoint_seed<i>.*) with its {CONFIG_FILE}",
+        )
+    if len(paths) > 1:
+        names = ", ".join(path.name for path in paths)
+        raise ConfigError("init_from", value, f"one agent: one of its files ({names})")
+    read = read_config("init_from", value, paths[0].parent)
+    for key in ("algo", "backend"):  # before the saved config is typed by its algo's schema
+        ours, theirs = getattr(cfg, key).name, read[key].name
+        if ours != theirs:
+            raise ConfigError(
+                "init_from",
+                value,
+                f"an agent of this run's {key}={ours} (it was trained with {key}={theirs})",
+            )
+    saved = saved_run_config(read)
+    if is_fused(saved) and saved.num_seeds > 1:
+        raise ConfigError(
+            "init_from",
+            value,
+            f"one agent (its {paths[0].name} holds the {saved.num_seeds} seeds of one fused "
+            "run; train one seed, or start from a run of one)",
+        )
+    obs_space, action_space = _spaces(cfg, value, saved)
+    try:
+        with warnings.catch_warnings():
+            # A file that is not what it should be can make a loader warn before it fails.
+            warnings.simplefilter("ignore")
+            agent = read_agent(paths[0], cfg.backend.name)
+            # The agent as this run's networks, one seed's: what does not fit is refused.
+            one = dataclasses.replace(cfg, num_seeds=1)
+            module = ALGOS.get(cfg.algo.name).backend_module(cfg.backend.name)
+            module.load_policies(one, agent, obs_space, action_space)
+    except Exception as error:  # damaged, cut short, of other shapes
+        raise ConfigError(
+            "init_from",
+            value,
+            f"an agent whose arrays fit the networks this run builds, as its run's network "
+            f"settings did ({why(error)})",
+        ) from None
+    if "obs_norm" in agent:
+        raise ConfigError(
+            "init_from",
+            value,
+            "an agent trained without algo.normalize_obs (its observation statistics are "
+            "not carried into a new run)",
+        )
+    return weights(agent)
+
+
+def _spaces(cfg: RunConfig, value: str, saved: RunConfig) -> tuple[spaces.Space[Any], ...]:
+    """This run's observation and action spaces; ConfigError unless the saved agent's run
+    had the same."""
+    built = []
+    for run in (cfg, saved):
+        env = TASKS.get(run.task.name).make_env(run.task)
+        built.append((env.observation_space, env.action_space))
+        env.close()
+    (ours, theirs) = built
+    for what, mine, its in zip(("observations", "actions"), ours, theirs, strict=True):
+        if mine != its:
+            raise ConfigError(
+                "init_from",
+                value,
+                f"an agent for this run's {what}, {_short(mine)} (it was trained on "
+                f"task={saved.task.name}'s {_short(its)})",
+            )
+    return ours
+
+
+def _short(space: spaces.Space[Any]) -> str:
+    """A space as one short phrase (Doors' MultiDiscrete lists 225 numbers)."""
+    text = str(space)
+    return text if len(text) <= 60 else f"{type(space).__name__} of shape {space.shape}"

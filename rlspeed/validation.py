@@ -27,6 +27,7 @@ from rlspeed.errors import ConfigError, StoreUnreachable
 from rlspeed.registry import ALGOS, BACKENDS, ENGINES, TASKS, TRACKERS
 
 if TYPE_CHECKING:
+    from rlspeed.core import AgentCheckpoint
     from rlspeed.evaluate import SavedAgents
 
 log = logging.getLogger("rlspeed")
@@ -54,6 +55,8 @@ class CheckedRun:
     resumed: dict[int, dict[str, Any]]
     # mode=eval: the checkpoint's saved config and its agents, read back.
     evaluated: SavedAgents | None
+    # init_from=: the weights the run's agents start from (an agent file's, read back).
+    initial: AgentCheckpoint | None = None
 
     def of(self, composed: DictConfig) -> CheckedRun | None:
         """This check, if ``composed`` is the config it checked (Hydra composes a command's
@@ -82,13 +85,13 @@ def check(composed: DictConfig) -> CheckedRun:
     # Reads run folders (whole resume files): loaded only once every setting above is checked
     # (a bad setting is refused before NumPy, let alone a backend, is imported).
     from rlspeed.core.engines.env_state import check_resumable
-    from rlspeed.run_folders import check_modes
+    from rlspeed.run_folders import check_init_from, check_modes
 
     unresumable = check_resumable(cfg)  # builds the env: what it keeps decides resume=
     if unresumable is not None:  # auto: writing state no run can resume from gains nothing
         cfg = dataclasses.replace(cfg, checkpoint_every=0)
     resumed, evaluated = check_modes(cfg)
-    return CheckedRun(cfg, composed, unresumable, resumed, evaluated)
+    return CheckedRun(cfg, composed, unresumable, resumed, evaluated, check_init_from(cfg))
 
 
 def _check_parts(cfg: RunConfig) -> RunConfig:

@@ -206,6 +206,28 @@ BAD = [
             importlib.util.find_spec("pygame") is not None, reason="pygame draws CartPole"
         ),
     ),
+    # init_from=: a saved agent this run's networks can take (run/: torch DQN on CartPole)
+    (["init_from=nowhere"], ["invalid init_from=nowhere: expected a run folder or a checkpoint"]),
+    (["mode=eval", "checkpoint=run", "init_from=run"], ["init_from=run: expected null unless"]),
+    (["init_from=run"], ["init_from=run: expected an agent of this run's backend=flax (it was"]),
+    (
+        ["init_from=run", "backend=torch", "env=gym-sync", "task=cartpole", "algo=ppo"],
+        ["invalid init_from=run: expected an agent of this run's algo=ppo (it was trained with"],
+    ),
+    (
+        ["init_from=run", "backend=torch", "env=gym-sync", "task=gridworld"],
+        ["init_from=run: expected an agent for this run's observations, Discrete(25", "cartpole"],
+    ),
+    (
+        [
+            "init_from=run",
+            "backend=torch",
+            "env=gym-sync",
+            "task=cartpole",
+            "algo.hidden_sizes=[8]",
+        ],
+        ["init_from=run: expected an agent whose arrays fit the networks this run builds"],
+    ),
     # sweeps and searches
     (["hparams=dqn_search"], ["invalid hparams=dqn_search without -m: a search runs its"]),
     (["seed=1,2"], ["invalid seed=1,2 without -m"]),

@@ -136,6 +136,58 @@ def agents_from_saved(template: PyTree, saved: AgentCheckpoint, agents: int = 1)
     return restored
 
 
+# How an agent file names its optimizers' states: torch's ``optimizer`` (``policy_optimizer``),
+# flax's ``opt_state`` (``actor_opt_state``). The rest are the agent's weights.
+OPTIMIZER_ENTRIES = ("optimizer", "opt_state")
+
+
+def weights(saved: AgentCheckpoint) -> AgentCheckpoint:
+    """An agent file's tree without its optimizers' states: what ``init_from=`` starts a
+    new run's agent from (networks, target networks, a Q-table, SAC's entropy coefficient).
+    Integer arrays in it are counters (PQN's exploration clock), which the new run's agent
+    keeps at its own (``load_weights``, ``with_weights``)."""
+    return {name: part for name, part in saved.items() if not name.endswith(OPTIMIZER_ENTRIES)}
+
+
+def load_weights(live: AgentCheckpoint, saved: AgentCheckpoint) -> None:
+    """Copy ``saved`` (``weights`` of an agent file) into ``live``, a torch learner's
+    ``agent_checkpoint()``: its modules' ``state_dict()`` entries are references to their
+    parameters and buffers, so the copy lands in the networks (``load_array``: in place,
+    shapes checked)."""
+
+    def copy(name: str, into: Any, tree: Any) -> None:
+        if isinstance(into, dict):
+            if set(into) != set(tree):
+                raise ValueError(f"{name} holds {sorted(tree)}, this run's {sorted(into)}")
+            for key, part in into.items():
+                copy(f"{name}/{key}", part, tree[key])
+        elif into.is_floating_point():
+            load_array(name, into, tree)
+
+    for name, tree in saved.items():
+        copy(name, live[name], tree)
+
+
+def with_weights(agent: Any, saved: AgentCheckpoint) -> Any:
+    """A flax agent (a NamedTuple of parameters and optimizer states) with ``saved``
+    (``weights`` of an agent file of one agent) in place of its fields of those names;
+    shapes checked."""
+    import jax
+    import jax.numpy as jnp
+
+    def take(own: jax.Array, restored: Any) -> jax.Array:
+        if jnp.issubdtype(own.dtype, jnp.integer):
+            return own
+        taken: jax.Array = jnp.asarray(restored, dtype=own.dtype)
+        return taken
+
+    fields = {}
+    for name, part in saved.items():
+        own = getattr(agent, name)
+        fields[name] = jax.tree.map(take, own, agents_from_saved(own, part))
+    return agent._replace(**fields)
+
+
 def check_shape(name: str, saved: tuple[int, ...], built: tuple[int, ...]) -> None:
     """Raise ValueError if a saved array's shape is not the one its run's config builds
     (an agent file of a run with another grid size, hidden sizes, ... in the folder)."""

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rlspeed.config import is_fused
-from rlspeed.core.state import agents_from_saved
+from rlspeed.core.state import agents_from_saved, with_weights
 from rlspeed.core.tasks import Policy
 from rlspeed.seeding import JaxKeys
 
@@ -54,6 +54,11 @@ class FusedTrainer(NamedTuple):
     summarize: Callable[[PyTree], dict[str, np.ndarray]]
     # state -> the pytree saved as the checkpoint.
     checkpoint: Callable[[PyTree], PyTree] = lambda state: state.agent._asdict()
+    # (one agent's state, the weights of an agent file) -> that state with its agent's
+    # weights (``init_from=``; ``core.state.weights``), its optimizers' states as built.
+    start_from: Callable[[PyTree, AgentCheckpoint], PyTree] = lambda state, saved: state._replace(
+        agent=with_weights(state.agent, saved)
+    )
 
     def train(self, keys: JaxKeys) -> tuple[PyTree, PyTree]:
         """The whole training as one pure function of the keys (jit/vmap it freely)."""

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from jax.typing import ArrayLike
 
     from rlspeed.config import TaskConfig
-    from rlspeed.core import PyTree
+    from rlspeed.core import AgentCheckpoint, PyTree
 
     # The traced hyperparameters by name (``traced_values``): NumPy numbers, or arrays of
     # one per lane, on the host; tracers inside the program.
@@ -74,7 +74,8 @@ class FusedChunk(NamedTuple):
 
 class FusedTraining:
     """Runs ``cfgs`` (one run, or a sweep's trials equal but for traced hyperparameters and
-    seeds) as one program; ``resumed`` (one run only) continues a saved ``resume_state``.
+    seeds) as one program; ``resumed`` (one run only) continues a saved ``resume_state``;
+    ``initial``: the weights every agent starts from (``init_from=``), else its seed's.
     ``devices``: where the lanes run (None: JAX's default device). What it saves and
     resumes from is the same whatever the devices."""
 
@@ -85,6 +86,7 @@ class FusedTraining:
         make_train: MakeTrain,
         resumed: dict[str, Any] | None = None,
         devices: Sequence[jax.Device] | None = None,
+        initial: AgentCheckpoint | None = None,
     ) -> None:
         cfg, seeds = cfgs[0], cfgs[0].num_seeds
         assert not (len(cfgs) > 1 and resumed is not None), "a batch of runs starts fresh"
@@ -126,7 +128,7 @@ class FusedTraining:
         lane_seeds = [run.seed + i for run in cfgs for i in range(seeds)]
         lane_tasks = [run.task for run in cfgs for _ in range(seeds)]
         self._scores_of = _lane_scores(task, lane_tasks, lane_seeds, trainer, programs, layout)
-        self._resumed = resumed
+        self._resumed, self._initial = resumed, initial
         self.iterations = resumed["iterations"] if resumed is not None else 0
         self._state: PyTree = None
         # Per run: the state after its last accepted chunk, and its iteration count.
@@ -227,6 +229,11 @@ class FusedTraining:
         seeds = layout.padded_list([run.seed + i for run in self.cfgs for i in range(self.seeds)])
         keys = jax_keys(seeds[0] if self.lanes == 1 else seeds)
         state = programs["init"](keys, self._hparams)
+        if self._initial is not None:
+            start = self.trainer.start_from
+            if self.lanes > 1:  # every lane's agent from the same weights
+                start = jax.vmap(start, in_axes=(0, None))
+            state = start(state, self._initial)
         if self._resumed is not None:  # saved without padding, whatever the devices were
             restored = tree_from_host(layout.real(state), self._resumed["state"])
             state = layout.place(layout.pad(restored))

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 import numpy as np
 
 from rlspeed.core.engines import Engine
-from rlspeed.core.state import capture, restore
+from rlspeed.core.state import capture, load_weights, restore
 from rlspeed.core.tasks import Policy
 from rlspeed.errors import EnvFailed
 
@@ -86,6 +86,18 @@ class HostLearner(Protocol):
 
     def agent_checkpoint(self) -> AgentCheckpoint:
         """What the agent's checkpoint file holds (the run writes it)."""
+
+
+def start_from(learner: HostLearner, saved: AgentCheckpoint) -> None:
+    """``init_from=``: a new learner's agent takes ``saved``, the weights of an agent file
+    (``core.state.weights``); its optimizers, counters and generators stay as built. A torch
+    learner's ``agent_checkpoint()`` holds its networks' own tensors, which take the weights
+    in place; a learner whose arrays cannot be written so (JAX's) has ``start_from(saved)``."""
+    own: Callable[[AgentCheckpoint], None] | None = getattr(learner, "start_from", None)
+    if own is not None:
+        own(saved)
+    else:
+        load_weights(learner.agent_checkpoint(), saved)
 
 
 class HostChunk(NamedTuple):

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import jax
 
-from rlspeed.core.state import tree_from_host, tree_to_host
+from rlspeed.core.state import tree_from_host, tree_to_host, with_weights
 from rlspeed.seeding import Stream, jax_key
 
 if TYPE_CHECKING:
@@ -36,6 +36,10 @@ class JaxLearner:
     def agent_checkpoint(self) -> AgentCheckpoint:
         checkpoint: AgentCheckpoint = self.agent._asdict()
         return checkpoint
+
+    def start_from(self, saved: AgentCheckpoint) -> None:
+        """``init_from=``: the agent's weights from an agent file (``core.state.weights``)."""
+        self.agent = with_weights(self.agent, saved)
 
     def agent_state(self) -> dict[str, Any]:
         """The key and the agent's arrays, as a resume file holds them."""

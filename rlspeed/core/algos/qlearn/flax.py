@@ -27,7 +27,7 @@ from rlspeed.core.algos.loops.fused import (
 from rlspeed.core.algos.qlearn import QTableLearner, table_shape
 from rlspeed.core.algos.schedule import epsilon_at
 from rlspeed.core.envs.vmap import VmapEnv, VmapState
-from rlspeed.core.state import tree_from_host, tree_to_host
+from rlspeed.core.state import check_shape, tree_from_host, tree_to_host
 from rlspeed.core.tasks import Policy
 from rlspeed.registry import TASKS
 from rlspeed.seeding import JaxKeys, Stream, jax_key
@@ -158,6 +158,16 @@ class FlaxQTable(QTableLearner):
     def agent_checkpoint(self) -> AgentCheckpoint:
         return {"q_table": self.q}
 
+    def start_from(self, saved: AgentCheckpoint) -> None:
+        """``init_from=``: the Q-table of an agent file."""
+        self.q = table_from(self.q, saved)
+
+
+def table_from(q: jax.Array, saved: AgentCheckpoint) -> jax.Array:
+    """The Q-table of an agent file (``init_from=``) in place of ``q``; shapes checked."""
+    check_shape("q_table", np.shape(saved["q_table"]), q.shape)
+    return jnp.asarray(saved["q_table"], dtype=q.dtype)
+
 
 # ---------------------------------------------------------------- fused jax-vmap path
 
@@ -257,6 +267,7 @@ def make_train(cfg: RunConfig, env: VmapEnv) -> FusedTrainer:
         policy_params=lambda state: state.q,
         greedy=lambda q, obs: greedy(q, states_of(obs)),
         checkpoint=lambda state: {"q_table": state.q},
+        start_from=lambda state, saved: state._replace(q=table_from(state.q, saved)),
         summarize=summarize,
     )
 

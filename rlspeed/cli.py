@@ -118,8 +118,19 @@ MIN_LOGGED_ROWS = 20
 
 def _log_every(every: int, _root_: DictConfig) -> int:
     """``${rlspeed_log_every:N}``, the default ``log_every`` of conf/: N env steps, or fewer
-    where the run's total_steps would log fewer than MIN_LOGGED_ROWS rows. A value given on
-    the command line replaces the interpolation, so it is kept as given."""
+    where the run's total_steps would log fewer than MIN_LOGGED_ROWS rows; a run continued
+    with ``resume=`` (perhaps to a larger total_steps) keeps the interval it ran with. A
+    value given on the command line replaces the interpolation, so it is kept as given."""
+    if _root_.get("resume") is not None:
+        from rlspeed.checkpoint import run_folder
+        from rlspeed.errors import ConfigError
+        from rlspeed.saved_config import read_config
+
+        try:
+            saved = read_config("resume", _root_.resume, run_folder(_root_.resume))
+            return int(saved.log_every)
+        except (ConfigError, OSError, TypeError, ValueError):
+            pass  # the resume check says what is wrong with the folder
     return max(1, min(int(every), int(_root_.total_steps) // MIN_LOGGED_ROWS))
 
 

@@ -84,6 +84,20 @@ def test_a_schedule_over_total_steps_follows_the_new_total_from_the_saved_step(t
     assert kept[200.0] < 0.02 and longer[300.0] > 0.25
 
 
+def test_an_extended_run_keeps_the_default_log_interval_it_ran_with(tmp_path):
+    """log_every left to its default shrinks with total_steps (20 rows a run); a run
+    extended to a larger total_steps keeps the interval it ran with, which its resume
+    state is cut to, instead of being refused as a run of another config."""
+    args = {"algo": "qlearn", "task": "gridworld", "backend": "torch", "env": "gym-sync"}
+    args |= {"num_envs": 2, "tracking": "none", "progress": "none"}
+    first = rlspeed.train(**args, total_steps=200, out_dir=tmp_path / "first")
+    extended = rlspeed.train(
+        **args, total_steps=400, resume=str(first.output_dir), out_dir=tmp_path / "more"
+    )
+    steps = [int(row["step"]) for row in extended.metrics["history"]]
+    assert steps == list(range(10, 401, 10))  # 200 // 20, kept past step 200
+
+
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory) -> Path:
     """A finished torch Q-learning run's folder (fast)."""

@@ -111,16 +111,11 @@ def _task_label(_root_: DictConfig) -> str:
     return task_label(_root_.task)
 
 
-# A run logs at least this many rows unless log_every is given (a short run of a pair whose
-# interval suits its full length still draws a curve).
-MIN_LOGGED_ROWS = 20
-
-
 def _log_every(every: int, _root_: DictConfig) -> int:
-    """``${rlspeed_log_every:N}``, the default ``log_every`` of conf/: N env steps, or fewer
-    where the run's total_steps would log fewer than MIN_LOGGED_ROWS rows; a run continued
-    with ``resume=`` (perhaps to a larger total_steps) keeps the interval it ran with. A
-    value given on the command line replaces the interpolation, so it is kept as given."""
+    """``${rlspeed_log_every:N}`` as ``default_log_every``, but a run continued with
+    ``resume=`` (perhaps to a larger total_steps) keeps the interval it ran with."""
+    from rlspeed.config_tree import default_log_every
+
     if _root_.get("resume") is not None:
         from rlspeed.checkpoint import run_folder
         from rlspeed.errors import ConfigError
@@ -131,7 +126,7 @@ def _log_every(every: int, _root_: DictConfig) -> int:
             return int(saved.log_every)
         except (ConfigError, OSError, TypeError, ValueError):
             pass  # the resume check says what is wrong with the folder
-    return max(1, min(int(every), int(_root_.total_steps) // MIN_LOGGED_ROWS))
+    return default_log_every(every, _root_.total_steps)
 
 
 def _version() -> str:

@@ -35,8 +35,27 @@ def schema_node(schema: type) -> DictConfig:
     return node
 
 
+# A run logs at least this many rows unless log_every is given (a short run of a pair whose
+# interval suits its full length still draws a curve).
+MIN_LOGGED_ROWS = 20
+
+
+def default_log_every(every: int, total_steps: int) -> int:
+    """``${rlspeed_log_every:N}``, the default ``log_every`` of conf/: N env steps, or fewer
+    where ``total_steps`` would log fewer than MIN_LOGGED_ROWS rows. A value given on the
+    command line replaces the interpolation, so it is kept as given."""
+    return max(1, min(int(every), int(total_steps) // MIN_LOGGED_ROWS))
+
+
 def register_configs() -> None:
-    """Store the schemas in Hydra's ConfigStore; YAML options build on them."""
+    """Store the schemas in Hydra's ConfigStore, and the resolver of the default log_every;
+    YAML options build on them. (The command line's resolver also keeps a resumed run's
+    interval: rlspeed.cli.set_up_config_tree.)"""
+    OmegaConf.register_new_resolver(
+        "rlspeed_log_every",
+        lambda every, _root_: default_log_every(every, _root_.total_steps),
+        replace=True,
+    )
     store = ConfigStore.instance()
     store.store(name="rlspeed_schema", node=schema_node(RunConfig))
     for registry in (ALGOS, TASKS):

@@ -163,7 +163,7 @@ def test_a_writer_whose_run_is_gone_before_its_answer_still_ends_the_run_killed(
         from_writer.close()  # the run is gone: no answer reaches it
         start = {"run_name": "r", "params": {}, "tags": {}, "run_id": None, "command": ["x"]}
         for message in (
-            {"uri": uri, "experiment": "e", "parent_run_id": None},
+            {"uri": uri, "experiment": "e", "parent_run_id": None, "out_dir": str(tmp_path)},
             {"start": start},
             {"rows": [[{"loss": 0.5}, 10, 1_000]]},
         ):

@@ -22,7 +22,6 @@ from tests.conftest import (
     headless_env,
     run_cli,
     run_in,
-    slow_but,
 )
 
 # Q-learning on the 5 x 5 GridWorld: solved within 2,000 steps, filmed from its text frames.
@@ -53,7 +52,8 @@ def _frames(path: Path) -> list[np.ndarray]:
 FUSED, HOST = ("flax", "jax-vmap"), ("torch", "gym-sync")
 
 
-@pytest.mark.parametrize(("backend", "env"), slow_but(FUSED, [FUSED, HOST]))
+@pytest.mark.slow
+@pytest.mark.parametrize(("backend", "env"), [FUSED, HOST])
 def test_video_every_films_the_agent_as_it_trains_and_eval_films_into_its_folder(
     tmp_path, monkeypatch, capsys, make_cfg, backend, env
 ):

@@ -222,6 +222,19 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+@pytest.fixture(autouse=True)
+def _mujoco_gl_as_it_was() -> Any:
+    """rlspeed.train sets MUJOCO_GL for its process (rlspeed.machine.choose_mujoco_gl), here
+    the test process: each test gets the variable back as it found it, so a later test's
+    MuJoCo is not drawn through EGL (PyOpenGL imported, logging into a closed capture)."""
+    before = os.environ.get("MUJOCO_GL")
+    yield
+    if before is None:
+        os.environ.pop("MUJOCO_GL", None)
+    else:
+        os.environ["MUJOCO_GL"] = before
+
+
 @pytest.fixture(scope="session")
 def make_cfg() -> Callable[[list[str]], DictConfig]:
     """Compose the real config tree with overrides, as the CLI does."""

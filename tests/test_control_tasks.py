@@ -3,6 +3,8 @@ against Gymnasium, time limits through VmapEnv, greedy evaluation, and real CLI 
 
 from __future__ import annotations
 
+import logging
+
 import gymnasium as gym
 import jax
 import jax.numpy as jnp
@@ -250,6 +252,10 @@ def test_cartpole_evaluate_tells_a_balancing_controller_from_a_random_policy():
 
 def test_halfcheetah_env_builds_steps_and_truncates_at_max_steps(tmp_path, monkeypatch, capfd):
     monkeypatch.chdir(tmp_path)
+    # In a full test run an earlier in-process run chose EGL (rlspeed.train: MUJOCO_GL) before
+    # mujoco was first imported; PyOpenGL then logs its missing accelerator on import, into a
+    # handler an earlier test's capture closed. That is the test process's state, not MuJoCo's.
+    monkeypatch.setattr(logging.getLogger("OpenGL"), "disabled", True)
     env = halfcheetah.make_env(halfcheetah.HalfCheetahTaskConfig(max_steps=5))
     # MuJoCo's warnings go to logging, not to stderr and a log file in the working directory.
     assert capfd.readouterr().err == ""

@@ -124,7 +124,7 @@ LAYERS = [
     ("parts", ["rlspeed.sweep", "rlspeed.slurm", "rlspeed.video"]),
     ("files", ["rlspeed.saved_config"]),
     ("files", ["rlspeed.checkpoint", "rlspeed.statefile", "rlspeed.digests"]),
-    ("base", ["rlspeed.config_tree"]),
+    ("base", ["rlspeed.config_tree", "rlspeed.gym_ids"]),
     ("base", [f"rlspeed.{name}" for name in ("config", "registry", "errors", "secrets")]),
     ("base", ["rlspeed.core.__init__", "rlspeed.core.state"]),
     ("base", ["rlspeed.seeding", "rlspeed.machine", "rlspeed.user_modules"]),

@@ -52,6 +52,7 @@ def playground_problem() -> str | None:
 def random_returns(compose: Any, env_id: str, episodes: int, seed: int = 0) -> Any:
     """Returns of ``episodes`` episodes of uniformly random actions on ``env_id``'s twin,
     each from its own start state, to its end or ``EPISODE_STEPS``."""
+    import gymnasium as gym
     import jax
     import jax.numpy as jnp
 
@@ -61,6 +62,7 @@ def random_returns(compose: Any, env_id: str, episodes: int, seed: int = 0) -> A
     task_cfg = compose(["task=playground", f"task.id={env_id}", f"task.max_steps={EPISODE_STEPS}"])
     env = make_vmap_env(TASKS.get("playground"), task_cfg.task, episodes)
     space = env.single_action_space
+    assert isinstance(space, gym.spaces.Box)  # the suite's actions: a box of torques
     low, high = jnp.asarray(space.low), jnp.asarray(space.high)
 
     @jax.jit

@@ -20,6 +20,7 @@ task's time limit, one per transition where the env may truncate them itself (``
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import TYPE_CHECKING, Any, Generic, NamedTuple, Protocol, TypeVar, cast
 
@@ -28,6 +29,7 @@ import numpy as np
 from rlspeed.core.algos import check_memory, check_ranges
 from rlspeed.core.algos.loops.host import Iteration
 from rlspeed.core.algos.schedule import multiples_between, updates_in_run
+from rlspeed.core.heap import HeapTrimmer
 from rlspeed.core.state import check_shape, load_array, load_rng_state, rng_state
 from rlspeed.errors import ConfigError
 from rlspeed.registry import TASKS
@@ -347,6 +349,11 @@ class ReplayLearner:
     algo: Any
     buffer: ReplayBuffer
 
+    @functools.cached_property
+    def heap(self) -> HeapTrimmer:
+        """Gives the memory the updates freed back now and then (``rlspeed.core.heap``)."""
+        return HeapTrimmer()
+
     @property
     def carried(self) -> dict[str, Any]:
         """The parts of a resume besides the learner (named as resume files name them)."""
@@ -386,5 +393,6 @@ class ReplayLearner:
         end = step + engine.num_envs
         due = int(multiples_between(step, end, algo.train_frequency, algo.learning_starts))
         metrics = [self.update(self.buffer.sample(algo.batch_size)) for _ in range(due)]
+        self.heap.updated(due)
         latest = self.after_env_steps(step, end)
         return Iteration(result.obs, engine.num_envs, due, metrics, latest)

@@ -36,6 +36,35 @@ class JaxReplay(NamedTuple):
     final_position: Any
     size: Any
 
+    def written(self, num_envs: int) -> JaxReplay:
+        """The buffer as far as it is written, what a resume file keeps (the host buffer's
+        ``state_dict``): up to the next step's observations until it first fills, then
+        every slot; the final observations kept so far. Its arrays have a leading axis per
+        lane or none; lanes step in lockstep, so one cut fits them all."""
+        import jax
+        import numpy as np
+
+        lead = np.ndim(self.size)
+        slots, finals = self.obs.shape[lead], self.final_obs.shape[lead]
+        size, position, final_position = (
+            int(np.max(jax.device_get(x))) for x in (self.size, self.position, self.final_position)
+        )
+        filling = size < slots - num_envs
+        written = position + num_envs if filling else slots
+        kept = final_position if filling and position <= finals else finals
+
+        def cut(array: Any, length: int) -> Any:
+            return array[(slice(None),) * lead + (slice(0, length),)]
+
+        return self._replace(
+            obs=cut(self.obs, written),
+            final_obs=cut(self.final_obs, kept),
+            final_index=cut(self.final_index, written),
+            actions=cut(self.actions, written),
+            rewards=cut(self.rewards, written),
+            dones=cut(self.dones, written),
+        )
+
 
 def jax_replay_init(
     capacity: int,

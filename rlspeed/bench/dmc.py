@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rlspeed.bench.common import Table, run_rlspeed, write_results
+from rlspeed.bench.common import Table, paired_bars, run_rlspeed, write_results
 
 NEEDS_PLAYGROUND = (
     'rlspeed-bench dmc needs the playground extra (pip install "rlspeed[playground]"):'
@@ -140,13 +140,11 @@ def run(out_dir: Path, quick: bool, compose: Any) -> list[Path]:
 
 def _plot(table: Table, ax: Any) -> None:
     """The greedy score against the random policy's return, per task."""
-    tasks = [row["task"] for row in table.rows]
-    positions = range(len(tasks))
-    width = 0.38
-    ax.bar([p - width / 2 for p in positions], [r["random_return"] for r in table.rows], width,
-           label="random policy")  # fmt: skip
-    ax.bar([p + width / 2 for p in positions], [r["score"] for r in table.rows], width,
-           label="rlspeed PPO, fused")  # fmt: skip
-    ax.set_xticks(list(positions), tasks)
+    paired_bars(
+        ax,
+        [row["task"] for row in table.rows],
+        ("random policy", [r["random_return"] for r in table.rows]),
+        ("rlspeed PPO, fused", [r["score"] for r in table.rows]),
+    )
     ax.set_ylabel(f"mean return over {EPISODE_STEPS:,} steps")
     ax.legend(fontsize=8)

@@ -113,7 +113,9 @@ def tree_to_host(tree: PyTree) -> list[np.ndarray]:
 
 
 def tree_from_host(template: PyTree, leaves: list[np.ndarray]) -> PyTree:
-    """``template``'s pytree with the saved ``leaves`` (from ``tree_to_host``) in it."""
+    """``template``'s pytree with the saved ``leaves`` (from ``tree_to_host``) in it. An
+    array of a ``Partly`` node may be saved as far as it was written (``written_parts``);
+    any other must have the template's shape."""
     import jax
     import jax.numpy as jnp
 
@@ -121,17 +123,27 @@ def tree_from_host(template: PyTree, leaves: list[np.ndarray]) -> PyTree:
     if len(old) != len(leaves):
         raise ValueError(f"the saved state has {len(leaves)} arrays, this run's {len(old)}")
 
-    def device(like: jax.Array, saved: np.ndarray) -> jax.Array:
+    def marks(node: Any) -> Any:
+        return jax.tree.map(lambda _: True, node) if isinstance(node, Partly) else False
+
+    partly = jax.tree.leaves(
+        jax.tree.map(marks, template, is_leaf=lambda node: isinstance(node, Partly))
+    )
+
+    def device(like: jax.Array, saved: np.ndarray, part: bool) -> jax.Array:
         if jnp.issubdtype(like.dtype, jax.dtypes.prng_key):
             key: jax.Array = jax.random.wrap_key_data(
                 jnp.asarray(saved), impl=jax.random.key_impl(like)
             )
             return key
-        if saved.shape != like.shape:
+        if saved.shape != like.shape and part:
             return _written_into(like, saved)
+        if saved.shape != like.shape:
+            raise ValueError(f"a saved array has shape {saved.shape}, this run's {like.shape}")
         return jnp.asarray(saved, dtype=like.dtype)
 
-    return jax.tree.unflatten(treedef, [device(a, b) for a, b in zip(old, leaves, strict=True)])
+    restored = [device(*args) for args in zip(old, leaves, partly, strict=True)]
+    return jax.tree.unflatten(treedef, restored)
 
 
 def _written_into(like: jax.Array, saved: np.ndarray) -> jax.Array:

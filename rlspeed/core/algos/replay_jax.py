@@ -9,7 +9,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, cast
 
-from rlspeed.core.algos.replay import Batch, draw_slots, final_capacity, write_plan
+from rlspeed.core.algos.replay import (
+    Batch,
+    draw_slots,
+    final_capacity,
+    write_plan,
+    written_lengths,
+)
 from rlspeed.core.algos.schedule import multiples_between
 
 if TYPE_CHECKING:
@@ -37,9 +43,8 @@ class JaxReplay(NamedTuple):
     size: Any
 
     def written(self, num_envs: int) -> JaxReplay:
-        """The buffer as far as it is written, what a resume file keeps (the host buffer's
-        ``state_dict``): up to the next step's observations until it first fills, then
-        every slot; the final observations kept so far. Its arrays have a leading axis per
+        """The buffer as far as it is written (``written_lengths``), what a resume file
+        keeps, as the host buffer's ``state_dict`` does. Its arrays have a leading axis per
         lane or none; lanes step in lockstep, so one cut fits them all."""
         import jax
         import numpy as np
@@ -49,9 +54,7 @@ class JaxReplay(NamedTuple):
         size, position, final_position = (
             int(np.max(jax.device_get(x))) for x in (self.size, self.position, self.final_position)
         )
-        filling = size < slots - num_envs
-        written = position + num_envs if filling else slots
-        kept = final_position if filling and position <= finals else finals
+        written, kept = written_lengths(size, position, final_position, slots, num_envs, finals)
 
         def cut(array: Any, length: int) -> Any:
             return array[(slice(None),) * lead + (slice(0, length),)]

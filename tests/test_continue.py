@@ -186,7 +186,7 @@ def test_a_new_run_starts_from_a_saved_agents_weights_with_a_fresh_optimizer(tmp
     the optimizer's state of its own updates alone."""
     stack_args = dict(STACKS[stack])
     stack_args.pop("steps")
-    source = rlspeed.train(**DQN, **stack_args, total_steps=240, out_dir=tmp_path / "source")
+    source = rlspeed.train(**{**DQN, **stack_args}, total_steps=240, out_dir=tmp_path / "source")
     args = {**DQN, **stack_args, **FROZEN, "init_from": str(source.output_dir)}
     started = rlspeed.train(**args, out_dir=tmp_path / "new")
     metrics = started.metrics

@@ -56,7 +56,8 @@ def _metrics(folder: Path) -> dict:
 @pytest.mark.parametrize(
     "search",
     [
-        pytest.param(QLEARN, id="qlearn"),
+        # 20-30 s each: a batched sweep and a lone run, both through the CLI
+        pytest.param(QLEARN, id="qlearn", marks=pytest.mark.slow),
         pytest.param(PPO, id="ppo", marks=pytest.mark.slow),
     ],
 )

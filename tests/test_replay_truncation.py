@@ -28,6 +28,7 @@ from rlspeed.core.algos.replay import check_replay, draw_slots, replay_buffer, t
 from rlspeed.core.algos.replay_jax import JaxReplay, jax_replay_add, jax_replay_init
 from rlspeed.core.state import capture, restore
 from rlspeed.errors import ConfigError
+from tests.conftest import slow_but
 
 OBS = gym.spaces.Box(0.0, np.inf, (2,), np.float32)
 ACTIONS = gym.spaces.Discrete(2)
@@ -91,7 +92,7 @@ def _gym_cfg(capacity: int, num_envs: int) -> Any:
 
 
 @pytest.mark.parametrize("pattern", PATTERNS)
-@pytest.mark.parametrize(("num_envs", "capacity"), [(3, 24), (4, 25), (1, 9)])
+@pytest.mark.parametrize(("num_envs", "capacity"), slow_but((1, 9), [(3, 24), (4, 25), (1, 9)]))
 def test_host_and_jax_buffers_keep_every_final_observation(pattern, num_envs, capacity):
     """Step by step, no transition either buffer can draw has a wrong next observation,
     sized as a ``task=gym`` run sizes them."""

@@ -31,7 +31,6 @@ from tests.conftest import (
     logged_rows,
     run_cli,
     saved_agent,
-    slow_but,
     start_cli,
     vouch,
 )
@@ -83,7 +82,8 @@ def _cut_after_first_log(args: list[str], cwd: Path, group: bool = False) -> str
     return "".join(lines)
 
 
-@pytest.mark.parametrize("path", slow_but("flax-jax-vmap", list(PATHS)))
+@pytest.mark.slow  # 15-30 s per path: three runs through the CLI, one cut by SIGTERM
+@pytest.mark.parametrize("path", list(PATHS))
 def test_sigterm_then_resume_ends_like_an_uninterrupted_run(tmp_path, path):
     args = [*DQN, *PATHS[path], *LOGS]
     whole = run_cli([*args, "hydra.run.dir=whole"], tmp_path)

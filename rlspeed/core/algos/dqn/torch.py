@@ -7,6 +7,7 @@ often as due, then syncs the target network as due (``DQNSchedule.after_env_step
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -50,16 +51,22 @@ def greedy_actions(q_network: nn.Module, obs: np.ndarray) -> np.ndarray:
 
 
 def epsilon_greedy(
-    greedy: torch.Tensor, epsilon: float, n_actions: int, generator: torch.Generator
+    greedy: Callable[[], torch.Tensor],
+    n: int,
+    epsilon: float,
+    n_actions: int,
+    generator: torch.Generator,
 ) -> torch.Tensor:
-    """The ``greedy`` actions [B] (on the CPU), each replaced with probability ``epsilon``
-    by a uniformly random one of ``n_actions`` (DQN's and PQN's exploration). Drawn on the
-    CPU ``generator``: the same exploration on every device."""
-    n = len(greedy)
+    """``n`` actions: each the ``greedy()`` one (on the CPU) or, with probability ``epsilon``,
+    a uniformly random one of ``n_actions`` (DQN's and PQN's exploration). Drawn on the CPU
+    ``generator``: the same exploration on every device. The Q-network's forward pass
+    (``greedy``) is skipped where every env explores: the same actions, at a fraction of the
+    cost early in a run of few envs (CleanRL's dqn.py, one env, skips it likewise)."""
     explore = torch.rand(n, generator=generator) < epsilon
     random = torch.randint(n_actions, (n,), generator=generator)
+    chosen = random if bool(explore.all()) else torch.where(explore, random, greedy())
     # int32 is what the JAX engine takes with x64 disabled; on the CPU, as engines take.
-    return torch.where(explore, random, greedy).to(torch.int32)
+    return chosen.to(torch.int32)
 
 
 class TorchLearner(DQNSchedule, ReplayLearner):
@@ -90,8 +97,11 @@ class TorchLearner(DQNSchedule, ReplayLearner):
         epsilon = self.epsilon(step)
         # DLPack: NumPy arrays and JAX arrays become tensors without a copy (on one device).
         obs = from_dlpack(obs).to(self.device)
-        greedy = self.q_network(obs).argmax(dim=1).cpu()
-        return epsilon_greedy(greedy, epsilon, self.n_actions, self.generator)
+
+        def greedy() -> torch.Tensor:
+            return self.q_network(obs).argmax(dim=1).cpu()
+
+        return epsilon_greedy(greedy, len(obs), epsilon, self.n_actions, self.generator)
 
     def greedy(self, obs: np.ndarray) -> np.ndarray:
         return greedy_actions(self.q_network, obs)

@@ -76,9 +76,14 @@ class TorchLearner(MinibatchUpdates, RolloutLearner):
         """Epsilon-greedy actions, as the rollout stores them: (actions, the same sent to the
         env, log-probabilities: zeros, which PQN does not read)."""
         # DLPack: NumPy arrays and JAX arrays become tensors without a copy (on one device).
-        greedy = self.q_network(from_dlpack(obs).to(self.device)).argmax(dim=1).cpu()
-        actions = epsilon_greedy(greedy, self.epsilon(), self.n_actions, self.generator)
-        return actions, actions, torch.zeros(len(greedy))
+        tensor = from_dlpack(obs).to(self.device)
+
+        def greedy() -> torch.Tensor:
+            return self.q_network(tensor).argmax(dim=1).cpu()
+
+        n = len(tensor)
+        actions = epsilon_greedy(greedy, n, self.epsilon(), self.n_actions, self.generator)
+        return actions, actions, torch.zeros(n)
 
     @torch.no_grad()
     def values(self, obs: np.ndarray) -> np.ndarray:

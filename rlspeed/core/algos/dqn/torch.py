@@ -99,7 +99,8 @@ class TorchLearner(DQNSchedule, ReplayLearner):
         obs = from_dlpack(obs).to(self.device)
 
         def greedy() -> torch.Tensor:
-            return self.q_network(obs).argmax(dim=1).cpu()
+            q: torch.Tensor = self.q_network(obs)
+            return q.argmax(dim=1).cpu()
 
         return epsilon_greedy(greedy, len(obs), epsilon, self.n_actions, self.generator)
 

@@ -79,7 +79,8 @@ class TorchLearner(MinibatchUpdates, RolloutLearner):
         tensor = from_dlpack(obs).to(self.device)
 
         def greedy() -> torch.Tensor:
-            return self.q_network(tensor).argmax(dim=1).cpu()
+            q: torch.Tensor = self.q_network(tensor)
+            return q.argmax(dim=1).cpu()
 
         n = len(tensor)
         actions = epsilon_greedy(greedy, n, self.epsilon(), self.n_actions, self.generator)

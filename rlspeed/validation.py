@@ -24,7 +24,7 @@ from rlspeed.config import MAX_SEED_WORKERS, MAX_SEEDS, MAX_STEPS, RunConfig, is
 from rlspeed.config_tree import check_creatable
 from rlspeed.core.algos import batch_rows, network_size
 from rlspeed.core.backends import check_devices
-from rlspeed.errors import ConfigError, StoreUnreachable, one_line
+from rlspeed.errors import ConfigError, StoreUnreachable
 from rlspeed.registry import ALGOS, BACKENDS, ENGINES, TASKS, TRACKERS
 
 if TYPE_CHECKING:
@@ -269,12 +269,14 @@ def resolve_seed_workers(cfg: RunConfig) -> RunConfig:
         workers = value
     workers = min(workers, cfg.num_seeds)
     if workers > 1 and (given := TASKS.given(cfg.task.name)) is not None:
+        from rlspeed.checkpoint import why  # NumPy and more: only where it is wanted
+
         try:  # a worker process takes a task given to rlspeed.train by pickle
             pickle.dumps(given)
         except Exception as error:  # noqa: BLE001 - whatever pickling the user's object raised
             allowed = (
                 f"1 with task={cfg.task.name}, a TaskSpec given to rlspeed.train that does not "
-                f"pickle ({one_line(error)[:120]}): seed workers take it by pickle, so its "
+                f"pickle ({why(error)}): seed workers take it by pickle, so its "
                 "functions must be a module's top-level ones"
             )
             raise ConfigError("backend.seed_workers", value, allowed) from None

@@ -9,6 +9,7 @@ trains itself; the mean over seeds is taken in seed order whichever seed logs a 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -21,6 +22,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from rlspeed.cli import check_command_line
+from rlspeed.errors import ConfigError
 from rlspeed.validation import check
 from tests.conftest import run_cli, saved_agent, start_cli, without_rates
 
@@ -109,6 +111,22 @@ def test_a_bad_worker_count_is_one_line_exit_2(overrides, said, tmp_path, monkey
     assert stop.value.code == 2 and len(lines) == 1, lines
     assert lines[0].startswith(f"rlspeed: {said}"), lines[0]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_task_given_to_train_that_does_not_pickle_is_refused_before_anything(tmp_path):
+    import rlspeed
+    from rlspeed.core.tasks.gridworld import SPEC
+
+    mine = dataclasses.replace(SPEC, name="my-grid")  # GridWorld's spec holds lambdas
+    settings = {"num_seeds": 2, "backend.seed_workers": 2, "total_steps": 2000}
+    with pytest.raises(ConfigError) as refused:
+        rlspeed.train(algo="qlearn", task=mine, backend="torch", env="gym-sync",
+                      tracking="none", out_dir=tmp_path / "run", **settings)  # fmt: skip
+    assert str(refused.value).startswith(
+        "rlspeed: invalid backend.seed_workers=2: expected 1 with task=my-grid, a TaskSpec "
+        "given to rlspeed.train that does not pickle (PicklingError: "
+    )
+    assert not (tmp_path / "run").exists()
 
 
 def test_workers_resolve_to_at_most_the_seeds_and_share_the_cores(make_cfg):

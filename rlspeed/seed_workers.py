@@ -76,6 +76,8 @@ class _Worker:
     held: bool = False
     leaving: bool = False
     ended: bool = False
+    # Whether it has started its backend (``Started``).
+    started: bool = False
 
 
 class SeedWorkers:
@@ -165,8 +167,10 @@ class SeedWorkers:
     def _send(self, worker: _Worker, message: object) -> None:
         try:
             worker.link.send(message)
+            return
         except Gone:
-            self._ended(worker)
+            pass
+        self._ended(worker)  # outside the except: its line is the whole story
 
     def _receive(self) -> None:
         """Record what the workers have sent, waiting up to ``WAIT_S`` for something."""
@@ -181,11 +185,12 @@ class SeedWorkers:
             try:
                 message = worker.link.receive()
             except Gone:
-                self._ended(worker)
-                return
+                break
             self._handle(worker, message)
-        if worker.process.exitcode is not None:
-            self._ended(worker)
+        else:
+            if worker.process.exitcode is None:
+                return
+        self._ended(worker)
 
     def _ended(self, worker: _Worker) -> None:
         """``worker``'s process has ended: as told, or it died (the run's one line)."""
@@ -202,6 +207,12 @@ class SeedWorkers:
         if code is not None and code < 0:
             with contextlib.suppress(ValueError):
                 how += f" (killed by {signal.Signals(-code).name})"
+        if not worker.started:  # its own output says why (a script without the guard?)
+            raise RLSpeedError(
+                f"rlspeed: seed worker {worker.number} ended with {how} as it started; from "
+                "Python, a script that trains with backend.seed_workers needs the "
+                "'if __name__ == \"__main__\":' guard (the workers import it)"
+            )
         if worker.index is None:
             raise RLSpeedError(f"rlspeed: seed worker {worker.number} ended with {how}")
         resume = resume_point(self.run, self.written.get(worker.index))
@@ -218,23 +229,25 @@ class SeedWorkers:
                 with contextlib.suppress(Gone):
                     worker.link.send(EXIT)
                 worker.leaving = True
-        deadline = time.monotonic() + EXIT_S
-        while time.monotonic() < deadline:
-            alive = [w for w in self.workers if w.process.is_alive()]
-            if not alive:
-                break
-            for worker in alive:  # what they still send is left unread: the run has ended
-                while worker.link.ready():
-                    try:
-                        worker.link.receive()
-                    except Gone:
-                        break
-            wait([w.process.sentinel for w in alive], WAIT_S)
-        for worker in self.workers:
-            if worker.process.is_alive():
-                worker.process.kill()
-            worker.process.join()
-            worker.link.conn.close()
+        try:
+            deadline = time.monotonic() + EXIT_S
+            while time.monotonic() < deadline:
+                alive = [w for w in self.workers if w.process.is_alive()]
+                if not alive:
+                    break
+                for worker in alive:  # what they still send is left unread: the run has ended
+                    while worker.link.ready():
+                        try:
+                            worker.link.receive()
+                        except Gone:
+                            break
+                wait([w.process.sentinel for w in alive], WAIT_S)
+        finally:  # a second Ctrl-C meanwhile: they are killed
+            for worker in self.workers:
+                if worker.process.is_alive():
+                    worker.process.kill()
+                worker.process.join()
+                worker.link.conn.close()
         # The summary lists the agents' files in seed order, as seeds one after another do.
         self.run.outputs = dict(sorted(self.run.outputs.items()))
 
@@ -261,6 +274,7 @@ class SeedWorkers:
                 else:
                     self._assign(worker)
         elif isinstance(message, Started):
+            worker.started = True
             if message.device not in self.devices:
                 self.devices.append(message.device)
                 trains_on(self.run, self.devices)

@@ -189,7 +189,7 @@ def _gone(pids: list[int], within_s: float = 30) -> bool:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL])
+@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
 def test_a_run_of_workers_stopped_then_resumed_ends_like_one_uninterrupted(tmp_path, how):
     args = [*DQN, "backend=torch", "total_steps=6000", "checkpoint_every=800", TWO]
     _ok(run_cli([*args, "hydra.run.dir=whole"], tmp_path))
@@ -259,6 +259,7 @@ FAILING = [
             "from env step 3,840",
         ),
     ],
+    ids=["raise", "kill"],
 )
 def test_a_worker_whose_env_fails_is_one_line(tmp_path, how, said):
     result = run_cli([*FAILING, f"+task.kwargs.how={how}", "hydra.run.dir=run"], tmp_path)

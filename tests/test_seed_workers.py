@@ -3,9 +3,12 @@ exactly what the same seeds trained one after another log (rates aside), write t
 agents, stop and resume exactly, and fail in one line; bad values are one line, exit 2.
 
 Exact, not to float rounding: a worker runs the very code the run's process would for its
-seed (its setup, envs, learner and evaluations, from the same seeds, on as many threads), in a
-process of its own, and the run's process records what it sends as it records a seed it
-trains itself; the mean over seeds is taken in seed order whichever seed logs a step last."""
+seed (its setup, envs, learner and evaluations, from the same seeds, on as many threads: these
+agents are small, ``backend.threads=auto`` gives them one either way), in a process of its
+own, and the run's process records what it sends as it records a seed it trains itself; the
+mean over seeds is taken in seed order whichever seed logs a step last. (A network that
+``auto`` gives every core alone gets cores / workers in a worker, and torch's kernels then
+round differently: README.)"""
 
 from __future__ import annotations
 

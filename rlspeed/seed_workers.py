@@ -108,15 +108,15 @@ class SeedWorkers:
         stopped = False
         try:
             with deferred_interrupts() as check_interrupt:
-                try:
-                    self._start()
-                    while self.todo or any(w.index is not None for w in self.workers):
-                        self._receive()
+                self._start()
+                while self.todo or any(w.index is not None for w in self.workers):
+                    self._receive()
+                    try:
                         check_interrupt()
-                except KeyboardInterrupt:
-                    stopped = self._stop()
-                    raise
-        except BaseException:
+                    except KeyboardInterrupt:  # held to here: every chunk sent is recorded
+                        stopped = self._stop()
+                        raise
+        except BaseException:  # a second Ctrl-C lands anywhere: out at once, as alone
             if not stopped and len(self.finished) < self.run.cfg.num_seeds:
                 self.consistent = False
             raise

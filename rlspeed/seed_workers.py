@@ -150,8 +150,8 @@ class SeedWorkers:
         """Hand ``worker`` the next agent to train, or tell it to exit."""
         run = self.run
         if not self.todo:
+            worker.leaving = True  # its seeds are in: its end is no failure, however it comes
             self._send(worker, EXIT)
-            worker.leaving = True
             return
         index = self.todo.popleft()
         saved = run.resumed.get(index)
@@ -305,10 +305,10 @@ class SeedWorkers:
 
     def _resume_state(self, index: int) -> dict[str, Any] | None:
         """What agent ``index``'s resume file holds when written (None: it stays as it is)."""
-        resume = self.resumes.get(index)
+        resume = self.resumes.get(index) if self.consistent else None
         if isinstance(resume, Exception):  # could not be taken: that file's error
             raise resume
-        return resume if self.consistent else None
+        return resume
 
     def _failure(self, failed: Failed) -> BaseException:
         """The exception the run ends with for agent ``failed.seed``'s failure: an env's
@@ -359,8 +359,8 @@ class SeedWorkers:
         for worker in self.workers:
             if worker.held and not worker.leaving:
                 worker.held = False
-                self._send(worker, order)
                 worker.leaving = order == EXIT
+                self._send(worker, order)
         for worker in self.workers:
             if worker.index is None and not worker.leaving:
                 self._assign(worker)

@@ -109,6 +109,9 @@ class RunConfig:
     num_seeds: int = 1
     # Parallel copies of the task; each engine option sets its own default.
     num_envs: int = MISSING
+    # task=gym: a Gymnasium id rlspeed has tuned settings for (CartPole-v1, Pendulum-v1, the
+    # MuJoCo ids: rlspeed.gym_ids) runs with them; false: the algorithm's general defaults.
+    tuned: bool = True
     total_steps: int = 300_000
     # Env steps between metric logs (and between returns to Python on the fused path).
     log_every: int = 10_000

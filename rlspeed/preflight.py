@@ -35,6 +35,7 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 from hydra_plugins.rlspeed_optuna_sweeper.config import SWEEPER_TARGET
 from rlspeed.config_tree import check_creatable
 from rlspeed.errors import ConfigError, RLSpeedError
+from rlspeed.gym_ids import with_tuned_defaults
 from rlspeed.sweep import MAX_NAME_CHARS, overlong_name
 from rlspeed.validation import CheckedRun, check
 
@@ -406,8 +407,12 @@ def check_overrides(
             _check_overrides(parsed)
             variants, jobs = _variants(parsed)
 
-            def compose_job(job_overrides: list[str]) -> DictConfig:
+            def compose_plain(job_overrides: list[str]) -> DictConfig:
                 return compose(config_name=config_name, overrides=[*job_overrides, *searchpath])
+
+            def compose_job(job_overrides: list[str]) -> DictConfig:
+                plain = compose_plain(job_overrides)
+                return with_tuned_defaults(plain, job_overrides, compose_plain)
 
             # Hydra's own groups and settings (sweeper, sampler, pruner, launcher, folders).
             full = compose(

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from hydra import compose
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
@@ -33,6 +34,8 @@ from rlspeed.errors import (
     deferred_interrupts,
     interrupt,
 )
+from rlspeed.gym_ids import GROUP as GYM_GROUP
+from rlspeed.gym_ids import tuned_defaults
 from rlspeed.host_records import check_finite, env_failure, record_chunk, report, trains_on
 from rlspeed.monitor import RunMonitor, to_log_file
 from rlspeed.recording import (
@@ -79,6 +82,7 @@ def run(cfg: DictConfig, checked: CheckedRun | None = None) -> float:
             slurm.restarts() + 1,
             continued,
         )
+    cfg = _with_tuned_defaults(cfg)
     if checked is None:
         checked = check(cfg)
     if checked.evaluated is not None:  # mode=eval
@@ -113,6 +117,26 @@ def run(cfg: DictConfig, checked: CheckedRun | None = None) -> float:
             if unrecorded and status != "FINISHED":  # beside the error or interrupt on its way
                 print(unrecorded.line, file=sys.stderr)
     return _finished(started, result, unrecorded)
+
+
+def _with_tuned_defaults(cfg: DictConfig) -> DictConfig:
+    """The job's config with the tuned defaults of its Gymnasium id (``rlspeed.gym_ids``),
+    composed again from the job's overrides where it has them."""
+    if not HydraConfig.initialized():
+        return cfg
+    hydra_cfg = HydraConfig.get()
+    overrides = list(hydra_cfg.overrides.task)
+    name = tuned_defaults(cfg, overrides)
+    if name is None:
+        return cfg
+    log.info(
+        "rlspeed: %s on %s takes rlspeed's settings for that env (conf/algo_task/%s.yaml;"
+        " tuned=false: the algorithm's general ones)",
+        cfg.algo.name,
+        cfg.task.id,
+        name,
+    )
+    return compose(hydra_cfg.job.config_name, [*overrides, f"{GYM_GROUP}={name}"])
 
 
 def run_trials(cfgs: list[DictConfig], out_dirs: list[Path]) -> list[float | Exception]:

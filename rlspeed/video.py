@@ -180,13 +180,21 @@ def video_suffixes() -> list[str]:
 
 
 def write_video(filmed: Film, path: Path) -> Path:
+    """Write the video whole or not at all: into a temporary file beside ``path`` (its
+    suffix tells imageio the format), renamed over ``path`` once written, so a run killed
+    while it writes leaves no part of a video."""
     import imageio.v2 as imageio
 
     frames: list[Any] = filmed.frames  # imageio's stubs type a frame as anything array-like
-    if path.suffix.lower() == ".gif":
-        imageio.mimsave(path, frames, duration=1000 / filmed.fps, loop=0)
-    else:
-        imageio.mimsave(path, frames, fps=filmed.fps)
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
+    try:
+        if path.suffix.lower() == ".gif":
+            imageio.mimsave(tmp, frames, duration=1000 / filmed.fps, loop=0)
+        else:
+            imageio.mimsave(tmp, frames, fps=filmed.fps)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
     return path
 
 

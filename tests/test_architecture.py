@@ -124,9 +124,9 @@ LAYERS = [
     ("parts", ["rlspeed.sweep", "rlspeed.slurm", "rlspeed.video"]),
     ("files", ["rlspeed.saved_config"]),
     ("files", ["rlspeed.checkpoint", "rlspeed.statefile", "rlspeed.digests"]),
-    ("base", ["rlspeed.config_tree"]),
+    ("base", ["rlspeed.config_tree", "rlspeed.gym_ids"]),
     ("base", [f"rlspeed.{name}" for name in ("config", "registry", "errors", "secrets")]),
-    ("base", ["rlspeed.core.__init__", "rlspeed.core.state"]),
+    ("base", ["rlspeed.core.__init__", "rlspeed.core.state", "rlspeed.core.heap"]),
     ("base", ["rlspeed.seeding", "rlspeed.machine", "rlspeed.user_modules"]),
     # Run by a peer's own Python, where rlspeed is not installed: it imports none of it.
     ("base", ["rlspeed.bench.peer_run"]),

@@ -247,10 +247,14 @@ def test_against_with_an_unknown_revision_is_one_clear_line(tmp_path):
     assert not (tmp_path / "results").exists()
 
 
-def _without_gymnax() -> bool:
+def _without(module: str) -> bool:
     import importlib.util
 
-    return importlib.util.find_spec("gymnax") is None
+    return importlib.util.find_spec(module) is None
+
+
+def _without_gymnax() -> bool:
+    return _without("gymnax")
 
 
 @pytest.mark.skipif(not _without_gymnax(), reason="gymnax is installed")
@@ -258,6 +262,32 @@ def test_jaxenvs_without_gymnax_says_so_in_one_line(tmp_path):
     result = _bench(["jaxenvs", "--out", "results"], cwd=tmp_path)
     assert_one_line_error(result, "jaxenvs", "gymnax extra", 'pip install "rlspeed[gymnax]"')
     assert not (tmp_path / "results").exists()
+
+
+@pytest.mark.skipif(not _without("mujoco_playground"), reason="playground is installed")
+def test_dmc_without_playground_says_so_in_one_line(tmp_path):
+    result = _bench(["dmc", "--out", "results"], cwd=tmp_path)
+    assert_one_line_error(result, "dmc", "playground extra", 'pip install "rlspeed[playground]"')
+    assert not (tmp_path / "results").exists()
+
+
+@pytest.mark.playground
+def test_quick_dmc_trains_and_measures_a_random_policy(tmp_path):
+    """One short fused PPO run on CartpoleBalance beside 64 random episodes: a uniformly
+    random policy keeps the pole up for a third of CartpoleBalance's 1,000 steps (363 +- 59
+    over 16 episodes, measured with the Gymnasium face), a return no bug near zero or 1,000
+    gives."""
+    result = _bench(["dmc", "--quick", "--out", "results"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = tmp_path / "results"
+    assert sorted(p.name for p in out.iterdir()) == [f"dmc.{ext}" for ext in ("csv", "md", "png")]
+    (row,) = _rows(out / "dmc.csv")
+    assert row["task"] == "CartpoleBalance" and int(row["env_steps"]) == 20_480
+    assert 250 < float(row["random_return"]) < 500, row
+    assert 0 <= float(row["score"]) <= 1000 and float(row["wall_s"]) > 0, row
+    assert float(row["x_random"]) == pytest.approx(
+        float(row["score"]) / float(row["random_return"]), rel=1e-3
+    )
 
 
 def test_a_peer_folder_without_its_scripts_is_one_clear_line(tmp_path):

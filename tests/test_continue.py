@@ -13,9 +13,11 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import rlspeed
+from rlspeed import statefile
 from rlspeed.checkpoint import RESUME_FILE
 from tests.conftest import logged_rows, saved_agent, slow_but, vouch
 
@@ -34,8 +36,13 @@ DQN = {
 STACKS = {
     "torch-gym-sync": {"backend": "torch", "env": "gym-sync", "num_envs": 4, "steps": 600},
     "flax-jax-vmap": {"backend": "flax", "env": "jax-vmap", "num_envs": 8, "steps": 4000},
+    # A buffer the first run fills to 8%: its resume file holds that part, put back whole.
+    "flax-jax-vmap-filling": {
+        **{"backend": "flax", "env": "jax-vmap", "num_envs": 8, "steps": 4000},
+        "algo.buffer_size": 50_000,
+    },
 }
-LOGS = {"torch-gym-sync": 300, "flax-jax-vmap": 1000}
+LOGS = {"torch-gym-sync": 300, "flax-jax-vmap": 1000, "flax-jax-vmap-filling": 1000}
 # What must match exactly (wall-time rates aside).
 SAME = ("status", "score", "rolling_step_reward", "recent_return", "env_steps", "gradient_updates")
 
@@ -59,6 +66,9 @@ def test_a_finished_run_extended_ends_like_the_longer_run_uninterrupted(tmp_path
     assert logged_rows(extended.output_dir) == logged_rows(whole.output_dir)
     # The steps added trained the agent: the first run's is not the longer run's.
     assert saved_agent(first.output_dir) != saved_agent(whole.output_dir)
+    if stack == "flax-jax-vmap-filling":  # 4,000 transitions and the next 8 observations
+        saved = statefile.load(first.output_dir / RESUME_FILE)["state"]
+        assert max(len(leaf) for leaf in saved if np.ndim(leaf)) == steps + 8
 
 
 def test_a_schedule_over_total_steps_follows_the_new_total_from_the_saved_step(tmp_path):
@@ -176,7 +186,7 @@ def test_a_new_run_starts_from_a_saved_agents_weights_with_a_fresh_optimizer(tmp
     the optimizer's state of its own updates alone."""
     stack_args = dict(STACKS[stack])
     stack_args.pop("steps")
-    source = rlspeed.train(**DQN, **stack_args, total_steps=240, out_dir=tmp_path / "source")
+    source = rlspeed.train(**{**DQN, **stack_args}, total_steps=240, out_dir=tmp_path / "source")
     args = {**DQN, **stack_args, **FROZEN, "init_from": str(source.output_dir)}
     started = rlspeed.train(**args, out_dir=tmp_path / "new")
     metrics = started.metrics

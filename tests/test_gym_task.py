@@ -83,24 +83,25 @@ def finished(run_dir: Path) -> dict:
 
 
 def test_a_registered_id_trains_through_the_command(tmp_path):
-    """No env= needed (a Gymnasium id has no JAX twin: gym-sync and its width), and the id
-    names the run: its folder, its summary, its tracked run."""
-    args = ["task=gym", "task.id=CartPole-v1", "algo=dqn", "backend=torch", "tracking=mlflow"]
+    """No env= needed (a Gymnasium id has no JAX twin: gym-sync and its width: Acrobot-v1 has
+    no settings of its own), and the id names the run: its folder, its summary, its tracked
+    run."""
+    args = ["task=gym", "task.id=Acrobot-v1", "algo=dqn", "backend=torch", "tracking=mlflow"]
     budget = ["total_steps=1000", "algo.learning_starts=500", "progress=plain"]
     result = run_cli([*args, *budget], cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
-    (run_dir,) = (tmp_path / "outputs").glob("*/*_torch_gym-sync_dqn_gym-CartPole-v1")
-    assert "gym-CartPole-v1" in result.stdout  # the summary's task row
+    (run_dir,) = (tmp_path / "outputs").glob("*/*_torch_gym-sync_dqn_gym-Acrobot-v1")
+    assert "gym-Acrobot-v1" in result.stdout  # the summary's task row
     assert re.search(r"run folder size +│ [\d.,]+ (kB|MB)", result.stdout)
     saved = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert (saved["env"]["name"], saved["num_envs"]) == ("gym-sync", 8)
     tracked = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").search_runs(["1"])[0]
-    assert tracked.info.run_name == "torch-gym-sync-dqn-gym-CartPole-v1"
-    assert (tracked.data.tags["task"], tracked.data.tags["env_id"]) == ("gym", "CartPole-v1")
+    assert tracked.info.run_name == "torch-gym-sync-dqn-gym-Acrobot-v1"
+    assert (tracked.data.tags["task"], tracked.data.tags["env_id"]) == ("gym", "Acrobot-v1")
     metrics = finished(run_dir)
     assert metrics["env_steps"] == 1000 and metrics["gradient_updates"] > 0
-    # CartPole-v1 lasts at least 8 steps whatever the agent does, at most 500.
-    assert 8 <= metrics["score"] <= 500
+    # Acrobot-v1 pays -1 a step until the swing-up, for 500 steps at most.
+    assert -500 <= metrics["score"] <= 0
     # max_steps left unset is the id's registered limit, recorded as the number.
     saved = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert saved["task"]["max_steps"] == 500

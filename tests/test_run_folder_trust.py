@@ -116,8 +116,10 @@ def test_a_resume_file_whose_arrays_this_run_cannot_take_is_one_line(tmp_path, m
     from rlspeed.checkpoint import RESUME_FILE
     from rlspeed.run import run
 
+    # tuned=false: the in-process run below is composed without the CLI's tuned defaults.
     args = ["task=gym", "task.id=CartPole-v1", "algo=dqn", "backend=torch", "env=gym-sync"]
     args += [*TINY, "total_steps=400", "algo.learning_starts=100", "algo.buffer_size=300"]
+    args += ["tuned=false"]
     (tmp_path / "run").mkdir()
     with contextlib.chdir(tmp_path / "run"):
         run(make_cfg(args))

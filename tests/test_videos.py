@@ -130,3 +130,18 @@ def test_a_mujoco_env_films_without_a_display_or_mujoco_gl(tmp_path):
         # Gymnasium's 480 x 480 camera, drawn: the pole and cart on a dark floor, not blank.
         assert 2 <= len(frames) <= 31 and frames[0].shape == (480, 480, 3)
         assert frames[0].std() > 10
+
+
+def test_a_video_is_written_whole_or_not_at_all(tmp_path):
+    """The frames go to a temporary file renamed over the video once written: a video
+    that cannot be encoded leaves neither the video nor a part of it."""
+    from rlspeed.video import Film, write_video
+
+    frames = [np.full((8, 8, 3), shade, dtype=np.uint8) for shade in (0, 128, 255)]
+    path = write_video(Film(frames, fps=10, cut=False), tmp_path / "step_100.gif")
+    assert len(imageio.mimread(path)) == 3
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_100.gif"]
+    mixed = [frames[0], np.zeros((3, 5), dtype=np.float64)]  # frames of two sizes and kinds
+    with pytest.raises(Exception):  # noqa: B017 - whatever imageio raises for such frames
+        write_video(Film(mixed, fps=10, cut=False), tmp_path / "step_200.gif")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_100.gif"]

@@ -32,6 +32,11 @@ BENCHMARKS = {
     "devices": "a fused run's lanes over 1, 2 and 4 devices (backend.devices; forced CPU"
     " devices where there is no GPU): lanes/s and env steps/s against the lanes, PPO CartPole",
 }
+# Benchmarks that need an extra installed (``all`` runs them where it is).
+EXTRAS = {
+    "dmc": "PPO on MuJoCo Playground's DM Control suite, fused, whole runs: greedy score"
+    " against a random policy's return, whole-process time (needs the playground extra)",
+}
 # Sized for one accelerator (8 minutes there): run by name, not by `all`.
 ACCELERATOR = {
     "gpu": "env steps/s up to 131,072 envs, DQN on Doors torch against flax, PPO on"
@@ -57,6 +62,8 @@ REVISIONS = {
     " PPO with 16 seeds (default --out docs/benchmarks/against)",
 }
 
+ALL_NAMES = {**BENCHMARKS, **EXTRAS, **ACCELERATOR, **EXTERNAL, **REVISIONS}
+
 
 def compose_config(overrides: list[str]) -> DictConfig:
     """The real config tree with overrides, as ``rlspeed`` composes it."""
@@ -67,10 +74,7 @@ def compose_config(overrides: list[str]) -> DictConfig:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="rlspeed-bench",
-        description="Benchmarks: "
-        + "; ".join(
-            f"{k}: {v}" for k, v in {**BENCHMARKS, **ACCELERATOR, **EXTERNAL, **REVISIONS}.items()
-        ),
+        description="Benchmarks: " + "; ".join(f"{k}: {v}" for k, v in ALL_NAMES.items()),
     )
     parser.add_argument("names", nargs="+", metavar="NAME", help="a benchmark name, or all")
     parser.add_argument("--quick", action="store_true", help="a small version (under a minute)")
@@ -122,11 +126,14 @@ def main(argv: list[str] | None = None) -> int:
         " runs of each program after its warm-up (default 5; quick 1)",
     )
     args = parser.parse_args(argv)
-    known = {**BENCHMARKS, **ACCELERATOR, **EXTERNAL, **REVISIONS}
+    known = ALL_NAMES
     names = args.names
     peer_options = (args.purejaxrl, args.purejaxrl_python, args.rejax, args.cleanrl)
     if names == ["all"]:
+        from rlspeed.bench.dmc import playground_problem
+
         names = list(BENCHMARKS) + (["purejaxrl"] if args.script else [])
+        names += [] if playground_problem() else list(EXTRAS)
         if any(option is not None for option in peer_options):
             from rlspeed.bench.jaxenvs import gymnax_problem
 
@@ -139,6 +146,13 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    if "dmc" in names:
+        from rlspeed.bench.dmc import playground_problem
+
+        problem = playground_problem()
+        if problem:
+            print(problem, file=sys.stderr)
+            return 2
     if "purejaxrl" in names:
         from rlspeed.bench.purejaxrl import missing_script
 

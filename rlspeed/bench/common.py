@@ -18,7 +18,9 @@ import yaml
 # Re-exported: each benchmark writes its table with them.
 from rlspeed.tables import Table, write_results
 
-__all__ = ["Table", "calls_per_second", "run_module", "run_rlspeed", "write_results"]
+__all__ = [
+    "Table", "calls_per_second", "paired_bars", "run_module", "run_rlspeed", "write_results",
+]  # fmt: skip
 
 
 def calls_per_second(call: Callable[[], Any], budget_s: float, warm_up_calls: int = 1) -> float:
@@ -64,3 +66,16 @@ def run_rlspeed(
     metrics = json.loads((run_dir / "metrics.json").read_text())
     metrics["config"] = yaml.safe_load((run_dir / "config.yaml").read_text())
     return metrics
+
+
+def paired_bars(
+    ax: Any, labels: list[str], left: tuple[str, list[float]], right: tuple[str, list[float]]
+) -> range:
+    """Two bars per label, side by side: ``left`` and ``right`` as (legend, heights).
+    Returns the labels' positions on the x axis."""
+    positions = range(len(labels))
+    width = 0.4
+    for offset, (legend, heights) in ((-width / 2, left), (width / 2, right)):
+        ax.bar([p + offset for p in positions], heights, width, label=legend)
+    ax.set_xticks(list(positions), labels)
+    return positions

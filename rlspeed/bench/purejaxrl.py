@@ -17,7 +17,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from rlspeed.bench.common import Table, write_results
+from rlspeed.bench.common import Table, paired_bars, write_results
 from rlspeed.bench.peers import ProcessTime, time_process
 
 # The script was written against gymnax's old step API (5 results), which 0.0.9 still has.
@@ -201,21 +201,19 @@ def _table(
 
 
 def _plot(table: Table, ax: Any) -> None:
-    labels = [row["program"].replace(", ", "\n") for row in table.rows]
-    x = range(len(labels))
-    width = 0.4
-    ax.bar([i - width / 2 for i in x], [r["median_wall_s"] for r in table.rows], width,
-           label="wall (process start to exit)")  # fmt: skip
-    ax.bar([i + width / 2 for i in x], [r["median_cpu_s"] for r in table.rows], width,
-           label="CPU (user + sys)")  # fmt: skip
+    paired_bars(
+        ax,
+        [row["program"].replace(", ", "\n") for row in table.rows],
+        ("wall (process start to exit)", [r["median_wall_s"] for r in table.rows]),
+        ("CPU (user + sys)", [r["median_cpu_s"] for r in table.rows]),
+    )
     for i, row in enumerate(table.rows):
         ax.annotate(
             f"{row['wall_vs_purejaxrl']:.2f}x",
-            (i - width / 2, row["median_wall_s"]),
+            (i - 0.2, row["median_wall_s"]),  # over the wall-time bar
             ha="center",
             va="bottom",
             fontsize=8,
         )
-    ax.set_xticks(list(x), labels)
     ax.set_ylabel("seconds (median)")
     ax.legend(fontsize=8)

@@ -163,6 +163,9 @@ def workloads(quick: bool, gymnax: bool) -> list[Workload]:
                         "task=cartpole",
                         "num_envs=4",
                         f"total_steps={batches * 512}",
+                        # Once, at the end (pqn.py evaluates never; the table's return is
+                        # the last training episodes' on every side).
+                        f"eval_every={batches * 512}",
                         "algo.num_steps=128",
                         "algo.num_minibatches=4",
                         "algo.update_epochs=4",
@@ -241,6 +244,7 @@ def workloads(quick: bool, gymnax: bool) -> list[Workload]:
                         "task.id=CartPole-v1",
                         "num_envs=16",
                         f"total_steps={total}",
+                        f"eval_every={total}",  # once, at the end, as rejax here
                         "algo.num_steps=128",
                         "algo.num_minibatches=16",
                         "algo.update_epochs=5",

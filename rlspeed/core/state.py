@@ -12,13 +12,14 @@ parts' own methods only name what they hold.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
 
 import numpy as np
 
 from rlspeed.errors import RLSpeedError
 
 if TYPE_CHECKING:
+    import jax
     import torch
 
     from rlspeed.core import AgentCheckpoint, PyTree
@@ -80,6 +81,24 @@ def load_array(name: str, array: np.ndarray | torch.Tensor, saved: np.ndarray) -
         array.copy_(torch.as_tensor(saved))
 
 
+@runtime_checkable
+class Partly(Protocol):
+    """A pytree node whose arrays are written from the start up to a point (a replay
+    buffer): a resume file keeps that part of them, ``tree_from_host`` puts it back."""
+
+    def written(self, num_envs: int) -> Partly: ...
+
+
+def written_parts(tree: PyTree, num_envs: int) -> PyTree:
+    """``tree`` with each ``Partly`` node cut to what is written of it."""
+    import jax
+
+    def part(node: Any) -> Any:
+        return node.written(num_envs) if isinstance(node, Partly) else node
+
+    return jax.tree.map(part, tree, is_leaf=lambda node: isinstance(node, Partly))
+
+
 def tree_to_host(tree: PyTree) -> list[np.ndarray]:
     """A JAX pytree's leaves as NumPy arrays (typed PRNG keys as their key data)."""
     import jax
@@ -94,7 +113,9 @@ def tree_to_host(tree: PyTree) -> list[np.ndarray]:
 
 
 def tree_from_host(template: PyTree, leaves: list[np.ndarray]) -> PyTree:
-    """``template``'s pytree with the saved ``leaves`` (from ``tree_to_host``) in it."""
+    """``template``'s pytree with the saved ``leaves`` (from ``tree_to_host``) in it. An
+    array of a ``Partly`` node may be saved as far as it was written (``written_parts``);
+    any other must have the template's shape."""
     import jax
     import jax.numpy as jnp
 
@@ -102,17 +123,43 @@ def tree_from_host(template: PyTree, leaves: list[np.ndarray]) -> PyTree:
     if len(old) != len(leaves):
         raise ValueError(f"the saved state has {len(leaves)} arrays, this run's {len(old)}")
 
-    def device(like: jax.Array, saved: np.ndarray) -> jax.Array:
+    def marks(node: Any) -> Any:
+        return jax.tree.map(lambda _: True, node) if isinstance(node, Partly) else False
+
+    partly = jax.tree.leaves(
+        jax.tree.map(marks, template, is_leaf=lambda node: isinstance(node, Partly))
+    )
+
+    def device(like: jax.Array, saved: np.ndarray, part: bool) -> jax.Array:
         if jnp.issubdtype(like.dtype, jax.dtypes.prng_key):
             key: jax.Array = jax.random.wrap_key_data(
                 jnp.asarray(saved), impl=jax.random.key_impl(like)
             )
             return key
+        if saved.shape != like.shape and part:
+            return _written_into(like, saved)
         if saved.shape != like.shape:
             raise ValueError(f"a saved array has shape {saved.shape}, this run's {like.shape}")
         return jnp.asarray(saved, dtype=like.dtype)
 
-    return jax.tree.unflatten(treedef, [device(a, b) for a, b in zip(old, leaves, strict=True)])
+    restored = [device(*args) for args in zip(old, leaves, partly, strict=True)]
+    return jax.tree.unflatten(treedef, restored)
+
+
+def _written_into(like: jax.Array, saved: np.ndarray) -> jax.Array:
+    """A ``Partly`` node's saved array (``written_parts``), shorter along one axis than
+    the fresh one, ``like``: the saved part, then ``like``'s own (an empty buffer's)."""
+    import jax.numpy as jnp
+
+    differ = [i for i, (a, b) in enumerate(zip(saved.shape, like.shape, strict=False)) if a != b]
+    if (
+        saved.ndim != like.ndim
+        or len(differ) != 1
+        or saved.shape[differ[0]] > like.shape[differ[0]]
+    ):
+        raise ValueError(f"a saved array has shape {saved.shape}, this run's {like.shape}")
+    part = (slice(None),) * differ[0] + (slice(0, saved.shape[differ[0]]),)
+    return like.at[part].set(jnp.asarray(saved, dtype=like.dtype))
 
 
 def agents_from_saved(template: PyTree, saved: AgentCheckpoint, agents: int = 1) -> PyTree:

@@ -20,6 +20,7 @@ task's time limit, one per transition where the env may truncate them itself (``
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import TYPE_CHECKING, Any, Generic, NamedTuple, Protocol, TypeVar, cast
 
@@ -28,6 +29,7 @@ import numpy as np
 from rlspeed.core.algos import check_memory, check_ranges
 from rlspeed.core.algos.loops.host import Iteration
 from rlspeed.core.algos.schedule import multiples_between, updates_in_run
+from rlspeed.core.heap import HeapTrimmer
 from rlspeed.core.state import check_shape, load_array, load_rng_state, rng_state
 from rlspeed.errors import ConfigError
 from rlspeed.registry import TASKS
@@ -272,12 +274,13 @@ class ReplayBuffer:
         generator batches are drawn with, and the capacity and number of envs (the
         config's, as resume files have always held them). The arrays are views of the
         buffer's own: write them before it changes."""
-        written = {name: getattr(self, name)[: self._written()] for name in self.SLOT_ARRAYS}
+        slots, finals = self._lengths()
+        written = {name: getattr(self, name)[:slots] for name in self.SLOT_ARRAYS}
         return {
             "capacity": self.capacity,
             "num_envs": self.num_envs,
             **written,
-            "final_obs": self.final_obs[: self._finals_written()],
+            "final_obs": self.final_obs[:finals],
             "size": self.size,
             "position": self.position,
             "final_position": self.final_position,
@@ -291,10 +294,11 @@ class ReplayBuffer:
             int(state[name]) for name in ("size", "position", "final_position")
         )
         slots = int(state["capacity"]) + int(state["num_envs"])
+        written_slots, written_finals = self._lengths()
         for name in (*self.SLOT_ARRAYS, "final_obs"):
             saved, array = state[name], getattr(self, name)
             full = slots if name != "final_obs" else len(array)
-            written = self._written() if name != "final_obs" else self._finals_written()
+            written = written_slots if name != "final_obs" else written_finals
             if len(saved) not in (full, written):
                 check_shape(name, np.shape(saved), array.shape)
             check_shape(name, (full, *np.shape(saved)[1:]), array.shape)
@@ -302,20 +306,27 @@ class ReplayBuffer:
             array[len(saved) :] = -1 if name == "final_index" else 0
         load_rng_state(self._rng, state["_rng"])
 
-    def _finals_written(self) -> int:
-        """Final observations kept so far: up to ``final_position`` while no more have been
-        kept than there are slots for them (at most one per transition, and the buffer has
-        not filled: fewer transitions than ``position`` so far), else every slot."""
-        if self.size < self.capacity and self.position <= len(self.final_obs):
-            return self.final_position
-        return len(self.final_obs)
+    def _lengths(self) -> tuple[int, int]:
+        """Slots and final-observation slots written so far (``written_lengths``)."""
+        return written_lengths(
+            self.size, self.position, self.final_position, len(self.obs), self.num_envs,
+            len(self.final_obs),
+        )  # fmt: skip
 
-    def _written(self) -> int:
-        """Slots written so far: up to the next step's observations until the buffer first
-        fills (``write_plan`` writes them ``num_envs`` slots ahead), then every slot."""
-        if self.size < self.capacity:
-            return self.position + self.num_envs
-        return len(self.obs)
+
+def written_lengths(
+    size: int, position: int, final_position: int, slots: int, num_envs: int, finals: int
+) -> tuple[int, int]:
+    """How much of a buffer of ``slots`` slots (its capacity and ``num_envs`` more) and
+    ``finals`` final-observation slots is written, the host's and the fused path's alike:
+    the slots up to the next step's observations until the buffer first fills
+    (``write_plan`` writes them ``num_envs`` slots ahead), then every slot; the final
+    observations up to ``final_position`` while no more have been kept than there are slots
+    for them (at most one per transition, and the buffer has not filled: fewer transitions
+    than ``position`` so far), else every slot."""
+    if size < slots - num_envs:
+        return position + num_envs, (final_position if position <= finals else finals)
+    return slots, finals
 
 
 def replay_buffer(
@@ -346,6 +357,11 @@ class ReplayLearner:
 
     algo: Any
     buffer: ReplayBuffer
+
+    @functools.cached_property
+    def heap(self) -> HeapTrimmer:
+        """Gives the memory the updates freed back now and then (``rlspeed.core.heap``)."""
+        return HeapTrimmer()
 
     @property
     def carried(self) -> dict[str, Any]:
@@ -386,5 +402,6 @@ class ReplayLearner:
         end = step + engine.num_envs
         due = int(multiples_between(step, end, algo.train_frequency, algo.learning_starts))
         metrics = [self.update(self.buffer.sample(algo.batch_size)) for _ in range(due)]
+        self.heap.updated(due)
         latest = self.after_env_steps(step, end)
         return Iteration(result.obs, engine.num_envs, due, metrics, latest)

@@ -9,7 +9,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, cast
 
-from rlspeed.core.algos.replay import Batch, draw_slots, final_capacity, write_plan
+from rlspeed.core.algos.replay import (
+    Batch,
+    draw_slots,
+    final_capacity,
+    write_plan,
+    written_lengths,
+)
 from rlspeed.core.algos.schedule import multiples_between
 
 if TYPE_CHECKING:
@@ -35,6 +41,32 @@ class JaxReplay(NamedTuple):
     position: Any
     final_position: Any
     size: Any
+
+    def written(self, num_envs: int) -> JaxReplay:
+        """The buffer as far as it is written (``written_lengths``), what a resume file
+        keeps, as the host buffer's ``state_dict`` does. Its arrays have a leading axis per
+        lane or none; lanes step in lockstep, so one cut fits them all."""
+        import jax
+        import numpy as np
+
+        lead = np.ndim(self.size)
+        slots, finals = self.obs.shape[lead], self.final_obs.shape[lead]
+        size, position, final_position = (
+            int(np.max(jax.device_get(x))) for x in (self.size, self.position, self.final_position)
+        )
+        written, kept = written_lengths(size, position, final_position, slots, num_envs, finals)
+
+        def cut(array: Any, length: int) -> Any:
+            return array[(slice(None),) * lead + (slice(0, length),)]
+
+        return self._replace(
+            obs=cut(self.obs, written),
+            final_obs=cut(self.final_obs, kept),
+            final_index=cut(self.final_index, written),
+            actions=cut(self.actions, written),
+            rewards=cut(self.rewards, written),
+            dones=cut(self.dones, written),
+        )
 
 
 def jax_replay_init(

@@ -20,6 +20,10 @@ if TYPE_CHECKING:
 Policy = Callable[[Any], Any]
 
 
+def _always(cfg: TaskConfig) -> bool:
+    return True
+
+
 @dataclass(frozen=True)
 class TabularSpec:
     """How a task's observations map to a finite state index (for tabular algorithms)."""
@@ -32,6 +36,9 @@ class TabularSpec:
     # (task cfg) -> number of actions (a Q-table's columns) where the settings decide it
     # (task=gym); None where it is a few moves, which the table's memory check leaves out.
     num_actions: Callable[[Any], int] | None = None
+    # (task cfg) -> whether the observations at these settings are categorical (one-hot
+    # encoded for the networks); task=gym: the id's observation space decides.
+    categorical: Callable[[Any], bool] = _always
 
 
 # Episode lengths are int32 on jax-vmap; a greedy evaluation builds all its episodes' envs

@@ -169,7 +169,13 @@ class SpaceAnswers(Generic[Settings]):
         flat = obs.reshape(obs.shape[0], -1).astype(xp.int32)
         return (flat * xp.asarray(places, dtype=xp.int32)).sum(axis=-1).astype(xp.int32)
 
+    def categorical(self, cfg: Settings) -> bool:
+        return observation_kind(self.facts(cfg).observation_space) == "categorical"
+
     def tabular(self) -> TabularSpec:
         return TabularSpec(
-            num_states=self.num_states, state_index=self.state_index, num_actions=self.num_actions
+            num_states=self.num_states,
+            state_index=self.state_index,
+            num_actions=self.num_actions,
+            categorical=self.categorical,
         )

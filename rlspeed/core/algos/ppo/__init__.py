@@ -186,7 +186,8 @@ def validate(algo: PPOConfig, cfg: RunConfig) -> None:
     check_hidden_sizes(algo)
     check_network(algo, cfg)
     # Categorical observations are one-hot encoded: a normalised cell code is no class.
-    if algo.normalize_obs and TASKS.get(cfg.task.name).tabular is not None:
+    tabular = TASKS.get(cfg.task.name).tabular
+    if algo.normalize_obs and tabular is not None and tabular.categorical(cfg.task):
         raise ConfigError(
             "algo.normalize_obs",
             algo.normalize_obs,

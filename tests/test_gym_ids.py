@@ -1,0 +1,72 @@
+"""A Gymnasium id rlspeed has tuned settings for runs with them (``rlspeed.gym_ids``): the
+settings of rlspeed's own task for the same env, or of its family, under what the command
+line gives; ``tuned=false`` leaves the algorithm's general defaults."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from tests.conftest import run_cli
+
+SHORT = ["total_steps=256", "eval_every=256", "algo.learning_starts=64", "progress=plain"]
+
+
+def _job(args: list[str], tmp_path) -> dict:
+    """The config the command line's check composes for ``args`` (what ``--cfg job``
+    prints), in this process."""
+    from omegaconf import OmegaConf
+
+    from rlspeed.cli import CONF_DIR, set_up_config_tree
+    from rlspeed.preflight import check_overrides
+
+    set_up_config_tree()
+    composed = check_overrides(args, [], CONF_DIR).composed
+    return OmegaConf.to_container(composed, resolve=True)
+
+
+def test_an_id_with_tuned_settings_takes_its_own_tasks_under_the_command_line(tmp_path):
+    own = _job(["task=pendulum", "algo=td3"], tmp_path)
+    tuned = _job(["task=gym", "task.id=Pendulum-v1", "algo=td3", "algo.tau=0.01"], tmp_path)
+    general = _job(["task=gym", "task.id=Pendulum-v1", "algo=td3", "tuned=false"], tmp_path)
+    assert tuned["algo"] == {**own["algo"], "tau": 0.01}
+    assert (tuned["total_steps"], tuned["num_envs"]) == (own["total_steps"], own["num_envs"])
+    assert own["algo"]["learning_rate"] != general["algo"]["learning_rate"]  # td3's own 3e-4
+    assert general["total_steps"] == 300_000 and general["algo"]["tau"] == 0.005
+
+
+def test_a_mujoco_id_takes_the_family_settings_and_may_normalise_observations(tmp_path):
+    """PPO on Hopper-v5: the continuous-control settings measured on HalfCheetah (its
+    observation normalisation was refused on any Gymnasium id before: task=gym could be
+    tabular)."""
+    hopper = _job(["task=gym", "task.id=Hopper-v5", "algo=ppo"], tmp_path)
+    cheetah = _job(["task=halfcheetah", "algo=ppo", "env=gym-sync"], tmp_path)
+    assert hopper["algo"] == cheetah["algo"] and hopper["algo"]["normalize_obs"] is True
+    from rlspeed.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"algo.normalize_obs=True: .*categorical"):
+        _job(["task=gym", "task.id=FrozenLake-v1", "algo=ppo", "algo.normalize_obs=true"], tmp_path)
+
+
+def test_each_job_of_a_grid_takes_its_ids_settings_and_records_them(tmp_path):
+    """A grid over ids: the job on CartPole-v1 runs with task=cartpole's DQN settings (step
+    size 2.5e-4, a target copy every 500 updates), the one on Acrobot-v1, which has none, with
+    DQN's settings for any id (3e-4), each config.yaml saying so."""
+    sweep = tmp_path / "sweep"
+    args = ["-m", "task=gym", "task.id=CartPole-v1,Acrobot-v1", "algo=dqn", "tracking=none"]
+    result = run_cli([*args, *SHORT, f"hydra.sweep.dir={sweep}"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    saved = {}
+    for folder in sorted(p for p in sweep.iterdir() if (p / "config.yaml").exists()):
+        config = yaml.safe_load((folder / "config.yaml").read_text())
+        saved[config["task"]["id"]] = config
+        assert json.loads((folder / "metrics.json").read_text())["status"] == "FINISHED"
+    assert saved["CartPole-v1"]["algo"]["learning_rate"] == 0.00025
+    assert saved["CartPole-v1"]["algo"]["target_network_frequency"] == 500
+    assert saved["Acrobot-v1"]["algo"]["learning_rate"] == 0.0003
+    assert saved["CartPole-v1"]["algo"]["learning_starts"] == 64  # the command line's
+    assert "takes rlspeed's settings for that env (conf/algo_task/dqn_cartpole.yaml" in (
+        result.stdout + result.stderr
+    )

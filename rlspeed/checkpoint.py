@@ -63,6 +63,8 @@ FREE_KEYS += ("tracking.", "trial.", "backend.compilation_cache", "backend.threa
 FREE_KEYS += ("checkpoint_every", "env.step_timeout_s")
 # Where a fused run's lanes run: a run started on 4 devices resumes on 1 and the other way.
 FREE_KEYS += ("backend.devices",)
+# How many processes a host-driven run's seeds train in: each seed's numbers are the same.
+FREE_KEYS += ("backend.seed_workers",)
 
 
 # ---------------------------------------------------------------- writing

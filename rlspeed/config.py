@@ -30,6 +30,11 @@ class BackendConfig:
     # A fused run's lanes (its seeds, a batch of trials) spread over JAX's local devices:
     # all, or a count of them (the first ones). One program, the same numbers per lane.
     devices: int | str = "all"
+    # A host-driven run's seeds (num_seeds > 1, every stack but flax + jax-vmap) train in this
+    # many worker processes at once: an integer, or auto (one per CPU core, or one per GPU
+    # where the backend is on CUDA; never more than num_seeds). 1: one after another in the
+    # run's own process. Each seed's numbers are the same either way (README).
+    seed_workers: int | str = 1
     # backend=flax: the folder where compiled XLA programs are kept between runs (JAX's
     # persistent compilation cache); None compiles every program in every run.
     compilation_cache: str | None = None
@@ -99,7 +104,8 @@ class RunConfig:
     trial: TrialConfig = field(default_factory=TrialConfig)
     seed: int = 1
     # Independent agents trained in one run, with seeds seed, seed+1, ...: one vmap-ed
-    # program on the fused path, one after another elsewhere.
+    # program on the fused path, one after another elsewhere (or in backend.seed_workers
+    # processes at once).
     num_seeds: int = 1
     # Parallel copies of the task; each engine option sets its own default.
     num_envs: int = MISSING
@@ -149,6 +155,9 @@ MAX_STEPS = 2_000_000_000
 # task.max_steps where it registers none): a score waits for all its episodes to end, one
 # batched policy call per step. Standard limits are far shorter (MuJoCo's 1,000).
 MAX_EPISODE_STEPS = 100_000
+# backend.seed_workers: a count above this is a typo (each worker is a process with its own
+# backend and envs).
+MAX_SEED_WORKERS = 256
 # Seeds of one run: on the fused path lanes of one program (rlspeed-bench qlearn runs 1,024
 # Q-learning agents), elsewhere trainings one after another; each has its own metrics
 # (seed<i>/<name>) and rows in metrics.json. The memory checks count what each holds.

@@ -36,6 +36,10 @@ class EnvFailed(Exception):
         super().__init__(f"env {env} failed in its {call}: {said}")
         self.env, self.call, self.said, self.trace = env, call, said, trace
 
+    def __reduce__(self) -> tuple[type[EnvFailed], tuple[str, str, str, str]]:
+        # A seed worker's env failure travels to the run's process pickled.
+        return (type(self), (self.env, self.call, self.said, self.trace))
+
 
 @contextlib.contextmanager
 def env_code(env: str, call: str, workers: bool = False) -> Iterator[None]:

@@ -180,12 +180,23 @@ class RunMonitor:
     ) -> Evaluated | None:
         """Log seed ``seed`` at env step ``step``; when an evaluation is due, the task's
         evaluation of ``policy`` is its score. Returns the run's new score, if it has one."""
+        return self.log_scored(step, updates, metrics, lambda: self._evaluate(policy, seed), seed)
+
+    def log_scored(
+        self,
+        step: int,
+        updates: int,
+        metrics: dict[str, float],
+        score: Callable[[], float],
+        seed: int = 0,
+    ) -> Evaluated | None:
+        """``log``, with ``score()`` as the seed's score when an evaluation is due."""
         return self.log_seeds(
             np.array([seed]),
             np.array([step]),
             np.array([updates]),
             {name: np.array([value]) for name, value in metrics.items()},
-            lambda: np.array([self._evaluate(policy, seed)]),
+            lambda: np.array([score()]),
         )
 
     def log_seeds(
@@ -215,9 +226,10 @@ class RunMonitor:
                     pending[seed] = row
             if len(pending) == self.num_seeds:
                 del self._pending[step]
-                evaluated = self._emit(step, _mean_and_std(list(pending.values())), tracked) or (
-                    evaluated
-                )
+                # In seed order, whichever seed logged the step last (seed workers log in any
+                # order): the same sums, to the last bit, as seeds trained one after another.
+                rows_in_order = [pending[index] for index in sorted(pending)]
+                evaluated = self._emit(step, _mean_and_std(rows_in_order), tracked) or evaluated
             else:
                 self.tracker.log_metrics(tracked, step)
                 self._show(rows[-1])

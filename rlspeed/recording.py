@@ -76,6 +76,8 @@ class Run:
     devices: list[str] = field(default_factory=list)
     # init_from=PATH: the weights every agent starts from (None: its seed's).
     initial: AgentCheckpoint | None = None
+    # The processes its seeds trained in at once (backend.seed_workers): 1 in its own.
+    seed_workers: int = 1
 
     @property
     def pruned_error(self) -> Any:
@@ -306,6 +308,7 @@ def _finishing(run: Run, status: str, failure: str | None) -> Iterator[Unrecorde
             run_id=tracker.run_id,
             id_key=key,
             devices=run.devices,
+            seed_workers=run.seed_workers,
         )
         write(OutputFile(out_dir / "metrics.json", metrics))
         final = final_status()
@@ -327,6 +330,7 @@ def write_metrics(
     run_id: str | None,
     id_key: str = "mlflow_run_id",
     devices: list[str] | None = None,
+    seed_workers: int = 1,
 ) -> Path:
     summary = {
         "status": status,
@@ -339,6 +343,8 @@ def write_metrics(
         "num_seeds": monitor.num_seeds,
         # Where it trained (platform:id): a fused run's lanes spread over these.
         "devices": devices or [],
+        # The processes its seeds trained in at once (backend.seed_workers; 1: its own).
+        "seed_workers": seed_workers,
         # Means over seeds where num_seeds > 1; per-seed values under "seeds".
         "score": monitor.score,
         "rolling_step_reward": monitor.rolling_step_reward,
@@ -464,6 +470,7 @@ def summary(run: Run, result: TrainResult) -> None:
     seeds = f" (mean of {monitor.num_seeds} seeds)" if monitor.num_seeds > 1 else ""
     rows = [
         ("seeds", str(monitor.num_seeds)),
+        *([("seed workers", str(run.seed_workers))] if run.seed_workers > 1 else []),
         ("env steps", f"{result.steps:,}"),
         ("gradient updates", f"{result.updates:,}"),
         ("wall time", f"{wall:.1f} s"),

@@ -175,6 +175,11 @@ class Registry(Generic[SpecT]):
                 with contextlib.suppress(ConfigError):
                     yield self.get(name)
 
+    def given(self, name: str) -> SpecT | None:
+        """The spec registered as option ``name`` for this call (``registered``), if it is
+        one: it exists in this process alone."""
+        return self._given.get(name)
+
     def get(self, name: str) -> SpecT:
         """The spec of option ``name``, importing only its own module where that holds it:
         choosing an option loads nothing the others need (JAX, MuJoCo, MLflow). A plug-in

@@ -7,11 +7,12 @@ interrupts; however training ends, it writes every file (``rlspeed.recording``).
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import sys
 from contextlib import closing
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from hydra import compose
@@ -24,10 +25,9 @@ from rlspeed.config import env_id, is_fused, task_label
 from rlspeed.config_tree import flatten, to_yaml
 from rlspeed.core.algos import import_named
 from rlspeed.core.algos.loops import CHECKPOINT_FILES, TrainResult
-from rlspeed.core.algos.loops.host import HostTraining, ResumeMismatch, start_from
+from rlspeed.core.algos.loops.host import HostTraining, ResumeMismatch
 from rlspeed.errors import (
     ConfigError,
-    DivergenceError,
     EnvFailed,
     Interrupted,
     RLSpeedError,
@@ -36,7 +36,8 @@ from rlspeed.errors import (
 )
 from rlspeed.gym_ids import GROUP as GYM_GROUP
 from rlspeed.gym_ids import tuned_defaults
-from rlspeed.monitor import Evaluated, RunMonitor, to_log_file
+from rlspeed.host_records import check_finite, env_failure, record_chunk, report, trains_on
+from rlspeed.monitor import RunMonitor, to_log_file
 from rlspeed.recording import (
     CheckpointSchedule,
     Run,
@@ -49,13 +50,12 @@ from rlspeed.recording import (
     write_text,
 )
 from rlspeed.registry import ALGOS, BACKENDS, ENGINES, TASKS, TRACKERS
+from rlspeed.seed_training import seed_training
+from rlspeed.seed_workers import SeedWorkers
 from rlspeed.sweep import TrialReporter
 from rlspeed.tracking import cause
 from rlspeed.validation import CheckedRun, check
 from rlspeed.video import VIDEO_FOLDER, VideoSchedule, film
-
-if TYPE_CHECKING:  # JAX: imported by the fused path alone
-    pass
 
 log = logging.getLogger("rlspeed")
 
@@ -238,9 +238,8 @@ def _start(checked: CheckedRun, out_dir: Path, continued: bool) -> Run:
         step_reward=task.step_reward,
         num_seeds=cfg.num_seeds,
     )
-    if resumed:  # metrics continue from the saved step: the last seed's file has them all
-        # (seeds train in order, each one's files written before the next starts)
-        monitor.load_state_dict(resumed[max(resumed)]["monitor"])
+    if resumed:  # metrics continue from the saved step: the file written last has them all
+        monitor.load_state_dict(resumed[_written_last(resumed)]["monitor"])
     videos = None
     if cfg.video_every > 0:  # the first seed's agent, on an env of its own
         filmed = partial(film, task, cfg.task, seed=cfg.seed)
@@ -262,35 +261,45 @@ def _start(checked: CheckedRun, out_dir: Path, continued: bool) -> Run:
     )
 
 
+def _written_last(resumed: dict[int, dict[str, Any]]) -> int:
+    """The seed whose resume file was written last, whose monitor state has every seed's
+    rows: the one whose seeds had trained the most steps (seeds trained one after another:
+    the last seed's; seed workers write every seed's together, one monitor state in all)."""
+
+    def trained(index: int) -> tuple[int, int]:
+        streams = resumed[index]["monitor"]["streams"]
+        return sum(int(stream["steps"]) for stream in streams), index
+
+    return max(resumed, key=trained)
+
+
 # ---------------------------------------------------------------- the driver loops
 
 
 def _train_host(run: Run) -> TrainResult:
-    """Train the run's ``num_seeds`` agents from Python, one after another. A learner is
-    built after its engine exists, so AsyncVectorEnv forks its workers before the backend
-    starts threads of its own."""
+    """Train the run's ``num_seeds`` agents from Python: in ``backend.seed_workers``
+    processes at once where it is above 1, else one after another in this process."""
     cfg = run.cfg
-    make_learner = import_named(ALGOS.get(cfg.algo.name).learners[cfg.backend.name])
+    workers = cfg.backend.seed_workers
+    assert isinstance(workers, int)  # resolved by the check: at most num_seeds
+    if workers > 1 and multiprocessing.current_process().daemon:
+        log.warning(
+            "rlspeed: backend.seed_workers=%d: this run's process is a daemon process, which "
+            "may not start processes; its seeds train one after another",
+            workers,
+        )
+    elif workers > 1:
+        run.seed_workers = workers
+        return SeedWorkers(run, workers).train()
     steps = updates = 0
     for index in range(cfg.num_seeds):
-        seed = cfg.seed + index
-        BACKENDS.get(cfg.backend.name).setup(cfg.backend, seed)
-        engine = run.engine.make(run.task, cfg.task, cfg.env, cfg.num_envs, seed)
-        try:
-            learner = make_learner(
-                engine.single_observation_space, engine.single_action_space, cfg=cfg, seed=seed
-            )
-        except BaseException:
-            engine.close()
-            raise
-        if run.initial is not None:
-            start_from(learner, run.initial)
-        training = HostTraining(
-            learner, engine, cfg.total_steps, cfg.log_every, run.resumed.get(index)
+        training = seed_training(
+            cfg, run.task, run.engine, index, run.resumed.get(index), run.initial
         )
         if index == 0:  # asked once the backend has started (after the engine's workers)
-            _trains_on(run, [BACKENDS.get(cfg.backend.name).device_name(cfg.backend)])
+            trains_on(run, [BACKENDS.get(cfg.backend.name).device_name(cfg.backend)])
         name = CHECKPOINT_FILES[cfg.backend.name]
+        learner = training.learner
         set_agent_files(run, index, name, learner.agent_checkpoint, training.resume_state)
         schedule = _schedule(run, index, training.step)
         if run.videos is not None and index == 0:
@@ -298,7 +307,8 @@ def _train_host(run: Run) -> TrainResult:
         try:
             _drive_host(run, index, training, schedule)
         except EnvFailed as failed:
-            raise _env_failure(run, failed, training.step, training.whole, schedule) from None
+            step, whole = training.step, training.whole
+            raise env_failure(run, failed, step, whole, schedule.written) from None
         steps, updates = steps + training.step, updates + training.updates
         if cfg.checkpoint_every != 0 and index < cfg.num_seeds - 1:
             # The finished seed's files hold its whole run: resume= takes the metrics from
@@ -309,18 +319,12 @@ def _train_host(run: Run) -> TrainResult:
 
 def _drive_host(run: Run, index: int, training: HostTraining, schedule: CheckpointSchedule) -> None:
     """Record agent ``index``'s chunks as its ``HostTraining`` yields them."""
-    monitor, seeds = run.monitor, run.cfg.num_seeds
+    monitor, task_cfg, seed = run.monitor, run.cfg.task, run.cfg.seed + index
     try:
         with deferred_interrupts() as check_interrupt, closing(training.chunks()) as chunks:
             for chunk in chunks:
-                for batch in chunk.episodes:
-                    monitor.episodes(*batch, seed=index)
-                if chunk.metrics is not None:
-                    _check_finite(chunk.metrics, [index], [chunk.step], seeds)
-                    logged = monitor.log(
-                        chunk.step, chunk.updates, chunk.metrics, chunk.greedy, index
-                    )
-                    _report(run, logged)
+                score = partial(run.task.evaluate, task_cfg, chunk.greedy, seed)
+                record_chunk(run, index, chunk, score)
                 training.accept()
                 schedule.reached(chunk.step)
                 if run.videos is not None and index == 0 and run.videos.due(chunk.step):
@@ -353,7 +357,7 @@ def _train_fused(runs: list[Run]) -> list[TrainResult | Exception]:
     )
     schedules = []
     for t, started in enumerate(runs):
-        _trains_on(started, training.devices)
+        trains_on(started, training.devices)
         agents, resume_state = partial(training.agents, t), partial(training.resume_state, t)
         set_agent_files(started, 0, "checkpoint.msgpack", agents, resume_state)
         schedules.append(_schedule(started, 0, training.step))
@@ -369,11 +373,11 @@ def _train_fused(runs: list[Run]) -> list[TrainResult | Exception]:
                 monitor.compiled_calls_s = (monitor.compiled_calls_s or 0.0) + chunk.seconds
                 monitor.every_seed_episodes(lane.done, lane.episode_return, lane.episode_length)
                 try:
-                    _check_finite(lane.metrics, every_seed, lane.steps, started.cfg.num_seeds)
+                    check_finite(lane.metrics, every_seed, lane.steps, started.cfg.num_seeds)
                     logged = monitor.log_seeds(
                         every_seed, lane.steps, lane.updates, lane.metrics, lane.scores
                     )
-                    _report(started, logged)
+                    report(started, logged)
                 except Exception as error:  # noqa: BLE001 - this run's end, not the batch's
                     if len(runs) == 1:
                         raise
@@ -392,12 +396,6 @@ def _train_fused(runs: list[Run]) -> list[TrainResult | Exception]:
     ]
 
 
-def _trains_on(run: Run, devices: list[str]) -> None:
-    """The run trains on ``devices``: its summary, metrics.json and tracked run say so."""
-    run.devices = devices
-    run.tracker.set_tags({"rlspeed.devices": ", ".join(devices)})
-
-
 def _schedule(run: Run, index: int, start_step: int) -> CheckpointSchedule:
     """When agent ``index``'s files are written while it trains, from env step
     ``start_step``."""
@@ -407,54 +405,6 @@ def _schedule(run: Run, index: int, start_step: int) -> CheckpointSchedule:
     )
     schedule.start(start_step)
     return schedule
-
-
-def _check_finite(metrics: dict[str, Any], seeds: Any, steps: Any, num_seeds: int) -> None:
-    """Raise DivergenceError at the first loss (``losses/...``) that is not finite; a metric
-    is a value per seed of ``seeds`` (an array), or one number where one seed logs."""
-    for name, value in metrics.items():
-        if not name.startswith("losses/"):
-            continue
-        values = np.atleast_1d(value)
-        bad = np.flatnonzero(~np.isfinite(values))
-        if len(bad):
-            seed = int(seeds[bad[0]])
-            raise DivergenceError(
-                f"rlspeed: training diverged: {name}={values[bad[0]]} at step "
-                f"{steps[bad[0]]}"
-                + (f" (seed {seed})" if num_seeds > 1 else "")
-                + "; lower the algorithm's learning rate or check the task's rewards"
-            )
-
-
-def _report(run: Run, evaluated: Evaluated | None) -> None:
-    """Hand a new score to the run's trial, if it is one: its pruner may stop the run
-    (``optuna.TrialPruned``)."""
-    if evaluated is not None and run.reporter is not None:
-        run.reporter.report(evaluated.score, evaluated.step)
-
-
-def _env_failure(
-    run: Run, failed: EnvFailed, step: int, whole: bool, schedule: CheckpointSchedule
-) -> RLSpeedError:
-    """The run's one line for an env whose code failed in the iteration from ``step``: it,
-    what it said, and where the run can resume from; its traceback goes to the log file."""
-    to_log_file(failed.trace)
-    where = f"in the iteration from env step {step:,}"
-    if failed.call == "close" and whole:  # as the loop ended: its state was taken
-        where, resume = f"at env step {step:,}", "the run's files are written as of that step"
-    elif schedule.written is not None:
-        resume = (
-            f"resume={run.out_dir} continues from env step {schedule.written:,}, "
-            "its last resume point"
-        )
-    elif run.cfg.resume:
-        resume = f"resume={run.cfg.resume} continues from where this run started"
-    else:
-        resume = "no resume point was written before it (checkpoint_every sets how often)"
-    return RLSpeedError(
-        f"rlspeed: env {failed.env} failed in its {failed.call} ({where}): {failed.said}; {resume}"
-    )
 
 
 # ---------------------------------------------------------------- how a run ends

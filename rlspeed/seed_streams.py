@@ -18,6 +18,20 @@ from rlspeed.config import ROLLING_EPISODES
 RECENT_EPISODES = 20
 
 
+def evaluation_due(steps: Any, next_eval: Any, total_steps: int) -> Any:
+    """Whether a seed's log at env step ``steps`` has an evaluation: it reached its next
+    evaluation (``next_eval``) or the run's last step. Arrays over seeds, or one seed's ints
+    (a seed worker's, which evaluates where the run's monitor will want its score)."""
+    return (steps >= next_eval) | (steps >= total_steps)
+
+
+def next_evaluation(steps: Any, next_eval: Any, eval_every: int) -> Any:
+    """A seed's next evaluation after one at env step ``steps``: the next multiple of
+    ``eval_every`` after the step where ``next_eval`` (one) has passed; else (the evaluation
+    of the last step) ``next_eval`` as it was."""
+    return np.where(next_eval <= steps, (steps // eval_every + 1) * eval_every, next_eval)
+
+
 class SeedStreams:
     """Metrics of every seed as arrays over seeds: episodes, evaluations, rate clocks. The
     fused path hands over all seeds at once, so a chunk costs the host a few NumPy calls
@@ -119,14 +133,11 @@ class SeedStreams:
             columns["charts/recent_return"] = self.logged_recent[seeds]
         self.interval[seeds] = 0.0
         next_eval = self.next_eval[seeds]
-        due = (steps >= next_eval) | (steps >= total_steps)
+        due = evaluation_due(steps, next_eval, total_steps)
         if due.any():
             self.score[seeds[due]] = np.asarray(evaluate(), dtype=np.float64)[due]
             columns["eval/score"] = self.score[seeds]
-            # The next multiple of eval_every after the step (next_eval is one).
-            passed = next_eval <= steps
-            later = (steps // self.eval_every + 1) * self.eval_every
-            self.next_eval[seeds] = np.where(passed, later, next_eval)
+            self.next_eval[seeds] = next_evaluation(steps, next_eval, self.eval_every)
         episodic = (
             "charts/episodic_return",
             "charts/episodic_length",

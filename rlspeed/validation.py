@@ -13,13 +13,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import pickle
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from rlspeed.config import MAX_SEEDS, MAX_STEPS, RunConfig, is_fused
+from rlspeed.config import MAX_SEED_WORKERS, MAX_SEEDS, MAX_STEPS, RunConfig, is_fused
 from rlspeed.config_tree import check_creatable
 from rlspeed.core.algos import batch_rows, network_size
 from rlspeed.core.backends import check_devices
@@ -76,8 +77,8 @@ def check(composed: DictConfig) -> CheckedRun:
     assert isinstance(cfg, RunConfig)  # the schema rlspeed's config tree is built on
     cfg = _check_parts(cfg)
     # After the sizes it reads are checked; before resume= compares the config with the
-    # saved one, which holds the number its run picked.
-    cfg = resolve_threads(cfg)
+    # saved one, which holds the number its run picked. The threads follow the workers.
+    cfg = resolve_threads(resolve_seed_workers(cfg))
     if cfg.backend.devices not in ("all", 1):  # a count this machine must have
         from rlspeed.core.backends.flax import lane_devices
 
@@ -219,10 +220,17 @@ def auto_threads(cfg: RunConfig) -> int:
 
 def resolve_threads(cfg: RunConfig) -> RunConfig:
     """Check ``backend.threads``; returns ``cfg`` with ``auto`` as the number it stands
-    for, so the backend is set up with it and the run records it."""
+    for, so the backend is set up with it and the run records it. Where seeds train in
+    several worker processes (``backend.seed_workers``, resolved), a network that ``auto``
+    gives every core gets its share of them in each worker."""
     threads, cores = cfg.backend.threads, os.cpu_count() or 1
     if threads == "auto":
-        backend = dataclasses.replace(cfg.backend, threads=auto_threads(cfg))
+        picked = auto_threads(cfg)
+        workers = cfg.backend.seed_workers
+        assert isinstance(workers, int)  # resolved first (resolve_seed_workers)
+        if workers > 1 and picked != 1:
+            picked = max(1, cores // workers)
+        backend = dataclasses.replace(cfg.backend, threads=picked)
         return dataclasses.replace(cfg, backend=backend)
     if isinstance(threads, str) or not 0 <= threads <= cores:
         allowed = (
@@ -231,3 +239,45 @@ def resolve_threads(cfg: RunConfig) -> RunConfig:
         )
         raise ConfigError("backend.threads", threads, allowed)
     return cfg
+
+
+def resolve_seed_workers(cfg: RunConfig) -> RunConfig:
+    """Check ``backend.seed_workers``; returns ``cfg`` with it as the number of worker
+    processes the run's seeds train in: ``auto`` as one per CPU core (one per GPU where the
+    agent lives on CUDA), never more than ``num_seeds``; 1 where they train in the run's own
+    process (the fused path's seeds are lanes of its one program)."""
+    value = cfg.backend.seed_workers
+    if value != "auto" and (isinstance(value, str) or not 1 <= value <= MAX_SEED_WORKERS):
+        allowed = (
+            f"auto, or an integer in [1, {MAX_SEED_WORKERS}] (worker processes that train a "
+            "host-driven run's seeds at once; 1: one after another)"
+        )
+        raise ConfigError("backend.seed_workers", value, allowed)
+    if is_fused(cfg):
+        if value not in ("auto", 1):
+            allowed = (
+                "1 or auto on the fused path (backend=flax env=jax-vmap): its seeds are lanes "
+                "of one program already"
+            )
+            raise ConfigError("backend.seed_workers", value, allowed)
+        workers = 1
+    elif value == "auto":
+        gpus = BACKENDS.get(cfg.backend.name).worker_gpus(cfg.backend) if cfg.num_seeds > 1 else 0
+        workers = gpus or os.cpu_count() or 1
+    else:
+        assert isinstance(value, int)  # checked above
+        workers = value
+    workers = min(workers, cfg.num_seeds)
+    if workers > 1 and (given := TASKS.given(cfg.task.name)) is not None:
+        from rlspeed.checkpoint import why  # NumPy and more: only where it is wanted
+
+        try:  # a worker process takes a task given to rlspeed.train by pickle
+            pickle.dumps(given)
+        except Exception as error:  # noqa: BLE001 - whatever pickling the user's object raised
+            allowed = (
+                f"1 with task={cfg.task.name}, a TaskSpec given to rlspeed.train that does not "
+                f"pickle ({why(error)}): seed workers take it by pickle, so its "
+                "functions must be a module's top-level ones"
+            )
+            raise ConfigError("backend.seed_workers", value, allowed) from None
+    return dataclasses.replace(cfg, backend=dataclasses.replace(cfg.backend, seed_workers=workers))

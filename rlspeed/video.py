@@ -96,6 +96,14 @@ def film(task: TaskSpec, task_cfg: TaskConfig, policy: Policy, seed: int) -> Fil
     return Film(frames, fps, cut)
 
 
+def film_or_why(task: TaskSpec, task_cfg: TaskConfig, policy: Policy, seed: int) -> Film | str:
+    """``film``'s episode, or why it could not be filmed (one line)."""
+    try:
+        return film(task, task_cfg, policy, seed)
+    except Exception as error:  # noqa: BLE001 - training goes on without this video
+        return one_line(error)
+
+
 def set_render_mode(env: gym.Env[Any, Any]) -> str:
     """Film ``env`` in ``rgb_array`` where it draws a frame here (one is drawn to know), else
     in ``ansi``: the mode set. CannotFilm says why it can be neither."""
@@ -220,10 +228,21 @@ class VideoSchedule:
 
     def record(self, step: int, policy: Policy) -> None:
         """Film ``policy``, the agent's greedy policy at env step ``step`` (when ``due``)."""
+        try:
+            filmed: Film | str = self._film(policy)
+        except Exception as error:  # noqa: BLE001 - training goes on without this video
+            filmed = one_line(error)
+        self.keep(step, filmed)
+
+    def keep(self, step: int, filmed: Film | str) -> None:
+        """Write ``filmed``, the agent's greedy episode at env step ``step`` (when ``due``;
+        a seed worker films it in its process): or warn with why it could not be filmed."""
         self._block = step // self.every
         path = self.folder / f"step_{step}.gif"
+        if isinstance(filmed, str):
+            log.warning("rlspeed: no video at env step %d: %s", step, filmed)
+            return
         try:
-            filmed = self._film(policy)
             self.folder.mkdir(exist_ok=True)
             write_video(filmed, path)
         except Exception as error:  # noqa: BLE001 - training goes on without this video

@@ -101,8 +101,8 @@ LAYERS = [
     ("entry", ["rlspeed.__init__", "rlspeed.api", "rlspeed.cli", "rlspeed.preflight"]),
     ("entry", ["rlspeed.bench"]),
     ("entry", ["hydra_plugins"]),
-    ("run", ["rlspeed.run"]),
-    ("recording", ["rlspeed.recording", "rlspeed.comparison"]),
+    ("run", ["rlspeed.run", "rlspeed.seed_workers", "rlspeed.seed_training"]),
+    ("recording", ["rlspeed.recording", "rlspeed.comparison", "rlspeed.host_records"]),
     ("checks", ["rlspeed.validation", "rlspeed.run_folders"]),
     ("mode=eval", ["rlspeed.evaluate"]),
     # Every algorithm package (rlspeed.core.algos.<name>); the entries below carve out the rest.

@@ -66,3 +66,6 @@ class BackendSpec:
     check: Callable[[BackendConfig], None] = lambda cfg: None
     # (backend config) -> the device the agent's arrays are on, as the summary shows it.
     device_name: Callable[[BackendConfig], str] = lambda cfg: "cpu"
+    # (backend config) -> the GPUs a run's seed workers spread over (``backend.seed_workers``):
+    # 0 where the agent lives on the CPU, 1 where the config names one GPU.
+    worker_gpus: Callable[[BackendConfig], int] = lambda cfg: 0

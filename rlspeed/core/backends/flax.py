@@ -90,9 +90,20 @@ def device_name(cfg: BackendConfig) -> str:
     return f"{device.platform}:{device.id}"
 
 
+def worker_gpus(cfg: BackendConfig) -> int:
+    """The GPUs seed workers spread over: every GPU JAX sees for ``cuda``, the one that
+    ``cuda:N`` names; none for ``cpu`` and ``auto`` (asking JAX would start it here, in the
+    run's process, before its settings are made: name ``cuda`` to spread over the GPUs)."""
+    device = device_setting(cfg)
+    if gpu_index(device) is None:
+        return 0
+    return 1 if ":" in device else _gpus()
+
+
 SPEC = BackendSpec(
     name="flax",
     setup=setup,
     check=lambda cfg: check_device(cfg, _gpus),
     device_name=device_name,
+    worker_gpus=worker_gpus,
 )

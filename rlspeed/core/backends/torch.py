@@ -63,9 +63,19 @@ def _deterministic_eager_ops() -> None:
         set_eager(True)
 
 
+def worker_gpus(cfg: BackendConfig) -> int:
+    """The GPUs seed workers spread over: every GPU torch sees where the agent goes to
+    ``cuda`` (or ``auto`` finds one), the one that ``cuda:N`` names, none on the CPU."""
+    device = device_of(cfg)
+    if device.type != "cuda":
+        return 0
+    return 1 if device.index is not None else _gpus()
+
+
 SPEC = BackendSpec(
     name="torch",
     setup=setup,
     check=lambda cfg: check_device(cfg, _gpus),
     device_name=lambda cfg: str(device_of(cfg)),
+    worker_gpus=worker_gpus,
 )

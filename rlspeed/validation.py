@@ -210,12 +210,19 @@ def auto_threads(cfg: RunConfig) -> int:
     input width and image shape (``TaskSpec.network_inputs``, ``TaskSpec.image_shape``).
     Tabular algorithms have no network and keep the default (30 Q-learning agents: 5.7-5.8 M
     agent-steps/s with 2 threads, 5.5-5.7 M with 1).
+
+    Torch's larger networks take every core but one: its intra-op threads meet at the end of
+    every op, so one thread whose core another program holds stalls them all. TD3 on Hopper
+    (256x256, batch 256) on the 2-core CPU: 148 updates/s on both cores quiet, 6-7 beside one
+    busy process; 111 on one core quiet, where one busy process leaves it its own core.
     """
     if not getattr(cfg.algo, "hidden_sizes", None):
         return 0
     rows = batch_rows(cfg) * (cfg.num_seeds if is_fused(cfg) else 1)
     macs = rows * network_size(cfg).multiply_adds
-    return 1 if macs < ONE_THREAD_BELOW_MACS else 0
+    if macs < ONE_THREAD_BELOW_MACS:
+        return 1
+    return max(1, (os.cpu_count() or 1) - 1) if cfg.backend.name == "torch" else 0
 
 
 def resolve_threads(cfg: RunConfig) -> RunConfig:

@@ -266,7 +266,9 @@ FAILING = [
 )
 def test_a_worker_whose_env_fails_is_one_line(tmp_path, how, said):
     result = run_cli([*FAILING, f"+task.kwargs.how={how}", "hydra.run.dir=run"], tmp_path)
-    (line,) = result.stderr.strip().splitlines()
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    (line,) = lines
     assert result.returncode == 1
     expected = "rlspeed: " + (re.escape(said) if how == "raise" else said)
     resume = "; no resume point was written before it (checkpoint_every sets how often)"

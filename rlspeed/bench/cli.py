@@ -31,6 +31,9 @@ BENCHMARKS = {
     " hydra.sweeper.batch_size 1, 8 and 16: trials per hour, best value, lane against lone run",
     "devices": "a fused run's lanes over 1, 2 and 4 devices (backend.devices; forced CPU"
     " devices where there is no GPU): lanes/s and env steps/s against the lanes, PPO CartPole",
+    "threads": "torch on a shared machine: TD3 Hopper and DQN CartPole updates/s quiet and"
+    " beside a busy process, 1 thread and one per core; with --cleanrl, torch DQN against"
+    " CleanRL's dqn.py (whole processes)",
 }
 # Benchmarks that need an extra installed (``all`` runs them where it is).
 EXTRAS = {
@@ -54,7 +57,7 @@ EXTERNAL = {
     " --rejax), rlspeed on torch + gym-sync and flax fused",
 }
 # The benchmarks that take the peer options.
-PEER_BENCHMARKS = ("jaxenvs", "sacpqn")
+PEER_BENCHMARKS = ("jaxenvs", "sacpqn", "threads")
 # Benchmarks of this checkout against an earlier git revision (--rev; not run by `all`).
 REVISIONS = {
     "against": "whole processes: this checkout against --rev (default origin/main, else"
@@ -107,14 +110,14 @@ def main(argv: list[str] | None = None) -> int:
         "--cleanrl",
         type=Path,
         metavar="DIR",
-        help="sacpqn: a saved copy of CleanRL's repository (cleanrl/sac_continuous_action.py,"
-        " cleanrl/pqn.py, cleanrl_utils/)",
+        help="sacpqn, threads: a saved copy of CleanRL's repository"
+        " (cleanrl/sac_continuous_action.py, cleanrl/pqn.py, cleanrl/dqn.py, cleanrl_utils/)",
     )
     parser.add_argument(
         "--cleanrl-python",
         metavar="PYTHON",
-        help="sacpqn: the Python that runs CleanRL's scripts (torch, gymnasium 0.29.1, tyro,"
-        " tensorboard; default: this one)",
+        help="sacpqn, threads: the Python that runs CleanRL's scripts (torch, gymnasium"
+        " 0.29.1, tyro, tensorboard; default: this one)",
     )
     parser.add_argument(
         "--rev", help="against: the git revision compared (default: origin/main, else HEAD~1)"
@@ -123,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
         "--repeats",
         type=int,
         help="against: interleaved pairs per workload (default 5; quick 2); jaxenvs, sacpqn:"
-        " runs of each program after its warm-up (default 5; quick 1)",
+        " runs of each program after its warm-up (default 5; quick 1); threads: rounds of"
+        " every variant (default 3; quick 1), and of each CleanRL pair (default 5)",
     )
     args = parser.parse_args(argv)
     known = ALL_NAMES
@@ -138,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
             from rlspeed.bench.jaxenvs import gymnax_problem
 
             # jaxenvs only with gymnax: `all` runs what it can.
-            names += [n for n in PEER_BENCHMARKS if n != "jaxenvs" or gymnax_problem() is None]
+            wanted = [n for n in PEER_BENCHMARKS if n != "jaxenvs" or gymnax_problem() is None]
+            names += [n for n in wanted if n not in names]
     unknown = [n for n in names if n not in known]
     if unknown:
         print(

@@ -128,6 +128,20 @@ def _check_devices(rows: list[dict[str, str]]) -> None:
     assert all(float(r["lanes_per_s"]) > 0 for r in rows)
 
 
+def _check_threads(rows: list[dict[str, str]]) -> None:
+    """Per case: 1 thread and one per core, each quiet and beside the busy process; exactly
+    one is the variant backend.threads=auto picks, and kept is the busy rate over the quiet."""
+    assert [(r["case"], r["threads"].split(" (")[0]) for r in rows] == [
+        ("td3-hopper", "1"), ("td3-hopper", "0"), ("dqn-cartpole", "1"), ("dqn-cartpole", "0"),
+    ]  # fmt: skip
+    for case in (rows[:2], rows[2:]):
+        assert sum(r["threads"].endswith("(auto)") for r in case) == 1
+    for row in rows:
+        quiet, busy = float(row["quiet_updates_per_s"]), float(row["busy_updates_per_s"])
+        assert quiet > 0 and busy > 0, row
+        assert float(row["kept"]) == pytest.approx(busy / quiet, rel=1e-3)
+
+
 CHECKS = {
     "envs": _check_envs,
     "mjx": partial(_check_envs, tasks=("halfcheetah",), counts=("8",)),
@@ -139,6 +153,7 @@ CHECKS = {
     "torchloop": _check_torchloop,
     "sweep": _check_sweep,
     "devices": _check_devices,
+    "threads": _check_threads,
 }
 
 

@@ -160,11 +160,10 @@ def plot_shared(table: Table, ax: Any) -> None:
     ax.legend()
 
 
-def dqn_workload(quick: bool) -> Workload:
-    """CleanRL's dqn.py at its defaults and the rlspeed command doing the same work: an
-    update every 10th env step after 10,000 (CleanRL: global_step > learning_starts and
-    global_step % 10 == 0, counting from 0)."""
-    total = 30_000 if quick else 500_000
+def dqn_workload(total: int) -> Workload:
+    """CleanRL's dqn.py at its defaults for ``total`` env steps and the rlspeed command doing
+    the same work: an update every 10th env step after 10,000 (CleanRL: global_step >
+    learning_starts and global_step % 10 == 0, counting from 0)."""
     dqn = CLEANRL_DQN
     every, starts = dqn["train-frequency"], dqn["learning-starts"]
     updates = (total - 1) // every - starts // every
@@ -193,8 +192,11 @@ def dqn_workload(quick: bool) -> Workload:
     )
 
 
-def against_cleanrl(out_dir: Path, quick: bool, peers: Peers, repeats: int) -> list[Path]:
-    chosen = [dqn_workload(quick)]
+def against_cleanrl(
+    out_dir: Path, quick: bool, peers: Peers, repeats: int, total: int | None = None
+) -> list[Path]:
+    """The DQN pair: CleanRL's 500,000 steps (``total`` to choose; quick: 30,000)."""
+    chosen = [dqn_workload(total or (30_000 if quick else 500_000))]
     outcomes, first = run_workloads(chosen, peers, repeats, warm_up=not quick)
     table = peer_table(
         "threads_cleanrl_dqn",

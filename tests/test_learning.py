@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from rlspeed.registry import TASKS
-from tests.conftest import logged_rows, run_in, saved_agent
+from tests.conftest import logged_rows, run_in, saved_agent, slow_but
 
 COMBINATIONS = [(b, e) for b in ("torch", "flax") for e in ("gym-sync", "gym-async", "jax-vmap")]
 
@@ -49,9 +49,7 @@ def _best_score(make_cfg) -> float:
     return total_distance / total_steps
 
 
-# 10-30 s per stack: DQN's probes and the bitwise tests below stay in the default selection.
-@pytest.mark.slow
-@pytest.mark.parametrize(("backend", "engine"), COMBINATIONS)
+@pytest.mark.parametrize(("backend", "engine"), slow_but(("flax", "jax-vmap"), COMBINATIONS))
 def test_every_combination_learns_doors(backend, engine, make_cfg, tmp_path, monkeypatch):
     cfg = make_cfg([f"backend={backend}", f"env={engine}", *SMALL_DOORS])
     score = run_in(tmp_path / "run", monkeypatch, cfg)["score"]

@@ -252,9 +252,8 @@ def test_fused_stack_learns_cartpole_with_three_seeds(make_cfg, tmp_path, monkey
 
 @pytest.mark.parametrize(
     ("backend", "engine", "seeds"),
-    [("flax", "jax-vmap", 2), ("torch", "gym-sync", 1)],
+    slow_but(("flax", "jax-vmap", 2), [("flax", "jax-vmap", 2), ("torch", "gym-sync", 1)]),
 )
-@pytest.mark.slow  # 8-15 s per stack; test_a_short_last_batch_updates_alike_on_every_path stays
 def test_a_run_ends_at_total_steps_between_whole_batches(
     backend, engine, seeds, make_cfg, tmp_path, monkeypatch
 ):

@@ -257,6 +257,16 @@ def run_workloads(
     return outcomes, first
 
 
+def process_time_note(peer: str) -> str:
+    """What a row's process time holds on each side; ``peer``: what the peer's program does
+    besides training."""
+    return (
+        "Process time: from starting the process to its exit. rlspeed runs as typed, with its"
+        " default MLflow tracking (a local sqlite store), evaluation, checkpoint and outputs; "
+        + peer
+    )
+
+
 COLUMNS = [
     "workload", "program", "seeds", "runs", "env_steps", "gradient_updates", "same_work",
     "median_wall_s", "min_wall_s", "max_wall_s", "first_run_s", "median_cpu_s",

@@ -31,6 +31,7 @@ from rlspeed.bench.peers import (
     peer_table,
     peer_versions,
     plot_workloads,
+    process_time_note,
     rlspeed_side,
     run_workloads,
     verdicts,
@@ -292,9 +293,7 @@ def run(
         first,
     )
     table.notes += [
-        "Process time: from starting the process to its exit. rlspeed runs as typed, with"
-        " its default MLflow tracking (a local sqlite store), evaluation, checkpoint and"
-        " outputs; CleanRL's scripts write TensorBoard logs and print every episode.",
+        process_time_note("CleanRL's scripts write TensorBoard logs and print every episode."),
         f"The programs ran in turns, {repeats} time(s) each, forward then backward; medians."
         + (
             " Before them, one warm-up run each (first_run_s): rlspeed's first run fills its"

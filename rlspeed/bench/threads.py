@@ -32,6 +32,7 @@ from rlspeed.bench.peers import (
     peer_table,
     peer_versions,
     plot_workloads,
+    process_time_note,
     rlspeed_side,
     run_workloads,
     verdicts,
@@ -206,9 +207,7 @@ def against_cleanrl(
         first,
     )
     table.notes += [
-        "Process time: from starting the process to its exit. rlspeed runs as typed, with"
-        " its default MLflow tracking (a local sqlite store), evaluation, checkpoint and"
-        " outputs; CleanRL's script writes TensorBoard logs and prints every episode.",
+        process_time_note("CleanRL's script writes TensorBoard logs and prints every episode."),
         f"The programs ran in turns, {repeats} time(s) each, forward then backward; medians.",
         "return: the mean of the last 20 training episodes.",
         *verdicts(table, {"rlspeed torch": ("CleanRL", 1.0)}),

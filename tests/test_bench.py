@@ -142,6 +142,17 @@ def _check_threads(rows: list[dict[str, str]]) -> None:
         assert float(row["kept"]) == pytest.approx(busy / quiet, rel=1e-3)
 
 
+def _check_searches(rows: list[dict[str, str]]) -> None:
+    """The one search asked for, against its default run: trial 0 is the defaults and
+    scores what the lone default run does, so the study's best is at least that."""
+    (row,) = rows
+    assert (row["search"], row["algo"], row["task"]) == ("qlearn_search", "qlearn", "doors")
+    assert row["trials"] == "8" and int(row["complete"]) + int(row["pruned"]) == 8, row
+    assert row["trial0_score"] == row["default_score"] and row["best_ge_default"] == "yes"
+    ratio = float(row["sweep_s"]) / float(row["default_s"])
+    assert float(row["time_ratio"]) == pytest.approx(ratio, rel=1e-6)
+
+
 CHECKS = {
     "envs": _check_envs,
     "mjx": partial(_check_envs, tasks=("halfcheetah",), counts=("8",)),
@@ -154,13 +165,17 @@ CHECKS = {
     "sweep": _check_sweep,
     "devices": _check_devices,
     "threads": _check_threads,
+    "searches": _check_searches,
 }
+# A benchmark's arguments besides --quick: searches on one search (each takes a minute or
+# more on 2 cores).
+QUICK_ARGS = {"searches": ["--search", "qlearn_search"]}
 
 
 @pytest.mark.bench
 @pytest.mark.parametrize("name", sorted(CHECKS))
 def test_quick_benchmark_writes_csv_markdown_and_plot(name, tmp_path):
-    result = _bench([name, "--quick", "--out", "results"], cwd=tmp_path)
+    result = _bench([name, "--quick", *QUICK_ARGS.get(name, []), "--out", "results"], tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     out = tmp_path / "results"
     files = sorted(p.name for p in out.iterdir())
@@ -204,6 +219,12 @@ def test_unknown_benchmark_is_one_clear_line(tmp_path):
     result = _bench(["tabel2"], cwd=tmp_path)
     assert_one_line_error(result, "NAME=tabel2", "table2", "envs")
     assert not (tmp_path / "bench-results").exists()
+
+
+def test_searches_with_an_unknown_search_is_one_clear_line(tmp_path):
+    result = _bench(["searches", "--search", "dqn_serch", "--out", "results"], cwd=tmp_path)
+    assert_one_line_error(result, "--search=dqn_serch", "dqn_search", "qlearn_search")
+    assert not (tmp_path / "results").exists()
 
 
 def test_purejaxrl_without_its_script_says_how_to_get_it_in_one_line(tmp_path):

@@ -188,6 +188,8 @@ def test_a_full_disk_under_the_journal_stops_the_sweep_in_one_line_keeping_the_t
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
     args = [*SWEEP, "hydra.sweeper.n_trials=2", "log_every=250", "eval_every=250"]
+    # The ~1 kB is sized for asking for a sampled trial 0, not for enqueueing the defaults.
+    args.append("hydra.sweeper.enqueue_defaults=false")
     with start_cli(args, tmp_path, preexec_fn=small_files) as sweep:
         out, err = sweep.communicate(timeout=300)
     assert sweep.returncode == 1, err[-3000:]

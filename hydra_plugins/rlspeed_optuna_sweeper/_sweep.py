@@ -33,6 +33,7 @@ from optuna.study import StudyDirection
 from optuna.trial import TrialState
 
 from hydra_plugins.rlspeed_optuna_sweeper._batch import batches_trials, launch_batched
+from hydra_plugins.rlspeed_optuna_sweeper._defaults import enqueue_defaults
 from hydra_plugins.rlspeed_optuna_sweeper._outcomes import record, tell
 from hydra_plugins.rlspeed_optuna_sweeper._parent_run import StudyRun
 from hydra_plugins.rlspeed_optuna_sweeper._results import (
@@ -153,6 +154,11 @@ class OptunaSweeperImpl:
             max(node.n_trials - len(trials), 0),
             node.n_trials,
         )
+        try:  # a new study's first trial: the composed config
+            if node.enqueue_defaults:
+                enqueue_defaults(study, storage, config, setup.space, setup.sampler)
+        except OSError as error:
+            raise _unwritable(storage_spec, error, "the run's defaults as trial 0") from None
         parent = None
         if OmegaConf.select(config, "tracking.name", default=None) == "mlflow":
             parent = StudyRun.open(config.tracking, study, study_id, storage, storage_spec)

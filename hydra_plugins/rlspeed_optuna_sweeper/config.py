@@ -3,9 +3,12 @@
 The keys are those of hydra-optuna-sweeper (``sampler``, ``direction``, ``storage``,
 ``study_name``, ``n_trials``, ``n_jobs``, ``max_failure_rate``, ``params``, ``search_space``,
 ``custom_search_space``), so its configs run unchanged; ``pruner``, ``report_every``,
-``objectives`` and the heartbeat keys are rlspeed's additions. Samplers and pruners are
-Hydra group options (``hydra/sweeper/sampler``, ``hydra/sweeper/pruner``) holding the Optuna
-class and its constructor arguments.
+``objectives``, ``batch_size``, ``keep_resume``, ``enqueue_defaults`` and the heartbeat keys
+are rlspeed's additions. With ``enqueue_defaults`` (true by default) the first trial of a new
+study is the run's own composed config for every searched key (``_defaults``), so a search
+starts from what the defaults score. Samplers and pruners are Hydra group options
+(``hydra/sweeper/sampler``, ``hydra/sweeper/pruner``) holding the Optuna class and its
+constructor arguments.
 
 This module is imported by Hydra's plugin scan on every start: it must stay light (no Optuna),
 and without `from __future__ import annotations` (the scan runs it outside sys.modules,
@@ -189,6 +192,11 @@ class OptunaSweeperConf:
     # Whether a trial that finished keeps its resume state (the replay buffer, tens of MB on
     # Doors): only an interrupted trial can continue from it, so by default it goes.
     keep_resume: bool = False
+    # A new study's first trial is the run's own composed config (the defaults, with the
+    # command line's plain overrides) for every searched key whose distribution holds it
+    # (the sweep's log names the others, which the sampler chooses); a resumed study gets
+    # no such trial. false: every trial is the sampler's.
+    enqueue_defaults: bool = True
 
 
 def register() -> None:

@@ -37,6 +37,7 @@ class OptunaSweeper(Sweeper):
         heartbeat_s: int,
         grace_s: int,
         keep_resume: bool,
+        enqueue_defaults: bool,
     ) -> None:
         # The settings are read back from the composed config's hydra.sweeper node, where
         # the pre-flight check reads them too; the arguments are what Hydra passes.

@@ -29,6 +29,8 @@ BENCHMARKS = {
     " script, with 1 thread and with every core",
     "sweep": "whole Optuna sweeps (qlearn_search, ppo_float_search) on the fused path with"
     " hydra.sweeper.batch_size 1, 8 and 16: trials per hour, best value, lane against lone run",
+    "searches": "every shipped search space (conf/hparams) against the default run of its"
+    " algo and task: default score and wall time, best trial and sweep wall time, their ratio",
     "devices": "a fused run's lanes over 1, 2 and 4 devices (backend.devices; forced CPU"
     " devices where there is no GPU): lanes/s and env steps/s against the lanes, PPO CartPole",
     "threads": "torch on a shared machine: TD3 Hopper and DQN CartPole updates/s quiet and"
@@ -120,6 +122,12 @@ def main(argv: list[str] | None = None) -> int:
         " 0.29.1, tyro, tensorboard; default: this one)",
     )
     parser.add_argument(
+        "--search",
+        action="append",
+        metavar="SEARCH",
+        help="searches: only this shipped search (repeatable; default: every one)",
+    )
+    parser.add_argument(
         "--rev", help="against: the git revision compared (default: origin/main, else HEAD~1)"
     )
     parser.add_argument(
@@ -151,6 +159,17 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.search:
+        from rlspeed.bench.searches import shipped_searches
+
+        wrong = [search for search in args.search if search not in shipped_searches()]
+        if wrong:
+            print(
+                f"rlspeed-bench: invalid --search={wrong[0]}: expected one of "
+                + ", ".join(shipped_searches()),
+                file=sys.stderr,
+            )
+            return 2
     if "dmc" in names:
         from rlspeed.bench.dmc import playground_problem
 
@@ -206,6 +225,8 @@ def main(argv: list[str] | None = None) -> int:
             external = {"script": args.script, "python": args.python}
         if name in REVISIONS:
             external = {"rev": args.rev, "repeats": args.repeats}
+        if name == "searches":
+            external = {"only": args.search}
         # against's default folder is its own (None): the checkout's docs/benchmarks/against.
         out = args.out if name in REVISIONS else args.out or Path("bench-results")
         paths = module.run(out, args.quick, compose_config, **external)

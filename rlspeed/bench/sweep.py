@@ -76,7 +76,8 @@ def sweep_process(overrides: list[str], folder: Path) -> dict[str, Any]:
     results = yaml.safe_load(
         next((folder / "outputs" / "multirun").glob("*/*/optimization_results.yaml")).read_text()
     )
-    return {"process_s": seconds, "trials": trials, "best_value": results.get("best_value")}
+    best = {key: results.get(key) for key in ("best_value", "best_trial")}
+    return {"process_s": seconds, "trials": trials, **best}
 
 
 def lane_against_lone(trial: dict[str, Any], folder: Path) -> tuple[float, float]:

@@ -1,0 +1,142 @@
+"""A new study's first trial is the run's own composed config (hydra.sweeper.enqueue_defaults),
+and every shipped search space holds the defaults of the run it selects.
+
+The quick tests check the enqueueing on the config tree and a real journal file in-process;
+the slow ones sweep shipped searches through the real CLI at a small budget next to a lone
+default run of the same budget and seed: trial 0 is the defaults, and the study's best is
+at least the default's score.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig, OmegaConf
+
+from hydra_plugins.rlspeed_optuna_sweeper._defaults import default_params, enqueue_defaults
+from hydra_plugins.rlspeed_optuna_sweeper._space import SweepSetup, build
+from rlspeed.bench.searches import QUICK
+from rlspeed.checkpoint import read_metrics
+from rlspeed.cli import CONF_DIR
+from rlspeed.config_tree import register_configs
+from rlspeed.sweep import open_storage, study_value
+from tests.conftest import run_cli
+
+HPARAMS = sorted(path.stem for path in (Path(CONF_DIR) / "hparams").glob("*.yaml"))
+# Each shipped search swept through the CLI (slow) at its QUICK budget (rlspeed-bench
+# searches --quick): 30-60 s with its default run on 2 cores, dqn_search ~2 min.
+SLOW = list(QUICK)
+
+
+def _composed(overrides: list[str], arguments: list[str] = ()) -> tuple[DictConfig, SweepSetup]:
+    """The config a sweep's sweeper gets (hydra node and all), and its checked setup."""
+    register_configs()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+        cfg = compose("config", overrides=overrides, return_hydra_config=True)
+    return cfg, build(cfg.hydra.sweeper, cfg, list(arguments))
+
+
+@pytest.mark.parametrize("option", HPARAMS)
+def test_every_shipped_search_space_holds_the_defaults_of_the_run_it_selects(option):
+    """conf/algo_task's overrides included: a default outside its range would leave the
+    search unable to start from what the defaults score (dqn_search's task.max_steps was
+    10-17, the task's 32)."""
+    cfg, setup = _composed([f"hparams={option}"])
+    params, left = default_params(cfg, setup.space)
+    assert left == [], f"{option}: defaults outside the search space: {left}"
+    assert set(params) == set(setup.space.distributions)
+
+
+def test_a_new_studys_first_trial_is_the_defaults_and_a_resumed_one_gets_none(tmp_path):
+    """Categorical, int (log and stepped) and float (log) keys alike: trial 0 takes each
+    composed value; the study run again (it has trials) is not given the defaults again."""
+    cfg, setup = _composed(["hparams=dqn_search"])
+    storage = open_storage(str(tmp_path / "study.journal"))
+
+    def sweep(n_trials: int) -> dict | None:
+        study = optuna.create_study(
+            study_name="s", storage=storage, sampler=setup.sampler, load_if_exists=True
+        )
+        enqueued = enqueue_defaults(study, storage, cfg, setup.space, setup.sampler)
+        for _ in range(n_trials):
+            study.tell(study.ask(setup.space.distributions), 0.5)
+        return enqueued
+
+    defaults = {
+        "task.max_steps": 32,
+        "algo.learning_rate": 0.0003,
+        "algo.buffer_size": 50000,
+        "algo.batch_size": 128,
+        "algo.train_frequency": 4,
+        "algo.optimizer": "adam",
+    }
+    assert sweep(2) == defaults
+    assert sweep(2) is None
+    trials = optuna.load_study(study_name="s", storage=storage).trials
+    assert [t.params == defaults for t in trials] == [True, False, False, False]
+
+
+def test_a_default_outside_its_range_is_one_line_and_left_to_the_sampler(caplog):
+    """The line names the key, its value and the range; the other keys are still enqueued.
+    A grid sampler, which visits every point itself, gets no extra trial."""
+    cfg, setup = _composed(["hparams=dqn_search", "task.max_steps=40"])
+    study = optuna.create_study(sampler=setup.sampler)
+    with caplog.at_level(logging.INFO):
+        enqueued = enqueue_defaults(study, study._storage, cfg, setup.space, setup.sampler)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "task.max_steps=40 (outside [10, 32])" in warnings[0]
+    assert enqueued is not None and "task.max_steps" not in enqueued
+    trial = study.ask(setup.space.distributions)
+    assert trial.params["algo.buffer_size"] == 50000 and 10 <= trial.params["task.max_steps"] <= 32
+
+    grid = ["algo=qlearn", "hydra/sweeper=optuna", "hydra/sweeper/sampler=grid"]
+    cfg, setup = _composed(grid, ["algo.alpha=0.1,0.5"])
+    study = optuna.create_study(sampler=setup.sampler)
+    assert enqueue_defaults(study, study._storage, cfg, setup.space, setup.sampler) is None
+
+
+def _sweep_and_default(search: str, tmp_path: Path, sweep_extra: list[str]) -> tuple[float, Any]:
+    """A lone default run of ``search``'s algo and task and the search itself, both through
+    the real CLI at the same small budget (rlspeed.bench.searches.QUICK) and seed, the
+    sweep with ``sweep_extra`` too: the default's score and the study."""
+    cfg, setup = _composed([f"hparams={search}"])
+    n_trials, total_steps, report_every = QUICK[search]
+    common = [f"total_steps={total_steps}", "tracking=none", "progress=plain"]
+    stack = [f"algo={cfg.algo.name}", f"task={cfg.task.name}"]
+    default = run_cli([*stack, *common, "hydra.run.dir=default"], cwd=tmp_path)
+    assert default.returncode == 0, default.stderr[-3000:]
+    sweep_args = ["-m", f"hparams={search}", f"hydra.sweeper.n_trials={n_trials}"]
+    sweep_args.append(f"hydra.sweeper.report_every={report_every}")
+    sweep = run_cli([*sweep_args, *common, *sweep_extra], cwd=tmp_path)
+    assert sweep.returncode == 0, sweep.stderr[-3000:]
+    journal = tmp_path / "outputs" / "optuna" / f"{search}.journal"
+    study = optuna.load_study(study_name=search, storage=open_storage(str(journal)))
+    # The values the lone default run trained with (its saved config).
+    ran = OmegaConf.load(tmp_path / "default" / "config.yaml")
+    defaults = {key: OmegaConf.select(ran, key) for key in setup.space.distributions}
+    assert study.trials[0].params == defaults
+    return read_metrics(tmp_path / "default")["score"], study
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("search", SLOW)
+def test_a_shipped_search_reaches_the_default_score_at_a_small_budget(search, tmp_path):
+    """Trial 0 is the defaults, so the study's best is at least the lone default run's
+    score (rounded as the study records it)."""
+    default_score, study = _sweep_and_default(search, tmp_path, [])
+    assert study.best_value >= study_value(default_score), (study.best_value, default_score)
+
+
+@pytest.mark.slow
+def test_a_batched_sweeps_first_lane_is_the_defaults(tmp_path):
+    """With hydra.sweeper.batch_size the defaults are the first batch's first lane, and
+    train what the lone default run trains."""
+    default_score, study = _sweep_and_default(
+        "qlearn_search", tmp_path, ["hydra.sweeper.batch_size=4"]
+    )
+    assert study.trials[0].value == study_value(default_score)

@@ -55,7 +55,7 @@ from rlspeed.seed_workers import SeedWorkers
 from rlspeed.sweep import TrialReporter
 from rlspeed.tracking import cause
 from rlspeed.validation import CheckedRun, check
-from rlspeed.video import VIDEO_FOLDER, VideoSchedule, film
+from rlspeed.video import VIDEO_FOLDER, VideoSchedule, film_or_why
 
 log = logging.getLogger("rlspeed")
 
@@ -242,7 +242,7 @@ def _start(checked: CheckedRun, out_dir: Path, continued: bool) -> Run:
         monitor.load_state_dict(resumed[_written_last(resumed)]["monitor"])
     videos = None
     if cfg.video_every > 0:  # the first seed's agent, on an env of its own
-        filmed = partial(film, task, cfg.task, seed=cfg.seed)
+        filmed = partial(film_or_why, task, cfg.task, seed=cfg.seed)
         videos = VideoSchedule(cfg.video_every, out_dir / VIDEO_FOLDER, filmed, tracker)
     return Run(
         cfg=cfg,

@@ -208,11 +208,12 @@ class VideoSchedule:
     """``video_every=N``: at the first whole iteration that reaches each multiple of N env
     steps, ``film(policy)`` of the training agent's greedy policy, written to
     ``<folder>/step_<env step>.gif`` and logged to the tracker (MLflow, W&B; TensorBoard's
-    and none's runs have it in the run folder alone). A video that cannot be made costs a
-    warning, not the run."""
+    and none's runs have it in the run folder alone). ``film`` gives the episode or
+    why it could not be made (``film_or_why``): a video that cannot be made costs a warning,
+    not the run."""
 
     def __init__(
-        self, every: int, folder: Path, film: Callable[[Policy], Film], tracker: Tracker
+        self, every: int, folder: Path, film: Callable[[Policy], Film | str], tracker: Tracker
     ) -> None:
         self.every, self.folder, self._film, self._tracker = every, folder, film, tracker
         self._block = 0  # the multiple of ``every`` the last video (or the start) was in
@@ -228,11 +229,7 @@ class VideoSchedule:
 
     def record(self, step: int, policy: Policy) -> None:
         """Film ``policy``, the agent's greedy policy at env step ``step`` (when ``due``)."""
-        try:
-            filmed: Film | str = self._film(policy)
-        except Exception as error:  # noqa: BLE001 - training goes on without this video
-            filmed = one_line(error)
-        self.keep(step, filmed)
+        self.keep(step, self._film(policy))
 
     def keep(self, step: int, filmed: Film | str) -> None:
         """Write ``filmed``, the agent's greedy episode at env step ``step`` (when ``due``;

@@ -13,17 +13,14 @@ The table is written after each search, so a long run keeps what it measured.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import tempfile
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from rlspeed.bench.common import Table, paired_bars, write_results
+from rlspeed.bench.overhead import timed_rlspeed
 from rlspeed.bench.sweep import sweep_process
-from rlspeed.checkpoint import read_metrics
 from rlspeed.sweep import study_value
 
 # Every shipped search, cheapest first, with --quick's budget: (trials, env steps per trial,
@@ -70,15 +67,9 @@ def default_process(overrides: Sequence[str], folder: Path) -> tuple[float, dict
     """One ``rlspeed`` run in a fresh process in ``folder``, as ``sweep_process`` runs a
     sweep: its whole-process seconds and its metrics.json."""
     folder.mkdir(parents=True)
-    run_dir = folder / "run"
-    command = [sys.executable, "-m", "rlspeed.cli", *overrides, "progress=none"]
-    command += [f"backend.compilation_cache={folder / 'xla'}", f"hydra.run.dir={run_dir}"]
-    start = time.perf_counter()
-    result = subprocess.run(command, cwd=folder, capture_output=True, text=True)
-    seconds = time.perf_counter() - start
-    if result.returncode != 0:
-        raise RuntimeError(f"rlspeed {' '.join(overrides)} failed: {result.stderr[-800:]}")
-    return seconds, read_metrics(run_dir)
+    cache = f"backend.compilation_cache={folder / 'xla'}"
+    metrics = timed_rlspeed([*overrides, cache], folder, folder / "run")
+    return metrics["process_s"], metrics
 
 
 def reached(best: float | None, default_score: float) -> str:

@@ -24,6 +24,7 @@ from omegaconf import OmegaConf
 
 import tests.data.stateful_envs  # noqa: F401 - registers the stateful/ ids
 from rlspeed import statefile
+from rlspeed.cli import check_command_line
 from rlspeed.core.engines.env_state import (
     SAVED_STATE,
     env_state,
@@ -32,7 +33,6 @@ from rlspeed.core.engines.env_state import (
 )
 from rlspeed.registry import TASKS
 from tests.conftest import (
-    assert_one_line_error,
     logged_rows,
     run_cli,
     saved_agent,
@@ -155,24 +155,32 @@ def _same(a: Any, b: Any) -> bool:
     return pickle.dumps(a) == pickle.dumps(b)
 
 
-def test_an_env_whose_state_cannot_be_saved_is_refused_in_one_line(tmp_path: Path) -> None:
-    """checkpoint_every=N and resume= are refused before anything is created; auto (the
-    default) and 0 train, with one line at start saying the run cannot be resumed, and
-    leave no resume file."""
+def test_an_env_whose_state_cannot_be_saved_is_refused_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """checkpoint_every=N and resume= are refused before anything is created (the command's
+    check, in-process); auto (the default) and 0 train, with one line at start saying the
+    run cannot be resumed, and leave no resume file."""
     args = [*STATEFUL, "task.id=stateful/DequeWalk-v0", "env=gym-sync"]
-    periodic = run_cli([*args, "checkpoint_every=1000"], tmp_path)
-    assert_one_line_error(
-        periodic,
-        "rlspeed: invalid checkpoint_every=1000: expected 0 or auto (both off) for env "
-        f"stateful/DequeWalk-v0, whose runs cannot resume: it {UNSAVED}",
-        "rlspeed_get_state and rlspeed_set_state",
-    )
-    resumed = run_cli([*args, "resume=some_run"], tmp_path)
-    assert_one_line_error(
-        resumed,
-        f"rlspeed: invalid resume=some_run: expected no resume of env stateful/DequeWalk-v0: "
-        f"it {UNSAVED}",
-    )
+    monkeypatch.chdir(tmp_path)
+    refusals = {
+        "checkpoint_every=1000": (
+            "rlspeed: invalid checkpoint_every=1000: expected 0 or auto (both off) for env "
+            f"stateful/DequeWalk-v0, whose runs cannot resume: it {UNSAVED}",
+            "rlspeed_get_state and rlspeed_set_state",
+        ),
+        "resume=some_run": (
+            "rlspeed: invalid resume=some_run: expected no resume of env stateful/DequeWalk-v0: "
+            f"it {UNSAVED}",
+        ),
+    }
+    for override, fragments in refusals.items():
+        with pytest.raises(SystemExit) as stop:
+            check_command_line([*args, override])
+        stderr = capsys.readouterr().err
+        assert stop.value.code == 2, stderr
+        (line,) = [line for line in stderr.splitlines() if line.strip()]
+        assert all(fragment in line for fragment in fragments), line
     assert list(tmp_path.iterdir()) == []
 
     budget = [*DQN, "total_steps=400", "log_every=200", "eval_every=400"]

@@ -193,7 +193,7 @@ def test_torch_learns_pendulum(make_cfg, tmp_path, monkeypatch):
     assert all(np.isfinite(metrics["final"][name]) for name in SAC_METRICS)
 
 
-@pytest.mark.slow  # 15 s; the host stacks' learning tests stay in the default selection
+@pytest.mark.slow  # 15 s; TD3's fused seeds test runs the same program in the default selection
 def test_fused_stack_learns_pendulum_with_seeds_in_one_program(make_cfg, tmp_path, monkeypatch):
     """flax + jax-vmap: three seeds train as one vmapped program; each learns, differently."""
     cfg = make_cfg(["backend=flax", "env=jax-vmap", *SMALL_PENDULUM, "num_seeds=3"])

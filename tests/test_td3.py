@@ -167,15 +167,15 @@ def test_host_driven_stacks_learn_pendulum(backend, engine, make_cfg, tmp_path, 
 
 
 def test_fused_stack_learns_pendulum_with_seeds_in_one_program(make_cfg, tmp_path, monkeypatch):
-    """flax + jax-vmap: three seeds train as one vmapped program; each learns, differently."""
-    cfg = make_cfg(["backend=flax", "env=jax-vmap", *SMALL_PENDULUM, "num_seeds=3"])
+    """flax + jax-vmap: two seeds train as one vmapped program; each learns, differently."""
+    cfg = make_cfg(["backend=flax", "env=jax-vmap", *SMALL_PENDULUM, "num_seeds=2"])
     metrics = run_in(tmp_path / "run", monkeypatch, cfg)
     scores = [seed["score"] for seed in metrics["seeds"]]
-    assert len(set(scores)) == 3, scores
+    assert len(set(scores)) == 2, scores
     assert min(scores) > LEARNED, scores
     assert metrics["score"] == pytest.approx(np.mean(scores))
-    assert metrics["env_steps"] == 3 * 4000 and metrics["gradient_updates"] == 3 * (4000 - 300)
-    # One program: one checkpoint with the three agents' parameters side by side.
+    assert metrics["env_steps"] == 2 * 4000 and metrics["gradient_updates"] == 2 * (4000 - 300)
+    # One program: one checkpoint with both agents' parameters side by side.
     assert [p.name for p in (tmp_path / "run").glob("checkpoint*")] == ["checkpoint.msgpack"]
 
 

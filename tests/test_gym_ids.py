@@ -37,6 +37,19 @@ def test_an_id_with_tuned_settings_takes_its_own_tasks_under_the_command_line(tm
     assert general["total_steps"] == 300_000 and general["algo"]["tau"] == 0.005
 
 
+def test_classic_control_ids_take_rl_zoos_dqn_settings(tmp_path):
+    """DQN on Acrobot-v1 and MountainCar-v0: the settings RL Zoo publishes for each id
+    (conf/algo_task/dqn_acrobot.yaml, dqn_mountaincar.yaml), not DQN's general ones."""
+    acrobot = _job(["task=gym", "task.id=Acrobot-v1", "algo=dqn"], tmp_path)
+    mountain = _job(["task=gym", "task.id=MountainCar-v0", "algo=dqn"], tmp_path)
+    general = _job(["task=gym", "task.id=Acrobot-v1", "algo=dqn", "tuned=false"], tmp_path)
+    assert acrobot["algo"]["learning_rate"] == 0.00063 and acrobot["total_steps"] == 100_000
+    assert acrobot["algo"]["target_network_frequency"] == 250
+    assert mountain["algo"]["gamma"] == 0.98 and mountain["algo"]["train_frequency"] == 2
+    assert mountain["total_steps"] == 120_000
+    assert general["algo"]["learning_rate"] == 0.0003 and general["algo"]["gamma"] == 0.99
+
+
 def test_a_mujoco_id_takes_the_family_settings_and_may_normalise_observations(tmp_path):
     """PPO on Hopper-v5: the continuous-control settings measured on HalfCheetah (its
     observation normalisation was refused on any Gymnasium id before: task=gym could be
@@ -52,10 +65,10 @@ def test_a_mujoco_id_takes_the_family_settings_and_may_normalise_observations(tm
 
 def test_each_job_of_a_grid_takes_its_ids_settings_and_records_them(tmp_path):
     """A grid over ids: the job on CartPole-v1 runs with task=cartpole's DQN settings (step
-    size 2.5e-4, a target copy every 500 updates), the one on Acrobot-v1, which has none, with
-    DQN's settings for any id (3e-4), each config.yaml saying so."""
+    size 2.5e-4, a target copy every 500 updates), the one on CartPole-v0, which has none,
+    with DQN's settings for any id (3e-4), each config.yaml saying so."""
     sweep = tmp_path / "sweep"
-    args = ["-m", "task=gym", "task.id=CartPole-v1,Acrobot-v1", "algo=dqn", "tracking=none"]
+    args = ["-m", "task=gym", "task.id=CartPole-v1,CartPole-v0", "algo=dqn", "tracking=none"]
     result = run_cli([*args, *SHORT, f"hydra.sweep.dir={sweep}"], cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     saved = {}
@@ -65,7 +78,7 @@ def test_each_job_of_a_grid_takes_its_ids_settings_and_records_them(tmp_path):
         assert json.loads((folder / "metrics.json").read_text())["status"] == "FINISHED"
     assert saved["CartPole-v1"]["algo"]["learning_rate"] == 0.00025
     assert saved["CartPole-v1"]["algo"]["target_network_frequency"] == 500
-    assert saved["Acrobot-v1"]["algo"]["learning_rate"] == 0.0003
+    assert saved["CartPole-v0"]["algo"]["learning_rate"] == 0.0003
     assert saved["CartPole-v1"]["algo"]["learning_starts"] == 64  # the command line's
     assert "takes rlspeed's settings for that env (conf/algo_task/dqn_cartpole.yaml" in (
         result.stdout + result.stderr

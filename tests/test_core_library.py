@@ -18,7 +18,9 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "core_library.py"
 def test_the_core_alone_trains_ppo_on_cartpole_to_the_top_score(tmp_path: Path) -> None:
     out = tmp_path / "ppo.msgpack"
     done = subprocess.run(
-        [sys.executable, str(EXAMPLE), "--total-steps", "51200", "--out", str(out)],
+        # The example's own budget (102,400 steps): at half of it, seed 1 scored 360 on an
+        # AVX2 CPU where it scored >= 475 before (the CPU's rounding steers the run).
+        [sys.executable, str(EXAMPLE), "--out", str(out)],
         capture_output=True,
         text=True,
         timeout=600,
@@ -27,13 +29,13 @@ def test_the_core_alone_trains_ppo_on_cartpole_to_the_top_score(tmp_path: Path) 
     )
     lines = done.stdout.splitlines()
     assert [line.split()[1] for line in lines if line.startswith("step ")] == [
-        f"{10_240 * i:,}" for i in range(1, 6)
+        f"{10_240 * i:,}" for i in range(1, 11)
     ]  # one chunk per log_every
     summary = next(line for line in lines if " env steps, " in line)
     found = re.fullmatch(r"([\d,]+) env steps, [\d,]+ updates; score ([\d.]+)", summary)
     assert found is not None, summary
     steps, score = found.groups()
-    assert int(steps.replace(",", "")) == 51_200
+    assert int(steps.replace(",", "")) == 102_400
     assert float(score) >= 475  # CartPole's top is 500; a random policy scores ~20
     assert out.stat().st_size > 0
     assert lines[-1] == "shell libraries loaded: none"

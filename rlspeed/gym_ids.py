@@ -5,7 +5,7 @@ defaults for any id).
 The per-pair defaults live in ``conf/algo_task/``. An id that is one of rlspeed's own tasks'
 envs takes that task's settings (CartPole-v1 those of ``task=cartpole``, Pendulum-v1 those of
 ``task=pendulum``); the MuJoCo locomotion ids take those measured on HalfCheetah; DQN on
-Acrobot-v1 and MountainCar-v0 takes RL Zoo's settings for those ids. What the
+MountainCar-v0 takes RL Zoo's settings for that id. What the
 command line gives still wins over them, as over any default; ``tuned=false`` runs the id on
 the algorithm's general defaults, and a command line that chooses ``algo_task`` itself takes
 that.
@@ -41,7 +41,6 @@ TUNED: dict[tuple[str, str], str] = {
         for algo in ("ppo", "sac", "td3")
         for env_id in MUJOCO_IDS
     },
-    ("dqn", "Acrobot-v1"): "dqn_acrobot",
     ("dqn", "MountainCar-v0"): "dqn_mountaincar",
 }  # fmt: skip
 GROUP = "algo_task"

@@ -37,16 +37,13 @@ def test_an_id_with_tuned_settings_takes_its_own_tasks_under_the_command_line(tm
     assert general["total_steps"] == 300_000 and general["algo"]["tau"] == 0.005
 
 
-def test_classic_control_ids_take_rl_zoos_dqn_settings(tmp_path):
-    """DQN on Acrobot-v1 and MountainCar-v0: the settings RL Zoo publishes for each id
-    (conf/algo_task/dqn_acrobot.yaml, dqn_mountaincar.yaml), not DQN's general ones."""
-    acrobot = _job(["task=gym", "task.id=Acrobot-v1", "algo=dqn"], tmp_path)
+def test_mountain_car_takes_rl_zoos_dqn_settings(tmp_path):
+    """DQN on MountainCar-v0: the settings RL Zoo publishes for the id
+    (conf/algo_task/dqn_mountaincar.yaml), not DQN's general ones."""
     mountain = _job(["task=gym", "task.id=MountainCar-v0", "algo=dqn"], tmp_path)
-    general = _job(["task=gym", "task.id=Acrobot-v1", "algo=dqn", "tuned=false"], tmp_path)
-    assert acrobot["algo"]["learning_rate"] == 0.00063 and acrobot["total_steps"] == 100_000
-    assert acrobot["algo"]["target_network_frequency"] == 250
+    general = _job(["task=gym", "task.id=MountainCar-v0", "algo=dqn", "tuned=false"], tmp_path)
     assert mountain["algo"]["gamma"] == 0.98 and mountain["algo"]["train_frequency"] == 2
-    assert mountain["total_steps"] == 120_000
+    assert mountain["algo"]["learning_rate"] == 0.004 and mountain["total_steps"] == 120_000
     assert general["algo"]["learning_rate"] == 0.0003 and general["algo"]["gamma"] == 0.99
 
 

@@ -83,9 +83,9 @@ def finished(run_dir: Path) -> dict:
 
 
 def test_a_registered_id_trains_through_the_command(tmp_path):
-    """No env= needed (a Gymnasium id has no JAX twin: gym-sync, at the width of DQN's
-    settings for Acrobot-v1, conf/algo_task/dqn_acrobot.yaml), and the id names the run: its
-    folder, its summary, its tracked run."""
+    """No env= needed (a Gymnasium id has no JAX twin: gym-sync and its width: Acrobot-v1 has
+    no settings of its own), and the id names the run: its folder, its summary, its tracked
+    run."""
     args = ["task=gym", "task.id=Acrobot-v1", "algo=dqn", "backend=torch", "tracking=mlflow"]
     budget = ["total_steps=1000", "algo.learning_starts=500", "progress=plain"]
     result = run_cli([*args, *budget], cwd=tmp_path)
@@ -94,7 +94,7 @@ def test_a_registered_id_trains_through_the_command(tmp_path):
     assert "gym-Acrobot-v1" in result.stdout  # the summary's task row
     assert re.search(r"run folder size +│ [\d.,]+ (kB|MB)", result.stdout)
     saved = yaml.safe_load((run_dir / "config.yaml").read_text())
-    assert (saved["env"]["name"], saved["num_envs"]) == ("gym-sync", 4)
+    assert (saved["env"]["name"], saved["num_envs"]) == ("gym-sync", 8)
     tracked = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").search_runs(["1"])[0]
     assert tracked.info.run_name == "torch-gym-sync-dqn-gym-Acrobot-v1"
     assert (tracked.data.tags["task"], tracked.data.tags["env_id"]) == ("gym", "Acrobot-v1")

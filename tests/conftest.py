@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlspeed import statefile
 from rlspeed.checkpoint import RESUME_FILE, seed_file
-from rlspeed.cli import CONF_DIR
+from rlspeed.cli import CONF_DIR, check_command_line
 from rlspeed.config import BackendConfig
 from rlspeed.config_tree import register_configs
 from rlspeed.core.tasks.gridworld import GridWorldTaskConfig
@@ -186,6 +186,18 @@ def assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str) 
     for fragment in fragments:
         assert fragment in lines[0], lines[0]
     assert "Traceback" not in result.stderr
+
+
+def refused_line(args: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """The one stderr line the command's check (``check_command_line``, what ``rlspeed``
+    runs before Hydra starts) refuses ``args`` with, in this process: exit code 2, one line."""
+    with pytest.raises(SystemExit) as stop:
+        check_command_line(args)
+    stderr = capsys.readouterr().err
+    assert stop.value.code == 2, stderr
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, stderr
+    return lines[0]
 
 
 def slow_but(fast: Any, cases: list[Any]) -> list[Any]:

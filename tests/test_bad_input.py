@@ -25,11 +25,11 @@ from hydra_plugins.rlspeed_optuna_sweeper import config as sweeper_config
 from hydra_plugins.rlspeed_optuna_sweeper._bounds import PRUNER_BOUNDS, SAMPLER_BOUNDS
 from hydra_plugins.rlspeed_optuna_sweeper._space import build
 from hydra_plugins.rlspeed_optuna_sweeper._study import study_name
-from rlspeed.cli import CONF_DIR, check_command_line
+from rlspeed.cli import CONF_DIR
 from rlspeed.errors import ConfigError
 from rlspeed.tracking.mlflow import check as check_tracking
 from rlspeed.validation import check
-from tests.conftest import assert_one_line_error, cli_env, free_port, run_cli
+from tests.conftest import assert_one_line_error, cli_env, free_port, refused_line, run_cli
 
 # A budget long enough for DQN on Doors to reach its first update (learning_starts 5000).
 BUDGET = ["total_steps=6000", "log_every=3000", "eval_every=3000"]
@@ -407,14 +407,9 @@ def refusal(tmp_path, monkeypatch, capsys, saved_run):
 
     def refuse(args: list[str]) -> str:
         before = _files(work)
-        with pytest.raises(SystemExit) as stop:
-            check_command_line(["--config-dir", str(tmp_path / "conf"), *args])
-        stderr = capsys.readouterr().err
-        assert stop.value.code == 2, stderr
-        lines = [line for line in stderr.splitlines() if line.strip()]
-        assert len(lines) == 1, stderr
+        line = refused_line(["--config-dir", str(tmp_path / "conf"), *args], capsys)
         assert _files(work) == before, "bad input must create nothing"
-        return lines[0]
+        return line
 
     return refuse
 

@@ -19,7 +19,7 @@ import pytest
 import rlspeed
 from rlspeed import statefile
 from rlspeed.checkpoint import RESUME_FILE
-from tests.conftest import logged_rows, saved_agent, slow_but, vouch
+from tests.conftest import logged_rows, refused_line, saved_agent, slow_but, vouch
 
 # Tiny DQN on GridWorld with a constant epsilon (start_e = end_e) and no annealed step size:
 # no schedule depends on total_steps. Logs and evaluations land on the first run's end (a
@@ -124,15 +124,9 @@ QLEARN = ["algo=qlearn", "task=gridworld", "num_envs=2", "log_every=100", "track
 
 def _refused(args: list[str], tmp_path: Path, monkeypatch, capsys) -> str:
     """The command line's one line for ``args`` (exit 2, nothing created)."""
-    from rlspeed.cli import check_command_line
-
     monkeypatch.chdir(tmp_path)
     before = sorted(tmp_path.rglob("*"))
-    with pytest.raises(SystemExit) as stop:
-        check_command_line(args)
-    stderr = capsys.readouterr().err
-    assert stop.value.code == 2, stderr
-    (line,) = [line for line in stderr.splitlines() if line.strip()]
+    line = refused_line(args, capsys)
     assert sorted(tmp_path.rglob("*")) == before
     return line
 

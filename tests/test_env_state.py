@@ -24,7 +24,6 @@ from omegaconf import OmegaConf
 
 import tests.data.stateful_envs  # noqa: F401 - registers the stateful/ ids
 from rlspeed import statefile
-from rlspeed.cli import check_command_line
 from rlspeed.core.engines.env_state import (
     SAVED_STATE,
     env_state,
@@ -34,6 +33,7 @@ from rlspeed.core.engines.env_state import (
 from rlspeed.registry import TASKS
 from tests.conftest import (
     logged_rows,
+    refused_line,
     run_cli,
     saved_agent,
     start_cli,
@@ -175,11 +175,7 @@ def test_an_env_whose_state_cannot_be_saved_is_refused_in_one_line(
         ),
     }
     for override, fragments in refusals.items():
-        with pytest.raises(SystemExit) as stop:
-            check_command_line([*args, override])
-        stderr = capsys.readouterr().err
-        assert stop.value.code == 2, stderr
-        (line,) = [line for line in stderr.splitlines() if line.strip()]
+        line = refused_line([*args, override], capsys)
         assert all(fragment in line for fragment in fragments), line
     assert list(tmp_path.iterdir()) == []
 

@@ -18,11 +18,10 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from rlspeed.cli import check_command_line
 from rlspeed.errors import ConfigError
 from rlspeed.registry import TASKS
 from rlspeed.validation import check
-from tests.conftest import assert_one_line_error, cli_env, run_cli
+from tests.conftest import assert_one_line_error, cli_env, refused_line, run_cli
 
 # A user's package registering its own envs: a corridor walked right to its last cell, -1
 # per step. The observation is (cell, cell parity) as a MultiDiscrete; the shortest walk
@@ -194,14 +193,9 @@ def refuse(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
 
     def refuse_(args: list[str]) -> str:
-        with pytest.raises(SystemExit) as stop:
-            check_command_line([*args, "tracking=none"])
-        stderr = capsys.readouterr().err
-        assert stop.value.code == 2, stderr
-        lines = [line for line in stderr.splitlines() if line.strip()]
-        assert len(lines) == 1, stderr
+        line = refused_line([*args, "tracking=none"], capsys)
         assert list(tmp_path.iterdir()) == [], "bad input must create nothing"
-        return lines[0]
+        return line
 
     return refuse_
 

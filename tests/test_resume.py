@@ -29,6 +29,7 @@ from rlspeed.errors import ConfigError, deferred_interrupts
 from tests.conftest import (
     assert_one_line_error,
     logged_rows,
+    refused_line,
     run_cli,
     saved_agent,
     start_cli,
@@ -409,19 +410,13 @@ def test_a_damaged_run_folder_is_one_line_before_anything_is_created(
     """The check the command runs before Hydra starts (in-process here) reads the run
     folder's files whole (resume=: its config and resume files; mode=eval: its config and
     every agent): a damaged or foreign one is one line, exit 2, nothing created, no code run."""
-    from rlspeed.cli import check_command_line
-
     damage, fragment = (DAMAGED if key == "resume" else DAMAGED_AGENTS)[case]
     marker = tmp_path / "code-ran"
     shutil.copytree(saved_runs["torch"], tmp_path / "run")
     damage(tmp_path / "run", saved_runs, marker)
     monkeypatch.chdir(tmp_path)
     before = sorted(tmp_path.rglob("*"))
-    with pytest.raises(SystemExit) as stop:
-        check_command_line(args)
-    stderr = capsys.readouterr().err
-    assert stop.value.code == 2, stderr
-    (line,) = [line for line in stderr.splitlines() if line.strip()]
+    line = refused_line(args, capsys)
     assert line.startswith(f"rlspeed: invalid {key}=run: ") and fragment in line, line
     assert sorted(tmp_path.rglob("*")) == before and not marker.exists()
 

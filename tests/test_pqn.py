@@ -2,7 +2,7 @@
 closed form, every kind of stack learns CartPole, a Box-action task is one line.
 
 Learning runs use small seeded budgets; the full target (CartPole: mean return of the last
-20 episodes >= 475 at conf/algo_task/pqn_cartpole.yaml) is in the slow selection.
+score >= 475 at conf/algo_task/pqn_cartpole.yaml) is in the slow selection.
 """
 
 from __future__ import annotations
@@ -166,11 +166,11 @@ def test_the_returns_are_q_lambda_returns():
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        # conf/algo_task/pqn_cartpole.yaml: 4 envs x 128 steps.
+        # conf/algo_task/pqn_cartpole.yaml: 16 envs x 128 steps.
         (
             ["task=cartpole", "algo.num_minibatches=3"],
             "algo.num_minibatches=3: expected a divisor of the batch, "
-            "algo.num_steps * num_envs = 128 * 4 = 512",
+            "algo.num_steps * num_envs = 128 * 16 = 2048",
         ),
         (["task=cartpole", "algo.end_e=1.5"], "algo.end_e=1.5: expected a number in [0, 1]"),
         # Discrete actions only: the task's action space named.
@@ -196,16 +196,23 @@ def test_bad_settings_are_one_clear_line(make_cfg, overrides, message):
 # ---------------------------------------------------------------- learning
 
 QUICK = ["tracking=none", "progress=none", "algo=pqn", "task=cartpole"]
-# 60 batches of conf/algo_task/pqn_cartpole.yaml's 4 envs x 128 steps, with a larger step
-# size, exploration over a fifth of the run and 8 minibatches a pass: seeds 0-3 on flax +
-# jax-vmap scored 187-308 (random CartPole returns about 22).
+# 60 batches of CleanRL's pqn.py shape (4 envs x 128 steps, 4 epochs, a [120, 84] network,
+# lambda 0.65, the step size annealed), with a larger step size, exploration over a fifth of
+# the run and 8 minibatches a pass: seeds 0-3 on flax + jax-vmap scored 187-308 (random
+# CartPole returns about 22).
 SMALL_CARTPOLE = [
     *QUICK,
     "task.eval_episodes=3",
+    "num_envs=4",
     "total_steps=30720",
     "log_every=10240",
     "eval_every=30720",
+    "algo.num_steps=128",
+    "algo.update_epochs=4",
     "algo.learning_rate=0.001",
+    "algo.anneal_lr=true",
+    "algo.gae_lambda=0.65",
+    "algo.hidden_sizes=[120,84]",
     "algo.exploration_fraction=0.2",
     "algo.num_minibatches=8",
 ]
@@ -228,16 +235,19 @@ def test_every_stack_learns_cartpole(backend, engine, make_cfg, tmp_path, monkey
     assert metrics["score"] > LEARNED_RETURN, metrics
 
 
-@pytest.mark.slow  # 25 s fused, 50 s flax + gym-sync, 100 s torch + gym-sync
+@pytest.mark.slow  # 60 s fused, 60-100 s on a host stack
 @pytest.mark.parametrize(("backend", "engine"), STACKS)
 def test_shipped_cartpole_settings_solve_cartpole(backend, engine, make_cfg, tmp_path, monkeypatch):
     """`rlspeed algo=pqn task=cartpole` as shipped (conf/algo_task/pqn_cartpole.yaml, 500k
-    steps) reaches a mean return of at least 475 over the last 20 episodes: seed 1 on the
-    host stacks; the fused one, whose seeds are lanes of one program, for most of seeds 1-8
-    (PQN can lose CartPole late in a run; one seed's fate follows the CPU's rounding: 8
-    lanes on an AVX2 CPU ended at 500 x5, 181, 219 and 299)."""
+    steps) leaves a greedy policy scoring at least 475: seed 1 on the host stacks; on the
+    fused one, whose seeds are lanes of one program, at least 6 of seeds 1-8. PQN can solve
+    CartPole and lose it late in a run, and which seeds do follows the CPU's rounding: on a
+    2-core AVX2 CPU seven lanes scored 500 and one 224. The last 20 episodes, which explore
+    (epsilon 0.05), average at least 300 (there: 500 on both host stacks, 464 fused)."""
     seeds = 8 if engine == "jax-vmap" else 1
     cfg = make_cfg([*QUICK, f"backend={backend}", f"env={engine}", f"num_seeds={seeds}"])
     metrics = run_in(tmp_path / "run", monkeypatch, cfg)
-    returns = [seed["recent_return"] for seed in metrics.get("seeds", [metrics])]
-    assert np.median(returns) >= 475, returns
+    lanes = metrics.get("seeds", [metrics])
+    scores = [lane["score"] for lane in lanes]
+    assert sum(score >= 475 for score in scores) >= len(scores) - len(scores) // 4, scores
+    assert np.mean([lane["recent_return"] for lane in lanes]) >= 300, lanes

@@ -1,11 +1,11 @@
 """Probe MDPs with closed-form answers (rlspeed/core/envs/probe.py), checked against what every
-algorithm learns on every path: its value, Q-values or greedy actions, read back from the
-run's saved agent, must be the exact ones within TOLERANCE. Comparing backends with each
-other passes a mistake they share; these catch it (a missing discount, bootstrapping
-through a termination, not bootstrapping at a truncation, a wrong sign).
+algorithm learns on every engine and backend: its value, Q-values or greedy actions, read
+back from the run's saved agent, must be the exact ones within TOLERANCE. Comparing
+backends with each other passes a mistake they share; these catch it (a missing discount,
+bootstrapping through a termination, not bootstrapping at a truncation, a wrong sign).
 
 The default selection trains one probe per algorithm on torch + gym-sync (the cheapest
-path); every other (probe, path) pair is slow, gym-async among them.
+path); every other (probe, path) pair is slow.
 """
 
 from __future__ import annotations
@@ -133,20 +133,24 @@ SPACES = {
 }
 # The algorithms with twin critics of (observation, action), read at the greedy actions.
 TWIN_CRITICS = ("td3", "sac")
-PATHS = [("torch", "gym-sync"), ("torch", "jax-vmap"), ("flax", "gym-sync"), ("flax", "jax-vmap")]
-# gym-async steps the same envs in worker processes: what it changes is how final
-# observations and the end flags come back, so it runs the probes that end episodes in both
-# ways (slow: a process per env).
-ASYNC_PATHS = [("torch", "gym-async"), ("flax", "gym-async")]
-ASYNC_KINDS = ("discount", "truncation", "alternation")
-# Categorical observations one-hot into a network (the same code on every engine): on one
-# path per backend.
+# Every kind on one path per backend, each its own code: the torch learner fed by Python's
+# vector envs, and the flax functions fused into one program with the JAX twin.
+PATHS = [("torch", "gym-sync"), ("flax", "jax-vmap")]
+# The other engines share those learners' targets; what they change is how final
+# observations and the end flags reach them (torch from the JAX twin by DLPack, the flax host
+# learner from Python's envs, gym-async from worker processes, slow: a process per env). So
+# they run the probes that end episodes in both ways.
+CROSS_PATHS = [("torch", "jax-vmap"), ("flax", "gym-sync"), ("torch", "gym-async")]
+ENDING_KINDS = ("discount", "truncation", "alternation")
+# Categorical observations one-hot into a network (the same code on every engine): on
+# ``PATHS``, one per backend, in the probes whose answers differ between states (the
+# first state random, or a final observation read apart from the next episode's first).
 ONE_HOT = [
     ("dqn", "discrete", "categorical"),
     ("ppo", "discrete", "categorical"),
     ("pqn", "discrete", "categorical"),
 ]
-ONE_HOT_PATHS = [("torch", "gym-sync"), ("flax", "jax-vmap")]
+ONE_HOT_KINDS = ("observation", "action", "alternation")
 # The probe each algorithm trains in the default selection, on torch + gym-sync: on a
 # 2-core CPU a run there takes 0.3-2 s, where the fused program (flax + jax-vmap) spends
 # 5-10 s compiling for each probe.
@@ -164,16 +168,16 @@ FAST = {
 
 def cases() -> list[Any]:
     """(algo, kind, actions, observations, backend, env) of every probe run: every kind
-    on every path for each algorithm's spaces (``SPACES``), the one-hot ones on
-    ``ONE_HOT_PATHS``, gym-async on ``ASYNC_KINDS``."""
+    on ``PATHS`` for each algorithm's spaces (``SPACES``), the episode-ending kinds on
+    ``CROSS_PATHS`` too, the one-hot ones' ``ONE_HOT_KINDS`` on ``PATHS``."""
     runs = []
     for algo, pairs in SPACES.items():
         for actions, observations in pairs:
             for kind in KINDS:
-                paths = PATHS + (ASYNC_PATHS if kind in ASYNC_KINDS else [])
+                paths = PATHS + (CROSS_PATHS if kind in ENDING_KINDS else [])
                 runs += [(algo, kind, actions, observations, *path) for path in paths]
     for algo, actions, observations in ONE_HOT:
-        runs += [(algo, k, actions, observations, *p) for k in KINDS for p in ONE_HOT_PATHS]
+        runs += [(algo, k, actions, observations, *p) for k in ONE_HOT_KINDS for p in PATHS]
     return [
         run
         if run[4:] == FAST_PATH and FAST[run[0]] == run[1] and run[2:4] == SPACES[run[0]][0]

@@ -17,10 +17,12 @@ from tests.conftest import assert_one_line_error, cli_env
 RLSPEED_BENCH = str(Path(sys.executable).with_name("rlspeed-bench"))
 
 
-def _bench(args: list[str], cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:
+def _bench(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    # The quick benchmarks take 15-270 s on a 2-core AVX2 CPU beside another one; CI's
+    # machine took over 300 s for jaxenvs, which runs 148 s here.
     return subprocess.run(
         [RLSPEED_BENCH, *args], cwd=cwd, env=cli_env(), capture_output=True, text=True,
-        timeout=timeout,
+        timeout=600,
     )  # fmt: skip
 
 
@@ -371,9 +373,7 @@ def test_quick_jaxenvs_without_peers_writes_rates_and_rlspeeds_ppo_runs(tmp_path
     """gymnax CartPole-v1 and Breakout-MinAtar's env rates on three engines, and rlspeed's
     PPO at each peer config (PureJaxRL's and rejax's, 1 and 16 seeds; Breakout-MinAtar)."""
     pytest.importorskip("gymnax")
-    # Five whole rlspeed processes of 30-50 s each beside the other gymnax tests: 236 s on a
-    # 2-core AVX2 machine, more than 300 s on CI's.
-    result = _bench(["jaxenvs", "--quick", "--out", "results"], cwd=tmp_path, timeout=600)
+    result = _bench(["jaxenvs", "--quick", "--out", "results"], cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     out = tmp_path / "results"
     assert sorted(p.name for p in out.iterdir()) == [

@@ -138,7 +138,8 @@ def run(out_dir: Path, quick: bool, compose: Any) -> list[Path]:
             " outside_fraction: its share of process_s.",
         ],
     )
-    ppo_steps = "total_steps=102400" if quick else "total_steps=499712"
+    # quick: 40 of PPO's batches of 4 envs x 128 steps; DQN 15,000 steps past learning_starts.
+    ppo_steps = "total_steps=20480" if quick else "total_steps=499712"
     with tempfile.TemporaryDirectory(prefix="rlspeed-bench-overhead-") as tmp:
         folder = Path(tmp)
         cache = f"backend.compilation_cache={folder}/xla"
@@ -155,7 +156,7 @@ def run(out_dir: Path, quick: bool, compose: Any) -> list[Path]:
         cases = {
             "ppo-cartpole-fused": [*PPO_CARTPOLE_FUSED, ppo_steps, cache],
             "dqn-cartpole-fused": [*DQN_CARTPOLE_FUSED, cache]
-            + (["total_steps=100000"] if quick else []),
+            + (["total_steps=20000"] if quick else []),
             "ppo-cartpole-fused-16-seeds": [*PPO_CARTPOLE_FUSED, ppo_steps, cache, "num_seeds=16"],
         }
         for case, overrides in cases.items():

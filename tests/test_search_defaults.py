@@ -11,6 +11,7 @@ matches).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import optuna
@@ -100,10 +101,12 @@ def test_a_default_outside_its_range_is_one_line_and_left_to_the_sampler(caplog)
     assert enqueue_defaults(study, study._storage, cfg, setup.space, setup.sampler) is None
 
 
-def _sweep(search: str, tmp_path: Path, extra: list[str]) -> optuna.Study:
+def _sweep(
+    search: str, tmp_path: Path, extra: list[str], make_cfg: Callable[[list[str]], DictConfig]
+) -> tuple[optuna.Study, DictConfig]:
     """``search`` swept through the real CLI at its small budget (rlspeed.bench.searches.
     QUICK), with ``extra``: the study, whose first trial must hold the values the plain
-    command of its algo and task trains with."""
+    command of its algo and task trains with, and that plain command's config."""
     cfg, setup = _composed([f"hparams={search}"])
     n_trials, total_steps, report_every = QUICK[search]
     sweep_args = ["-m", f"hparams={search}", f"hydra.sweeper.n_trials={n_trials}"]
@@ -113,33 +116,30 @@ def _sweep(search: str, tmp_path: Path, extra: list[str]) -> optuna.Study:
     assert sweep.returncode == 0, sweep.stderr[-3000:]
     journal = tmp_path / "outputs" / "optuna" / f"{search}.journal"
     study = optuna.load_study(study_name=search, storage=open_storage(str(journal)))
-    register_configs()
-    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
-        plain = compose("config", overrides=[f"algo={cfg.algo.name}", f"task={cfg.task.name}"])
+    plain = make_cfg([f"algo={cfg.algo.name}", f"task={cfg.task.name}"])
     defaults = {key: OmegaConf.select(plain, key) for key in setup.space.distributions}
     assert study.trials[0].params == defaults
-    return study
+    return study, plain
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("search", SLOW)
-def test_a_shipped_search_reaches_the_default_score_at_a_small_budget(search, tmp_path):
+def test_a_shipped_search_reaches_the_default_score_at_a_small_budget(search, tmp_path, make_cfg):
     """Trial 0 is the plain command's defaults, so the study's best is at least what they
     score (the batched test below trains a lone default run beside its sweep, and finds
     trial 0 scoring what it scores)."""
-    study = _sweep(search, tmp_path, [])
+    study, _ = _sweep(search, tmp_path, [], make_cfg)
     assert study.trials[0].state == optuna.trial.TrialState.COMPLETE
     assert study.best_value >= study.trials[0].value, (study.best_value, study.trials[0])
 
 
 @pytest.mark.slow
-def test_a_batched_sweeps_first_lane_is_the_defaults(tmp_path):
+def test_a_batched_sweeps_first_lane_is_the_defaults(tmp_path, make_cfg):
     """With hydra.sweeper.batch_size the defaults are the first batch's first lane, and
     train what a lone default run of the same budget and seed trains."""
-    study = _sweep("qlearn_search", tmp_path, ["hydra.sweeper.batch_size=4"])
-    cfg, _ = _composed(["hparams=qlearn_search"])
+    study, plain = _sweep("qlearn_search", tmp_path, ["hydra.sweeper.batch_size=4"], make_cfg)
     _, total_steps, _ = QUICK["qlearn_search"]
-    stack = [f"algo={cfg.algo.name}", f"task={cfg.task.name}", f"total_steps={total_steps}"]
+    stack = [f"algo={plain.algo.name}", f"task={plain.task.name}", f"total_steps={total_steps}"]
     default = run_cli([*stack, "tracking=none", "hydra.run.dir=default"], cwd=tmp_path)
     assert default.returncode == 0, default.stderr[-3000:]
     assert study.trials[0].value == study_value(read_metrics(tmp_path / "default")["score"])

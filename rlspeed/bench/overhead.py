@@ -138,7 +138,8 @@ def run(out_dir: Path, quick: bool, compose: Any) -> list[Path]:
             " outside_fraction: its share of process_s.",
         ],
     )
-    # quick: 40 of PPO's batches of 4 envs x 128 steps; DQN 15,000 steps past learning_starts.
+    # quick: 40 of PPO's batches of 4 envs x 128 steps; DQN 10,000 steps past its
+    # learning_starts (10,000), 1,000 updates.
     ppo_steps = "total_steps=20480" if quick else "total_steps=499712"
     with tempfile.TemporaryDirectory(prefix="rlspeed-bench-overhead-") as tmp:
         folder = Path(tmp)

@@ -19,8 +19,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +30,11 @@ from rlspeed.bench.common import Table
 
 PEERS = ("purejaxrl", "rejax", "cleanrl")
 # The Python that runs PureJaxRL's scripts and rejax: both were written against gymnax's
-# old step API (5 results), which gymnax 0.0.9 still has (rejax 0.1.3 steps it too).
+# old step API (5 results), which gymnax 0.0.9 still has (rejax 0.1.3 steps it too); the
+# same jax as rlspeed's, so both sides compile with the same XLA.
 JAX_PEER_VENV = (
     "python3.11 -m venv /tmp/venv-jaxpeers && /tmp/venv-jaxpeers/bin/pip install"
-    " jax=={jax} gymnax==0.0.9 rejax==0.1.3 distrax flax optax"
+    f" jax=={metadata.version('jax')} gymnax==0.0.9 rejax==0.1.3 distrax flax optax"
 )
 HOW_TO_GET = {
     "purejaxrl": "PureJaxRL (github.com/luchris429/purejaxrl, not on PyPI): save the"
@@ -46,6 +49,9 @@ HOW_TO_GET = {
     " gymnasium==0.29.1 'numpy<2' tyro tensorboard) and give --cleanrl DIR --cleanrl-python"
     " /tmp/venv-cleanrl/bin/python",
 }
+# A --quick benchmark's program takes 10-40 s on a 2-core CPU (compiling included); one that
+# runs far longer is stuck, and the benchmark names it rather than waiting.
+QUICK_TIMEOUT_S = 180.0
 # The files of a saved repository that the benchmarks run, per peer given as a folder.
 NEEDS = {
     "purejaxrl": ("purejaxrl/ppo.py",),
@@ -116,18 +122,35 @@ class ProcessTime:
 
 
 def time_process(
-    command: list[str], cwd: Path, log: Path, env: dict[str, str] | None = None
+    command: list[str],
+    cwd: Path,
+    log: Path,
+    env: dict[str, str] | None = None,
+    timeout_s: float | None = None,
 ) -> ProcessTime:
-    """Run ``command`` to its end; its output goes to ``log``. RuntimeError if it fails."""
+    """Run ``command`` to its end; its output goes to ``log``. RuntimeError if it fails or,
+    given ``timeout_s``, if it has not ended by then (it is killed): a benchmark names the
+    program that hangs instead of waiting on it."""
     with log.open("w") as out:
         start = time.perf_counter()
         process = subprocess.Popen(command, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, env=env)
-        _, status, usage = os.wait4(process.pid, 0)
+        killer = threading.Timer(timeout_s, process.kill) if timeout_s else None
+        if killer:
+            killer.start()
+        try:
+            _, status, usage = os.wait4(process.pid, 0)
+        finally:
+            if killer:
+                killer.cancel()
         wall = time.perf_counter() - start
     process.returncode = os.waitstatus_to_exitcode(status)
     if process.returncode != 0:
-        tail = log.read_text().strip().splitlines()[-3:]
-        raise RuntimeError(f"{command[0]} failed ({process.returncode}): " + " | ".join(tail))
+        tail = " | ".join(log.read_text().strip().splitlines()[-3:])
+        if timeout_s is not None and wall >= timeout_s:
+            raise RuntimeError(
+                f"{shlex.join(command)} had not ended after {timeout_s:.0f} s: {tail}"
+            )
+        raise RuntimeError(f"{command[0]} failed ({process.returncode}): {tail}")
     return ProcessTime(wall, usage.ru_utime + usage.ru_stime)
 
 
@@ -212,11 +235,16 @@ def _outcome(side: Side, time_taken: ProcessTime, run_dir: Path, log: Path) -> O
 
 
 def run_workloads(
-    workloads: list[Workload], peers: Peers, repeats: int, warm_up: bool
+    workloads: list[Workload],
+    peers: Peers,
+    repeats: int,
+    warm_up: bool,
+    timeout_s: float | None = None,
 ) -> tuple[dict[str, dict[str, list[Outcome]]], dict[str, dict[str, float]]]:
     """Each workload's programs in turns (forward, then backward, ...), ``repeats`` times,
     after one warm-up run each (its time kept as the first run's) when ``warm_up``; sides
-    whose peer is not given are left out. Returns the outcomes and the first runs' times.
+    whose peer is not given are left out; a process still running after ``timeout_s`` is
+    killed and named (RuntimeError). Returns the outcomes and the first runs' times.
 
     rlspeed runs as a user's repeated command does: in one working folder (its MLflow
     store) with one compilation cache, which its first run fills."""
@@ -237,7 +265,7 @@ def run_workloads(
                 run_dir = work / f"run{count:03d}"
                 log = work / f"run{count:03d}.log"
                 command, env = _command(side, peers, run_dir, cache)
-                taken = time_process(command, work, log, env)
+                taken = time_process(command, work, log, env, timeout_s)
                 return _outcome(side, taken, run_dir, log)
 
             if warm_up:

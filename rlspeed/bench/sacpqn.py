@@ -22,6 +22,7 @@ from typing import Any
 
 from rlspeed.bench.common import write_results
 from rlspeed.bench.peers import (
+    QUICK_TIMEOUT_S,
     Peers,
     Side,
     Workload,
@@ -284,7 +285,9 @@ def run(
     for line in left_out:
         print(f"rlspeed-bench sacpqn: {line}", flush=True)
     repeats = repeats or (1 if quick else 5)
-    outcomes, first = run_workloads(chosen, peers, repeats, warm_up=not quick)
+    outcomes, first = run_workloads(
+        chosen, peers, repeats, warm_up=not quick, timeout_s=QUICK_TIMEOUT_S if quick else None
+    )
     table = peer_table(
         "sacpqn",
         "SAC and PQN, whole processes: CleanRL and rejax against the rlspeed command",

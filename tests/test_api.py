@@ -26,6 +26,7 @@ def readme_example() -> str:
     return blocks[0]
 
 
+@pytest.mark.slow  # 9-20 s on 2 cores: the default selection stays under 5 minutes
 def test_the_readme_example_trains_acts_and_writes_only_its_run_folder(tmp_path: Path) -> None:
     report = (
         "print('SCORE', result.score, 'STEPS', result.metrics['env_steps'], 'ROWS',"
@@ -59,6 +60,7 @@ def test_the_readme_example_trains_acts_and_writes_only_its_run_folder(tmp_path:
     }
 
 
+@pytest.mark.slow  # 9-20 s on 2 cores: the default selection stays under 5 minutes
 def test_train_runs_what_the_command_runs(tmp_path: Path) -> None:
     overrides = [*SMALL, "algo=dqn", "task=doors", "backend=torch", "env=gym-sync", "seed=3"]
     cli = run_cli([*overrides, "tracking=none", f"hydra.run.dir={tmp_path / 'cli'}"], tmp_path)
@@ -126,6 +128,7 @@ def test_a_folder_a_run_wrote_is_refused_unless_overwritten(tmp_path: Path) -> N
     assert (mine / "notes.txt").read_text() == "keep"
 
 
+@pytest.mark.slow  # 9-20 s on 2 cores: the default selection stays under 5 minutes
 def test_runs_from_python_track_beside_their_folders(tmp_path, monkeypatch) -> None:
     """Default tracking from Python: an MLflow store in outputs/ (its runs' files too), not
     in the notebook's folder; beside out_dir's folder when one is given."""

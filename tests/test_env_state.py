@@ -155,6 +155,7 @@ def _same(a: Any, b: Any) -> bool:
     return pickle.dumps(a) == pickle.dumps(b)
 
 
+@pytest.mark.slow  # 9-20 s on 2 cores: the default selection stays under 5 minutes
 def test_an_env_whose_state_cannot_be_saved_is_refused_in_one_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -47,6 +47,23 @@ def test_mountain_car_takes_rl_zoos_dqn_settings(tmp_path):
     assert general["algo"]["learning_rate"] == 0.0003 and general["algo"]["gamma"] == 0.99
 
 
+def test_lunar_lander_takes_rl_zoos_dqn_and_ppo_settings(tmp_path):
+    """DQN and PPO on LunarLander-v3 (Box2D, installed with rlspeed): RL Zoo's settings for
+    the id (conf/algo_task/{dqn,ppo}_lunarlander.yaml); what the command line gives wins."""
+    dqn = _job(["task=gym", "task.id=LunarLander-v3", "algo=dqn", "algo.batch_size=64"], tmp_path)
+    assert dqn["algo"]["learning_rate"] == 0.00063 and dqn["algo"]["train_frequency"] == 1
+    assert dqn["algo"]["batch_size"] == 64 and dqn["algo"]["target_network_frequency"] == 250
+    ppo = _job(["task=gym", "task.id=LunarLander-v3", "algo=ppo"], tmp_path)
+    assert (ppo["num_envs"], ppo["algo"]["num_steps"], ppo["algo"]["num_minibatches"]) == (
+        16,
+        1024,
+        256,
+    )
+    assert ppo["algo"]["gamma"] == 0.999 and ppo["algo"]["anneal_lr"] is False
+    general = _job(["task=gym", "task.id=LunarLander-v3", "algo=ppo", "tuned=false"], tmp_path)
+    assert general["algo"]["gamma"] == 0.99 and general["algo"]["num_steps"] == 128
+
+
 def test_a_mujoco_id_takes_the_family_settings_and_may_normalise_observations(tmp_path):
     """PPO on Hopper-v5: the continuous-control settings measured on HalfCheetah (its
     observation normalisation was refused on any Gymnasium id before: task=gym could be
@@ -60,6 +77,7 @@ def test_a_mujoco_id_takes_the_family_settings_and_may_normalise_observations(tm
         _job(["task=gym", "task.id=FrozenLake-v1", "algo=ppo", "algo.normalize_obs=true"], tmp_path)
 
 
+@pytest.mark.slow  # 9-20 s on 2 cores: the default selection stays under 5 minutes
 def test_each_job_of_a_grid_takes_its_ids_settings_and_records_them(tmp_path):
     """A grid over ids: the job on CartPole-v1 runs with task=cartpole's DQN settings (step
     size 2.5e-4, a target copy every 500 updates), the one on CartPole-v0, which has none,

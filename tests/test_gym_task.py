@@ -81,6 +81,7 @@ def finished(run_dir: Path) -> dict:
     return metrics
 
 
+@pytest.mark.slow  # 9-20 s on 2 cores: the default selection stays under 5 minutes
 def test_a_registered_id_trains_through_the_command(tmp_path):
     """No env= needed (a Gymnasium id has no JAX twin: gym-sync and its width: Acrobot-v1 has
     no settings of its own), and the id names the run: its folder, its summary, its tracked
@@ -275,6 +276,7 @@ FITS = [
     ("td3", "Pendulum-v1"),
     ("vpg", "CartPole-v1"),
     ("ppo", "Pendulum-v1"),
+    ("ppo", "LunarLander-v3"),  # Box2D, installed with rlspeed
     ("ppo", "usertask/Corridor-v0"),
     ("qlearn", "usertask/Corridor-v0"),
 ]

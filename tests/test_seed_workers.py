@@ -72,6 +72,7 @@ def _ok(result: subprocess.CompletedProcess) -> None:
     assert result.returncode == 0, result.stderr[-3000:]
 
 
+@pytest.mark.slow  # 9-20 s on 2 cores: the default selection stays under 5 minutes
 def test_seeds_in_two_workers_log_what_seeds_one_after_another_log(tmp_path, make_cfg, monkeypatch):
     run_in(tmp_path / "alone", monkeypatch, make_cfg(QLEARN))  # in this process: quicker
     parallel = run_cli([*QLEARN, TWO, "hydra.run.dir=workers"], tmp_path)

@@ -166,6 +166,7 @@ def test_host_driven_stacks_learn_pendulum(backend, engine, make_cfg, tmp_path, 
     assert np.isfinite(metrics["final"]["losses/actor_loss"])
 
 
+@pytest.mark.slow  # 9-20 s on 2 cores: the default selection stays under 5 minutes
 def test_fused_stack_learns_pendulum_with_seeds_in_one_program(make_cfg, tmp_path, monkeypatch):
     """flax + jax-vmap: two seeds train as one vmapped program; each learns, differently."""
     cfg = make_cfg(["backend=flax", "env=jax-vmap", *SMALL_PENDULUM, "num_seeds=2"])

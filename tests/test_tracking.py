@@ -59,6 +59,7 @@ def assert_every_row_in_mlflow(client: MlflowClient, run_id: str, out_dir: Path)
     return sum(map(len, expected.values()))
 
 
+@pytest.mark.slow  # 9-20 s on 2 cores: the default selection stays under 5 minutes
 def test_finished_run_has_params_metrics_tags_and_artifacts(tmp_path):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     result = run_cli([*SMALL, f"tracking.uri={uri}"], cwd=tmp_path)
@@ -206,6 +207,7 @@ def assert_every_row_in_tensorboard(out_dir: Path, log_dir: Path) -> int:
     return sum(map(len, expected.values()))
 
 
+@pytest.mark.slow  # 9-20 s on 2 cores: the default selection stays under 5 minutes
 def test_tensorboard_run_writes_every_row_of_metrics_json(tmp_path):
     """tracking=tensorboard: the event files hold each metric of metrics.json (each seed's as
     seed<i>/<name>, as in MLflow), at the same steps, and nothing else; the params and tags

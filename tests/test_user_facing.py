@@ -154,6 +154,7 @@ def _check_run_folder(out: Path, checkpoint: str, total_steps: int) -> dict:
     return metrics
 
 
+@pytest.mark.slow  # 9-20 s on 2 cores: the default selection stays under 5 minutes
 def test_terminal_run_logs_progress_summary_compile_phase_and_eta(tmp_path: Path) -> None:
     """A fused run on a terminal: rich draws the bar (compiling, then training), and
     rlspeed.log still gets every progress line and the summary; the ETA leaves the compile
@@ -215,6 +216,7 @@ def _bar_states(screen: str) -> list[str]:
     return states
 
 
+@pytest.mark.slow  # 9-20 s on 2 cores: the default selection stays under 5 minutes
 def test_host_bar_moves_between_logs_with_elapsed_time_and_a_saving_phase(
     tmp_path: Path,
 ) -> None:
@@ -248,6 +250,7 @@ def test_host_bar_moves_between_logs_with_elapsed_time_and_a_saving_phase(
     assert "rlspeed: saving the checkpoint" in (out / "rlspeed.log").read_text()
 
 
+@pytest.mark.slow  # 9-20 s on 2 cores: the default selection stays under 5 minutes
 def test_summary_shows_full_paths_and_how_to_open_the_run(tmp_path: Path) -> None:
     """Paths longer than the console are printed whole; a SQLite store gets the `mlflow ui`
     command and the run's page there; GridWorld's curve and lines show no rolling step reward."""
@@ -298,6 +301,7 @@ def test_summary_shows_full_paths_and_how_to_open_the_run(tmp_path: Path) -> Non
     assert re.search(r"\| last-20 return -?\d+\.\d\d \| score", result.stdout), result.stdout
 
 
+@pytest.mark.slow  # 9-20 s on 2 cores: the default selection stays under 5 minutes
 def test_a_grid_of_stacks_ends_with_its_jobs_side_by_side(tmp_path: Path) -> None:
     """The SPEC's stack grid (Hydra's basic sweeper) ends with one comparison: printed, and
     as comparison.{csv,md,png} in the sweep folder, a row per job with its own numbers."""

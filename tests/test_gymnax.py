@@ -9,6 +9,8 @@ selection collects this file without it."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import jax
@@ -18,7 +20,7 @@ import pytest
 
 from rlspeed.core.tasks.gymnax import GymnaxTaskConfig, make_env, make_functional
 from rlspeed.errors import ConfigError
-from tests.conftest import assert_one_line_error, run_cli, without_rates
+from tests.conftest import assert_one_line_error, cli_env, run_cli, without_rates
 
 pytestmark = pytest.mark.gymnax
 
@@ -396,3 +398,23 @@ def test_a_name_given_again_takes_the_new_object_and_a_gymnax_id_is_refused(user
     assert env_facts(first.schema()).observation_space.shape == (2,)
     second = gymnax_task("again", Wider())
     assert env_facts(second.schema()).observation_space.shape == (3,)
+
+
+def test_seaborn_waits_for_a_renderer_that_uses_it():
+    """gymnax's Pong and MinAtar renderers import seaborn, and seaborn scipy's statistics:
+    1.3 s of every process that imports gymnax, for frames rlspeed does not draw. A run's
+    process imports them on first use only, and gymnax's renderer still gets seaborn."""
+    code = (
+        "import sys\n"
+        "from rlspeed.core.tasks.gymnax import env_facts\n"
+        "from tests.test_gymnax import _cfg\n"
+        "env_facts(_cfg('Pong-misc'))\n"
+        "print('scipy.stats' in sys.modules)\n"
+        "from gymnax.environments.misc import pong\n"
+        "palette = pong.sns.color_palette('cubehelix', 3)\n"
+        "print(len(palette), type(sys.modules['seaborn']).__name__, 'scipy.stats' in sys.modules)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=cli_env(), timeout=300
+    )
+    assert result.stdout.split() == ["False", "3", "module", "True"], result.stderr[-2000:]

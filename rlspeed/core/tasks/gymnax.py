@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib.util
 import json
+import sys
+import types
 from collections.abc import Mapping
 from dataclasses import field
 from functools import partial
@@ -50,8 +53,30 @@ class GymnaxTaskConfig(GymTaskConfig):
 dataclasses.dataclass(frozen=True, init=False)(GymnaxTaskConfig)
 
 
+class _OnFirstUse(types.ModuleType):
+    """Stands in ``sys.modules`` for a module not imported yet: the first attribute asked of
+    it imports the module, which then replaces it there. (``importlib.util.LazyLoader`` does
+    not defer ``import name`` of a module already in ``sys.modules`` on Python 3.11: the
+    import statement reads its ``__spec__``, which loads it.)"""
+
+    def __getattr__(self, attribute: str) -> Any:
+        if sys.modules.get(self.__name__) is self:  # not imported yet (by this or a copy)
+            del sys.modules[self.__name__]
+        return getattr(importlib.import_module(self.__name__), attribute)
+
+
+def _defer(name: str) -> None:
+    """Import module ``name`` on first use. Nothing where it is imported or not installed."""
+    if name not in sys.modules and importlib.util.find_spec(name) is not None:
+        sys.modules[name] = _OnFirstUse(name)
+
+
 def _gymnax() -> Any:
-    """The gymnax package, or one line saying how to install it."""
+    """The gymnax package, or one line saying how to install it. Its Pong and MinAtar frame
+    renderers import seaborn, which imports scipy's statistics: 1.3 s or more of every
+    process that imports gymnax, for frames rlspeed does not draw, so seaborn is imported
+    on first use."""
+    _defer("seaborn")
     try:
         import gymnax
     except ImportError as error:

@@ -23,7 +23,6 @@ from rlspeed.bench.common import Table, write_results
 from rlspeed.bench.envs import COLUMNS as RATE_COLUMNS
 from rlspeed.bench.envs import plot_rates, rates_table
 from rlspeed.bench.peers import (
-    QUICK_TIMEOUT_S,
     Peers,
     Side,
     Workload,
@@ -287,9 +286,7 @@ def run(
     for line in left_out:
         print(f"rlspeed-bench jaxenvs: {line}", flush=True)
     repeats = repeats or (1 if quick else 5)
-    outcomes, first = run_workloads(
-        chosen, peers, repeats, warm_up=not quick, timeout_s=QUICK_TIMEOUT_S if quick else None
-    )
+    outcomes, first = run_workloads(chosen, peers, repeats, quick)
     table = peer_table(
         "jaxenvs_ppo",
         "PPO on gymnax envs, whole processes: PureJaxRL and rejax against the rlspeed command",

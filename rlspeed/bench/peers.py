@@ -235,21 +235,19 @@ def _outcome(side: Side, time_taken: ProcessTime, run_dir: Path, log: Path) -> O
 
 
 def run_workloads(
-    workloads: list[Workload],
-    peers: Peers,
-    repeats: int,
-    warm_up: bool,
-    timeout_s: float | None = None,
+    workloads: list[Workload], peers: Peers, repeats: int, quick: bool
 ) -> tuple[dict[str, dict[str, list[Outcome]]], dict[str, dict[str, float]]]:
     """Each workload's programs in turns (forward, then backward, ...), ``repeats`` times,
-    after one warm-up run each (its time kept as the first run's) when ``warm_up``; sides
-    whose peer is not given are left out; a process still running after ``timeout_s`` is
-    killed and named (RuntimeError). Returns the outcomes and the first runs' times.
+    after one warm-up run each (its time kept as the first run's) unless ``quick``; sides
+    whose peer is not given are left out; in a ``quick`` run a process still running after
+    ``QUICK_TIMEOUT_S`` is killed and named (RuntimeError). Returns the outcomes and the
+    first runs' times.
 
     rlspeed runs as a user's repeated command does: in one working folder (its MLflow
     store) with one compilation cache, which its first run fills."""
     outcomes: dict[str, dict[str, list[Outcome]]] = {}
     first: dict[str, dict[str, float]] = {}
+    timeout_s = QUICK_TIMEOUT_S if quick else None
     with tempfile.TemporaryDirectory(prefix="rlspeed-bench-peers-") as tmp:
         work = Path(tmp)
         cache = work / "xla"
@@ -268,7 +266,7 @@ def run_workloads(
                 taken = time_process(command, work, log, env, timeout_s)
                 return _outcome(side, taken, run_dir, log)
 
-            if warm_up:
+            if not quick:
                 for side in sides:
                     first[workload.name][side.label] = one(side).time.wall_s
             for repeat in range(repeats):

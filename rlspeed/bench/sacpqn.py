@@ -22,7 +22,6 @@ from typing import Any
 
 from rlspeed.bench.common import write_results
 from rlspeed.bench.peers import (
-    QUICK_TIMEOUT_S,
     Peers,
     Side,
     Workload,
@@ -285,9 +284,7 @@ def run(
     for line in left_out:
         print(f"rlspeed-bench sacpqn: {line}", flush=True)
     repeats = repeats or (1 if quick else 5)
-    outcomes, first = run_workloads(
-        chosen, peers, repeats, warm_up=not quick, timeout_s=QUICK_TIMEOUT_S if quick else None
-    )
+    outcomes, first = run_workloads(chosen, peers, repeats, quick)
     table = peer_table(
         "sacpqn",
         "SAC and PQN, whole processes: CleanRL and rejax against the rlspeed command",

@@ -24,7 +24,6 @@ from typing import Any
 from rlspeed.bench.common import Table, paired_bars, write_results
 from rlspeed.bench.overhead import timed_rlspeed
 from rlspeed.bench.peers import (
-    QUICK_TIMEOUT_S,
     Peers,
     Side,
     Workload,
@@ -199,9 +198,7 @@ def against_cleanrl(
 ) -> list[Path]:
     """The DQN pair: CleanRL's 500,000 steps (``total`` to choose; quick: 30,000)."""
     chosen = [dqn_workload(total or (30_000 if quick else 500_000))]
-    outcomes, first = run_workloads(
-        chosen, peers, repeats, warm_up=not quick, timeout_s=QUICK_TIMEOUT_S if quick else None
-    )
+    outcomes, first = run_workloads(chosen, peers, repeats, quick)
     table = peer_table(
         "threads_cleanrl_dqn",
         "torch DQN, whole processes: CleanRL's dqn.py against the rlspeed command",

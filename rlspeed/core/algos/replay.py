@@ -129,7 +129,8 @@ class WritePlan(NamedTuple):
 
     slots: Any  # each env's transition
     pending: Any  # the slot after each: its next observation, until the next step's write
-    final_slots: Any  # each truncated env's final observation in the final ring, else past it
+    # Each truncated env's final observation in the final ring, else past it (None: none kept).
+    final_slots: Any
     final_index: Any  # per transition: that index, or -1 (its next slot holds it)
     position: Any  # the buffer's positions and size after the write
     final_position: Any
@@ -232,7 +233,7 @@ class ReplayBuffer:
         end)."""
         terminated, next_obs = np.asarray(terminated), np.asarray(next_obs)
         kept = np.asarray(truncated) & ~terminated
-        plan = write_plan(
+        plan = self._in_slices(kept) or write_plan(
             self.position,
             self.final_position,
             self.size,
@@ -243,13 +244,31 @@ class ReplayBuffer:
         )
         self.obs[plan.slots] = np.asarray(obs)
         self.obs[plan.pending] = next_obs
-        self.final_obs[plan.final_slots[kept]] = next_obs[kept]
+        if plan.final_slots is not None:
+            self.final_obs[plan.final_slots[kept]] = next_obs[kept]
         self.final_index[plan.slots] = plan.final_index
         self.actions[plan.slots] = np.asarray(actions)
         self.rewards[plan.slots] = np.asarray(rewards)
         self.dones[plan.slots] = terminated
         self.position, self.final_position, self.size = (
             int(x) for x in (plan.position, plan.final_position, plan.size)
+        )
+
+    def _in_slices(self, kept: np.ndarray) -> WritePlan | None:
+        """``write_plan``'s plan as slices, for the common step: no final observation to
+        keep, and this step's slots and the ones after them run on without wrapping. None
+        for any other step. With one env, its index arrays cost ten times the step's writes."""
+        n, start = self.num_envs, self.position
+        if start + 2 * n > len(self.obs) or kept.any():
+            return None
+        return WritePlan(
+            slice(start, start + n),
+            slice(start + n, start + 2 * n),
+            None,
+            -1,
+            start + n,
+            self.final_position,
+            min(self.size + n, self.capacity),
         )
 
     def sample(self, batch_size: int) -> Batch[np.ndarray]:
@@ -393,11 +412,9 @@ class ReplayLearner:
         self.buffer.add(
             obs, result.final_obs, actions, result.reward, result.terminated, result.truncated
         )
-        episodes.episodes(
-            np.asarray(result.terminated) | np.asarray(result.truncated),
-            result.episode_return,
-            result.episode_length,
-        )
+        ended = np.asarray(result.terminated) | np.asarray(result.truncated)
+        if ended.any():  # most steps end none: nothing to hand over
+            episodes.episodes(ended, result.episode_return, result.episode_length)
         # Learn: the updates due, each on a fresh batch from the buffer.
         end = step + engine.num_envs
         due = int(multiples_between(step, end, algo.train_frequency, algo.learning_starts))

@@ -6,7 +6,7 @@ import contextlib
 import os
 import signal
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -16,7 +16,7 @@ from gymnasium.vector import AutoresetMode
 
 from rlspeed.core.engines import StepResult
 from rlspeed.core.engines.env_state import GET_STATE, SAVED_STATE, SET_STATE, with_state_access
-from rlspeed.errors import EnvFailed, env_code
+from rlspeed.errors import EnvCode
 from rlspeed.seeding import env_seeds
 
 if TYPE_CHECKING:
@@ -42,6 +42,7 @@ class GymVectorEngine:
         # How the failures of the env's own code name it (its Gymnasium id, or its task).
         self.name = name
         self._failed = False  # a call into the envs failed: they are not to be called again
+        self._stepping = self._env_code("step")  # entered every step: made once
         self.num_envs = vector_env.num_envs
         self.single_observation_space = vector_env.single_observation_space
         self.single_action_space = vector_env.single_action_space
@@ -54,13 +55,13 @@ class GymVectorEngine:
         obs: np.ndarray
         with self._env_code("reset"):
             obs, _ = self.envs.reset(seed=seeds)
-        self._returns[:] = 0.0
-        self._lengths[:] = 0
+        self._returns = np.zeros(self.num_envs, dtype=np.float64)
+        self._lengths = np.zeros(self.num_envs, dtype=np.int64)
         return obs
 
     def step(self, actions: AnyArray) -> StepResult:
         # np.asarray shares memory with CPU torch tensors and JAX arrays (no copy).
-        with self._env_code("step"):
+        with self._stepping:
             if self.step_timeout_s is None:
                 result = self.envs.step(np.asarray(actions))
             else:  # a worker that does not answer holds an env that hangs
@@ -68,17 +69,17 @@ class GymVectorEngine:
                 self.envs.step_async(np.asarray(actions))
                 result = self.envs.step_wait(timeout=self.step_timeout_s)
         obs, reward, terminated, truncated, info = result
-        done = terminated | truncated
+        # New arrays each step, never written in place: a StepResult keeps its own.
+        episode_return, episode_length = self._returns + reward, self._lengths + 1
+        self._returns, self._lengths = episode_return, episode_length
         final_obs = obs
+        done = terminated | truncated
         if done.any():
             final_obs = obs.copy()
             for i in np.flatnonzero(info["_final_obs"]):
                 final_obs[i] = info["final_obs"][i]
-        self._returns += reward
-        self._lengths += 1
-        episode_return, episode_length = self._returns.copy(), self._lengths.copy()
-        self._returns[done] = 0.0
-        self._lengths[done] = 0
+            self._returns = np.where(done, 0.0, episode_return)
+            self._lengths = np.where(done, 0, episode_length)
         return StepResult(
             obs,
             reward.astype(np.float32),
@@ -98,8 +99,8 @@ class GymVectorEngine:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.envs.set_attr(SAVED_STATE, list(state["envs"]))  # each env's its own
         self.envs.call(SET_STATE)
-        self._returns[:] = state["returns"]
-        self._lengths[:] = state["lengths"]
+        self._returns = np.array(state["returns"], dtype=np.float64)
+        self._lengths = np.array(state["lengths"], dtype=np.int64)
 
     def close(self) -> None:
         if not self._failed:
@@ -116,18 +117,14 @@ class GymVectorEngine:
             self.envs.close(terminate=True)
         self.envs.closed = True
 
-    @contextlib.contextmanager
-    def _env_code(self, call: str) -> Iterator[None]:
-        """Around a call into the envs' own code (``rlspeed.errors.env_code``); a failed
+    def _env_code(self, call: str) -> EnvCode:
+        """Around a call into the envs' own code (``rlspeed.errors.EnvCode``); a failed
         call leaves the envs not to be called again."""
-        try:
-            with env_code(
-                self.name, call, workers=isinstance(self.envs, gym.vector.AsyncVectorEnv)
-            ):
-                yield
-        except EnvFailed:
-            self._failed = True
-            raise
+        workers = isinstance(self.envs, gym.vector.AsyncVectorEnv)
+        return EnvCode(self.name, call, workers, failed=self._fail)
+
+    def _fail(self) -> None:
+        self._failed = True
 
 
 def _make_env(

@@ -11,7 +11,7 @@ import numpy as np
 from gymnasium.experimental.functional import FuncEnv
 
 from rlspeed.core.tasks import Policy
-from rlspeed.errors import env_code
+from rlspeed.errors import EnvCode
 from rlspeed.seeding import eval_seeds
 
 if TYPE_CHECKING:
@@ -33,18 +33,18 @@ def mean_greedy_return(
     envs = [make_env() for _ in range(episodes)]
     name = envs[0].spec.id if envs[0].spec is not None else type(envs[0].unwrapped).__name__
     seeds = eval_seeds(seed, episodes)
-    with env_code(name, "evaluation episodes"):
+    with EnvCode(name, "evaluation episodes"):
         obs = np.stack([env.reset(seed=s)[0] for s, env in zip(seeds, envs, strict=True)])
     returns = np.zeros(episodes)
     running = np.ones(episodes, dtype=bool)
     while running.any():
         actions = np.asarray(policy(obs))
-        with env_code(name, "evaluation episodes"):
+        with EnvCode(name, "evaluation episodes"):
             for i in np.flatnonzero(running):
                 obs[i], reward, terminated, truncated, _ = envs[i].step(actions[i])
                 returns[i] += float(reward)
                 running[i] = not (terminated or truncated)
-    with env_code(name, "close after evaluation episodes"):
+    with EnvCode(name, "close after evaluation episodes"):
         for env in envs:
             env.close()
     return float(returns.mean())

@@ -56,17 +56,25 @@ def epsilon_greedy(
     epsilon: float,
     n_actions: int,
     generator: torch.Generator,
-) -> torch.Tensor:
-    """``n`` actions: each the ``greedy()`` one (on the CPU) or, with probability ``epsilon``,
-    a uniformly random one of ``n_actions`` (DQN's and PQN's exploration). Drawn on the CPU
-    ``generator``: the same exploration on every device. The Q-network's forward pass
-    (``greedy``) is skipped where every env explores: the same actions, at a fraction of the
-    cost early in a run of few envs (CleanRL's dqn.py, one env, skips it likewise)."""
-    explore = torch.rand(n, generator=generator) < epsilon
-    random = torch.randint(n_actions, (n,), generator=generator)
-    chosen = random if bool(explore.all()) else torch.where(explore, random, greedy())
-    # int32 is what the JAX engine takes with x64 disabled; on the CPU, as engines take.
-    return chosen.to(torch.int32)
+) -> np.ndarray:
+    """``n`` actions (int32, what the JAX engine takes with x64 disabled): each the
+    ``greedy()`` one (on the CPU) or, with probability ``epsilon``, a uniformly random one
+    of ``n_actions`` (DQN's and PQN's exploration). Drawn on the CPU ``generator``: the same
+    exploration on every device. The Q-network's forward pass (``greedy``) is skipped where
+    every env explores: the same actions, at a fraction of the cost early in a run of few
+    envs (CleanRL's dqn.py, one env, skips it likewise).
+
+    One draw of 2n uniforms, then NumPy: a run of one env acts once per env step, where each
+    further torch call (a comparison, a second draw, a select) cost as much as the draw."""
+    draws: np.ndarray = torch.rand(2, n, generator=generator, dtype=torch.float64).numpy()
+    explore_draw, action_draw = draws
+    # floor(u * n_actions) of a u in [0, 1): each action with probability 1 / n_actions.
+    random: np.ndarray = (action_draw * n_actions).astype(np.int32)
+    explore = explore_draw < epsilon
+    if explore.all():
+        return random
+    chosen: np.ndarray = np.where(explore, random, greedy().numpy())
+    return chosen.astype(np.int32, copy=False)
 
 
 class TorchLearner(DQNSchedule, ReplayLearner):
@@ -92,17 +100,17 @@ class TorchLearner(DQNSchedule, ReplayLearner):
         self.generator = torch.Generator().manual_seed(int_seed(seed, Stream.ACT))
         self.buffer = replay_buffer(obs_space, action_space, cfg, seed)
 
-    @torch.no_grad()
-    def act(self, obs: AnyArray, step: int) -> torch.Tensor:
-        epsilon = self.epsilon(step)
-        # DLPack: NumPy arrays and JAX arrays become tensors without a copy (on one device).
-        obs = from_dlpack(obs).to(self.device)
-
+    def act(self, obs: AnyArray, step: int) -> np.ndarray:
         def greedy() -> torch.Tensor:
-            q: torch.Tensor = self.q_network(obs)
+            # Only where some env does not explore: early in a run of few envs, most steps
+            # skip the conversion and the network both.
+            with torch.no_grad():
+                # DLPack: NumPy and JAX arrays become tensors without a copy (on one device).
+                q: torch.Tensor = self.q_network(from_dlpack(obs).to(self.device))
             return q.argmax(dim=1).cpu()
 
-        return epsilon_greedy(greedy, len(obs), epsilon, self.n_actions, self.generator)
+        epsilon = self.epsilon(step)
+        return epsilon_greedy(greedy, obs.shape[0], epsilon, self.n_actions, self.generator)
 
     def greedy(self, obs: np.ndarray) -> np.ndarray:
         return greedy_actions(self.q_network, obs)

@@ -72,7 +72,7 @@ class TorchLearner(MinibatchUpdates, RolloutLearner):
         return float(epsilon_at(self.steps, self.algo, self.total_steps))
 
     @torch.no_grad()
-    def act(self, obs: XpArray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def act(self, obs: XpArray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Epsilon-greedy actions, as the rollout stores them: (actions, the same sent to the
         env, log-probabilities: zeros, which PQN does not read)."""
         # DLPack: NumPy arrays and JAX arrays become tensors without a copy (on one device).
@@ -84,7 +84,7 @@ class TorchLearner(MinibatchUpdates, RolloutLearner):
 
         n = len(tensor)
         actions = epsilon_greedy(greedy, n, self.epsilon(), self.n_actions, self.generator)
-        return actions, actions, torch.zeros(n)
+        return actions, actions, np.zeros(n, np.float32)
 
     @torch.no_grad()
     def values(self, obs: np.ndarray) -> np.ndarray:

@@ -72,7 +72,9 @@ def seed_training(
         raise
     if initial is not None:
         start_from(learner, initial)
-    return HostTraining(learner, envs, cfg.total_steps, cfg.log_every, saved)
+    # The run's checkpoint and video periods: each multiple ends a chunk (HostTraining).
+    marks = [n for n in (cfg.checkpoint_every, cfg.video_every) if isinstance(n, int) and n > 0]
+    return HostTraining(learner, envs, cfg.total_steps, cfg.log_every, saved, marks)
 
 
 # ---------------------------------------------------------------- messages

@@ -1,15 +1,18 @@
 """The training loop driven from Python (every pairing but flax + jax-vmap), as chunks.
 
 The algorithm's learner says what an iteration does (``HostLearner.iteration``);
-``HostTraining.chunks()`` runs the iterations and yields one ``HostChunk`` after each: the
-env steps and updates so far, the episodes that ended, the interval's metrics when a log is
-due, the greedy policy. Nothing here records, evaluates, checkpoints or waits for signals:
-the run (``rlspeed.run``) does, between chunks, and says with ``accept()`` that a chunk's
-state is what the run keeps (what ``resume=`` continues from)."""
+``HostTraining.chunks()`` runs the iterations and yields one ``HostChunk`` after each chunk
+of them (``HostTraining.ends_chunk``): the env steps and updates so far, the episodes that
+ended, the interval's metrics when a log is due, the greedy policy. Nothing here records,
+evaluates, checkpoints or waits for signals: the run (``rlspeed.run``) does, between chunks,
+and says with ``accept()`` that a chunk's state is what the run keeps (what ``resume=``
+continues from)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator
+import itertools
+import time
+from collections.abc import Callable, Generator, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import numpy as np
@@ -100,10 +103,17 @@ def start_from(learner: HostLearner, saved: AgentCheckpoint) -> None:
         load_weights(learner.agent_checkpoint(), saved)
 
 
-class HostChunk(NamedTuple):
-    """One iteration's outcome, as the run records it."""
+# A chunk's iterations at most, and its seconds (after which it ends with the iteration in
+# progress): what the run does between chunks (record, checkpoint, answer Ctrl-C, move the
+# bar) waits at most about so long.
+CHUNK_ITERATIONS = 64
+CHUNK_SECONDS = 0.1
 
-    # Env steps and updates of this agent so far (the iteration's end).
+
+class HostChunk(NamedTuple):
+    """A chunk of iterations' outcome, as the run records it."""
+
+    # Env steps and updates of this agent so far (the chunk's end).
     step: int
     updates: int
     episodes: list[EpisodeBatch]
@@ -170,9 +180,13 @@ class HostTraining:
         total_steps: int,
         log_every: int,
         saved: dict[str, Any] | None = None,
+        marks: Sequence[int] = (),
     ) -> None:
         self.learner, self.engine, self.total_steps = learner, engine, total_steps
         self.saved = saved
+        # Periods whose multiples end a chunk: the run's checkpoints' and videos', taken at
+        # the first whole iteration that reaches each.
+        self.marks = tuple(marks)
         self.interval = IntervalMetrics(log_every, total_steps)
         carried: dict[str, Any] = getattr(learner, "carried", {})
         self.point = ResumePoint(learner=learner, **carried, interval=self.interval, engine=engine)
@@ -187,9 +201,10 @@ class HostTraining:
         return self.point.whole
 
     def chunks(self) -> Generator[HostChunk, None, None]:
-        """Train, yielding after each iteration. Raises ``ResumeMismatch`` for a saved state
-        the parts cannot take, ``EnvFailed`` for an env's code that failed. However it ends,
-        the parts' state is taken (``resume_state``) before the engine closes."""
+        """Train, yielding after each chunk of iterations (``ends_chunk``). Raises
+        ``ResumeMismatch`` for a saved state the parts cannot take, ``EnvFailed`` for an
+        env's code that failed. However it ends, the parts' state is taken
+        (``resume_state``) before the engine closes."""
         observe = getattr(self.learner, "observe", None)
         engine = self.engine
         reset = engine.reset if observe is None else lambda: observe(engine.reset())
@@ -198,16 +213,19 @@ class HostTraining:
         try:
             obs, self.step, self.updates = self.point.start(self.saved, reset)
             while self.step < self.total_steps:
-                self.point.whole = False  # until the run accepts the iteration
-                done = self.learner.iteration(engine, obs, self.step, episodes)
-                obs, step = done.obs, self.step + done.steps
-                updates = self.updates + done.updates
-                for metrics in done.metrics:
-                    self.interval.add(metrics)
+                self.point.whole = False  # until the run accepts the chunk
+                started, due = time.perf_counter(), None
+                for iterations in itertools.count(1):
+                    done = self.learner.iteration(engine, obs, self.step, episodes)
+                    obs, before = done.obs, self.step
+                    for metrics in done.metrics:
+                        self.interval.add(metrics)
+                    self.step, self.updates = before + done.steps, self.updates + done.updates
+                    due = self.interval.due(self.step, done.latest)
+                    if self.ends_chunk(before, due, iterations, started):
+                        break
                 self._obs = obs
-                self.step, self.updates = step, updates
-                due = self.interval.due(step, done.latest)
-                yield HostChunk(step, updates, episodes.take(), due, self.learner.greedy)
+                yield HostChunk(self.step, self.updates, episodes.take(), due, self.learner.greedy)
             trained = True
         finally:
             # The parts' state is taken before the engine closes, which drops the envs' state.
@@ -217,6 +235,22 @@ class HostTraining:
             except EnvFailed:
                 if trained:  # else what stopped the training is on its way already
                     raise
+
+    def ends_chunk(
+        self, before: int, due: dict[str, float] | None, iterations: int, started: float
+    ) -> bool:
+        """Whether the chunk ends with the iteration from env step ``before`` to
+        ``self.step``: where a log is due (``due``), training ends, the step reaches a
+        multiple of one of ``marks``, or the chunk has run ``CHUNK_ITERATIONS`` iterations
+        or ``CHUNK_SECONDS``. A run of one env makes an iteration of a step: recording each
+        cost it as much as its replay writes and exploration together."""
+        return (
+            due is not None
+            or self.step >= self.total_steps
+            or any(self.step // mark > before // mark for mark in self.marks)
+            or iterations >= CHUNK_ITERATIONS
+            or time.perf_counter() - started >= CHUNK_SECONDS
+        )
 
     def accept(self) -> None:
         """The run has recorded the last chunk: the agent's state at its end is what the

@@ -50,31 +50,33 @@ def greedy_actions(q_network: nn.Module, obs: np.ndarray) -> np.ndarray:
     return q.argmax(dim=1).cpu().numpy()
 
 
-def epsilon_greedy(
-    greedy: Callable[[], torch.Tensor],
-    n: int,
-    epsilon: float,
-    n_actions: int,
-    generator: torch.Generator,
-) -> np.ndarray:
-    """``n`` actions (int32, what the JAX engine takes with x64 disabled): each the
-    ``greedy()`` one (on the CPU) or, with probability ``epsilon``, a uniformly random one
-    of ``n_actions`` (DQN's and PQN's exploration). Drawn on the CPU ``generator``: the same
-    exploration on every device. The Q-network's forward pass (``greedy``) is skipped where
-    every env explores: the same actions, at a fraction of the cost early in a run of few
-    envs (CleanRL's dqn.py, one env, skips it likewise).
+class EpsilonGreedy:
+    """DQN's and PQN's exploration for ``n`` envs: each env's action the greedy one or, with
+    probability epsilon, a uniformly random one of ``n_actions``, as int32 (what the JAX
+    engine takes with x64 disabled). Drawn on the CPU ``generator``: the same exploration on
+    every device.
 
-    One draw of 2n uniforms, then NumPy: a run of one env acts once per env step, where each
-    further torch call (a comparison, a second draw, a select) cost as much as the draw."""
-    draws: np.ndarray = torch.rand(2, n, generator=generator, dtype=torch.float64).numpy()
-    explore_draw, action_draw = draws
-    # floor(u * n_actions) of a u in [0, 1): each action with probability 1 / n_actions.
-    random: np.ndarray = (action_draw * n_actions).astype(np.int32)
-    explore = explore_draw < epsilon
-    if explore.all():
-        return random
-    chosen: np.ndarray = np.where(explore, random, greedy().numpy())
-    return chosen.astype(np.int32, copy=False)
+    Each call draws 2n uniforms into one buffer it keeps (a run of one env acts once per env
+    step: a fresh ``torch.rand`` with a generator cost three times the in-place draw, and
+    each further torch call as much again), then chooses in NumPy on views of it."""
+
+    def __init__(self, n: int, n_actions: int, generator: torch.Generator) -> None:
+        self.n_actions, self.generator = n_actions, generator
+        self._draws = torch.empty(2, n, dtype=torch.float64)
+        self._explore_draw, self._action_draw = self._draws.numpy()
+
+    def __call__(self, greedy: Callable[[], torch.Tensor], epsilon: float) -> np.ndarray:
+        """The actions, ``greedy()`` giving the greedy ones (on the CPU) where some env does
+        not explore: its forward pass is skipped where every env explores (as CleanRL's
+        dqn.py skips it), the same actions at a fraction of the cost early in a run."""
+        self._draws.uniform_(generator=self.generator)
+        explore = self._explore_draw < epsilon
+        # floor(u * n_actions) of a u in [0, 1): each action with probability 1 / n_actions.
+        random: np.ndarray = (self._action_draw * self.n_actions).astype(np.int32)
+        if explore.all():
+            return random
+        chosen: np.ndarray = np.where(explore, random, greedy().numpy())
+        return chosen.astype(np.int32, copy=False)
 
 
 class TorchLearner(DQNSchedule, ReplayLearner):
@@ -98,6 +100,7 @@ class TorchLearner(DQNSchedule, ReplayLearner):
         self.gamma = algo.gamma
         # The weights come from torch's global generator (seeded with the INIT stream).
         self.generator = torch.Generator().manual_seed(int_seed(seed, Stream.ACT))
+        self.explore = EpsilonGreedy(cfg.num_envs, self.n_actions, self.generator)
         self.buffer = replay_buffer(obs_space, action_space, cfg, seed)
 
     def act(self, obs: AnyArray, step: int) -> np.ndarray:
@@ -109,8 +112,7 @@ class TorchLearner(DQNSchedule, ReplayLearner):
                 q: torch.Tensor = self.q_network(from_dlpack(obs).to(self.device))
             return q.argmax(dim=1).cpu()
 
-        epsilon = self.epsilon(step)
-        return epsilon_greedy(greedy, obs.shape[0], epsilon, self.n_actions, self.generator)
+        return self.explore(greedy, self.epsilon(step))
 
     def greedy(self, obs: np.ndarray) -> np.ndarray:
         return greedy_actions(self.q_network, obs)

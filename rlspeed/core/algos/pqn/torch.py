@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from torch.utils.dlpack import from_dlpack
 
-from rlspeed.core.algos.dqn.torch import epsilon_greedy, greedy_actions
+from rlspeed.core.algos.dqn.torch import EpsilonGreedy, greedy_actions
 from rlspeed.core.algos.encoding import through_torso
 from rlspeed.core.algos.networks.torch import MLP, from_numpy
 from rlspeed.core.algos.ppo import batches_in_run
@@ -65,6 +65,7 @@ class TorchLearner(MinibatchUpdates, RolloutLearner):
         # Env steps collected so far: the exploration rate's clock (the flax agent's too).
         self.steps = 0
         self.generator = torch.Generator().manual_seed(int_seed(seed, Stream.ACT))
+        self.explore = EpsilonGreedy(cfg.num_envs, self.n_actions, self.generator)
         self.minibatch_generator = torch.Generator().manual_seed(int_seed(seed, Stream.REPLAY))
         self.init_rollout(obs_space, action_space, cfg)
 
@@ -82,9 +83,8 @@ class TorchLearner(MinibatchUpdates, RolloutLearner):
             q: torch.Tensor = self.q_network(tensor)
             return q.argmax(dim=1).cpu()
 
-        n = len(tensor)
-        actions = epsilon_greedy(greedy, n, self.epsilon(), self.n_actions, self.generator)
-        return actions, actions, np.zeros(n, np.float32)
+        actions = self.explore(greedy, self.epsilon())
+        return actions, actions, np.zeros(len(tensor), np.float32)
 
     @torch.no_grad()
     def values(self, obs: np.ndarray) -> np.ndarray:

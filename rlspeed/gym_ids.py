@@ -4,8 +4,8 @@ defaults for any id).
 
 The per-pair defaults live in ``conf/algo_task/``. An id that is one of rlspeed's own tasks'
 envs takes that task's settings (CartPole-v1 those of ``task=cartpole``, Pendulum-v1 those of
-``task=pendulum``); the MuJoCo locomotion ids take those measured on HalfCheetah; DQN on
-MountainCar-v0, and DQN and PPO on LunarLander-v3, take RL Zoo's settings for those ids.
+``task=pendulum``); the MuJoCo locomotion ids take those measured on HalfCheetah; DQN and
+PPO on MountainCar-v0 and LunarLander-v3 take RL Zoo's settings for those ids.
 What the command line gives still wins over them, as over any default; ``tuned=false`` runs
 the id on the algorithm's general defaults, and a command line that chooses ``algo_task``
 itself takes that.
@@ -41,7 +41,7 @@ TUNED: dict[tuple[str, str], str] = {
         for algo in ("ppo", "sac", "td3")
         for env_id in MUJOCO_IDS
     },
-    ("dqn", "MountainCar-v0"): "dqn_mountaincar",
+    **{(algo, "MountainCar-v0"): f"{algo}_mountaincar" for algo in ("dqn", "ppo")},
     **{(algo, "LunarLander-v3"): f"{algo}_lunarlander" for algo in ("dqn", "ppo")},
 }  # fmt: skip
 GROUP = "algo_task"

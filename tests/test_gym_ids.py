@@ -37,14 +37,19 @@ def test_an_id_with_tuned_settings_takes_its_own_tasks_under_the_command_line(tm
     assert general["total_steps"] == 300_000 and general["algo"]["tau"] == 0.005
 
 
-def test_mountain_car_takes_rl_zoos_dqn_settings(tmp_path):
-    """DQN on MountainCar-v0: the settings RL Zoo publishes for the id
-    (conf/algo_task/dqn_mountaincar.yaml), not DQN's general ones."""
+def test_mountain_car_takes_rl_zoos_dqn_and_ppo_settings(tmp_path):
+    """DQN and PPO on MountainCar-v0: the settings RL Zoo publishes for the id
+    (conf/algo_task/{dqn,ppo}_mountaincar.yaml), not the algorithms' general ones."""
     mountain = _job(["task=gym", "task.id=MountainCar-v0", "algo=dqn"], tmp_path)
     general = _job(["task=gym", "task.id=MountainCar-v0", "algo=dqn", "tuned=false"], tmp_path)
     assert mountain["algo"]["gamma"] == 0.98 and mountain["algo"]["train_frequency"] == 2
     assert mountain["algo"]["learning_rate"] == 0.004 and mountain["total_steps"] == 120_000
     assert general["algo"]["learning_rate"] == 0.0003 and general["algo"]["gamma"] == 0.99
+    ppo = _job(["task=gym", "task.id=MountainCar-v0", "algo=ppo"], tmp_path)
+    assert (ppo["num_envs"], ppo["algo"]["num_steps"], ppo["algo"]["gae_lambda"]) == (16, 16, 0.98)
+    assert ppo["algo"]["normalize_obs"] is True and ppo["algo"]["scale_rewards"] is True
+    general = _job(["task=gym", "task.id=MountainCar-v0", "algo=ppo", "tuned=false"], tmp_path)
+    assert general["algo"]["normalize_obs"] is False and general["algo"]["num_steps"] == 128
 
 
 def test_lunar_lander_takes_rl_zoos_dqn_and_ppo_settings(tmp_path):

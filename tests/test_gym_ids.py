@@ -52,6 +52,15 @@ def test_mountain_car_takes_rl_zoos_dqn_and_ppo_settings(tmp_path):
     assert general["algo"]["normalize_obs"] is False and general["algo"]["num_steps"] == 128
 
 
+def test_acrobot_takes_rl_zoos_ppo_settings(tmp_path):
+    """PPO on Acrobot-v1: RL Zoo's settings for the id (conf/algo_task/ppo_acrobot.yaml)."""
+    ppo = _job(["task=gym", "task.id=Acrobot-v1", "algo=ppo"], tmp_path)
+    assert (ppo["num_envs"], ppo["algo"]["num_steps"], ppo["algo"]["gae_lambda"]) == (16, 256, 0.94)
+    assert ppo["algo"]["normalize_obs"] is True and ppo["algo"]["num_minibatches"] == 64
+    general = _job(["task=gym", "task.id=Acrobot-v1", "algo=ppo", "tuned=false"], tmp_path)
+    assert general["algo"]["normalize_obs"] is False and general["algo"]["gae_lambda"] == 0.95
+
+
 def test_lunar_lander_takes_rl_zoos_dqn_and_ppo_settings(tmp_path):
     """DQN and PPO on LunarLander-v3 (Box2D, installed with rlspeed): RL Zoo's settings for
     the id (conf/algo_task/{dqn,ppo}_lunarlander.yaml); what the command line gives wins."""

@@ -8,13 +8,16 @@ import jax
 import numpy as np
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from rlspeed.core.algos.replay import Batch
-from rlspeed.core.algos.td3 import TD3Config
-from rlspeed.core.algos.td3.flax import FlaxLearner
+from rlspeed.core.algos.td3 import TD3Config, draw_noise
+from rlspeed.core.algos.td3.flax import FlaxLearner, make_train
 from rlspeed.core.algos.td3.torch import TorchLearner
+from rlspeed.core.envs.vmap import make_vmap_env
 from rlspeed.errors import ConfigError
 from rlspeed.registry import TASKS
+from rlspeed.seeding import jax_keys
 from rlspeed.validation import check
 from tests.conftest import learner_cfg, run_in
 
@@ -188,6 +191,9 @@ def test_fused_stack_learns_pendulum_with_seeds_in_one_program(make_cfg, tmp_pat
         ("algo.tau=1.5", ["algo.tau=1.5", "(0, 1]"]),
         ("algo.noise_clip=-0.1", ["algo.noise_clip=-0.1", ">= 0"]),
         ("algo.hidden_sizes=[]", ["algo.hidden_sizes=[]", "non-empty"]),
+        ("algo.exploration=pink", ["algo.exploration=pink", "one of gaussian, ou"]),
+        ("algo.ou_dt=0", ["algo.ou_dt=0", "> 0"]),
+        ("algo.ou_theta=200", ["algo.ou_theta=200", "ou_theta * ou_dt <= 1"]),
     ],
 )
 def test_bad_hyperparameters_are_named(override, fragments, make_cfg):
@@ -205,3 +211,83 @@ def test_torch_reads_jax_actions_and_observations():
     actions = torch_learner.act(obs, 0)
     assert actions.dtype == torch.float32
     assert jax.dlpack.from_dlpack(actions).shape == (4, 2)
+
+
+def test_ou_noise_has_the_processs_closed_form_moments():
+    """algo.exploration=ou: from 0, after k steps each entry has variance
+    sigma^2 dt (1 - a^(2k)) / (1 - a^2), a = 1 - theta dt, and neighbouring steps correlate
+    by a times their std ratio; Gaussian noise has std sigma and no memory."""
+    rng = np.random.default_rng(0)
+    ou = TD3Config(exploration="ou", exploration_noise=0.5, ou_theta=0.15, ou_dt=0.01)
+    kept = 1 - 0.15 * 0.01
+    noise = np.zeros((20_000, 1))
+    history = []
+    for _ in range(300):
+        drawn, noise = draw_noise(noise, rng.standard_normal(noise.shape), ou)
+        np.testing.assert_array_equal(drawn, noise)  # OU acts with what it carries
+        history.append(noise[:, 0])
+    variance = 0.25 * 0.01 * (1 - kept**600) / (1 - kept**2)
+    assert np.var(history[-1]) == pytest.approx(variance, rel=0.05)
+    correlation = np.corrcoef(history[-2], history[-1])[0, 1]
+    assert correlation == pytest.approx(kept * np.sqrt(np.var(history[-2]) / variance), abs=0.01)
+    # Gaussian: each step's draw scaled by sigma, the carried noise untouched.
+    gaussian = TD3Config(exploration_noise=0.5)
+    carried = np.ones((20_000, 1))
+    drawn, kept_noise = draw_noise(carried, rng.standard_normal(carried.shape), gaussian)
+    assert kept_noise is carried and np.std(drawn) == pytest.approx(0.5, rel=0.02)
+
+
+@pytest.mark.parametrize("backend", ["torch", "flax"])
+def test_ou_noise_moves_the_actions_and_restarts_with_each_episode(backend):
+    """A host learner acts with the noise it carries (the actor's action plus noise times
+    half the range), keeps it from step to step and zeroes an env's row where its episode
+    ended; before learning_starts the noise stays 0."""
+    algo = TD3Config(
+        hidden_sizes=[16], learning_starts=2, exploration="ou", exploration_noise=0.5, ou_dt=0.5
+    )
+    cfg = learner_cfg(algo, num_envs=3)
+    make = FlaxLearner if backend == "flax" else TorchLearner
+    learner = make(BOX_OBS, BOX_ACTIONS, cfg, seed=0)
+    obs = np.zeros((3, 3), np.float32)
+    learner.act(obs, 0)
+    assert not np.asarray(learner.noise).any()
+    scale = (BOX_ACTIONS.high - BOX_ACTIONS.low) / 2
+    noises = []
+    for step in (2, 3, 4):
+        actions = np.asarray(learner.act(obs, step))
+        noise = np.asarray(learner.noise).copy()
+        expected = np.clip(learner.greedy(obs) + noise * scale, BOX_ACTIONS.low, BOX_ACTIONS.high)
+        np.testing.assert_allclose(actions, expected, atol=1e-6)
+        noises.append(noise)
+    assert np.abs(noises[-1]).min() > 0 and not np.allclose(noises[-1], noises[-2])
+    learner.episodes_ended(np.array([False, True, False]))
+    after = np.asarray(learner.noise)
+    np.testing.assert_array_equal(after[1], 0.0)
+    np.testing.assert_array_equal(after[[0, 2]], noises[-1][[0, 2]])
+    # The resume state carries it.
+    restored = make(BOX_OBS, BOX_ACTIONS, cfg, seed=1)
+    restored.load_state_dict(learner.state_dict())
+    np.testing.assert_array_equal(np.asarray(restored.noise), after)
+
+
+def test_fused_ou_noise_restarts_where_episodes_end(make_cfg):
+    """env=jax-vmap: the program carries the OU noise per env and zeroes it when the
+    env's episode ends (here every 3 steps)."""
+    cfg = OmegaConf.to_object(
+        make_cfg(
+            [
+                "algo=td3", "task=pendulum", "task.max_steps=3", "num_envs=2",
+                "total_steps=8", "algo.learning_starts=0", "algo.exploration=ou",
+                "algo.ou_dt=0.5", "algo.hidden_sizes=[8]", "algo.batch_size=2",
+                "algo.buffer_size=16",
+            ]
+        )
+    )  # fmt: skip
+    trainer = make_train(cfg, make_vmap_env(TASKS.get("pendulum"), cfg.task, cfg.num_envs))
+    state = jax.jit(trainer.init)(jax_keys(0))
+    assert state.noise.shape == (2, 1) and not state.noise.any()
+    run = jax.jit(trainer.run, static_argnums=1)
+    state, stats = run(state, 2, 2)
+    assert np.abs(np.asarray(state.noise)).min() > 0 and not stats.done.any()
+    state, stats = run(state, 1, 1)
+    assert stats.done.all() and not state.noise.any()

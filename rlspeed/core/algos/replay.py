@@ -372,7 +372,8 @@ class ReplayLearner:
 
     A learner sets ``algo`` and ``buffer`` (``replay_buffer``) and defines, in its
     algorithm's file, ``act`` (collect) and ``update`` (targets, loss, gradient step), and
-    may define ``after_env_steps`` (DQN: its target syncs and exploration rate)."""
+    may define ``episodes_ended`` (TD3: its exploration noise) and ``after_env_steps``
+    (DQN: its target syncs and exploration rate)."""
 
     algo: Any
     buffer: ReplayBuffer
@@ -396,6 +397,10 @@ class ReplayLearner:
         """One gradient step; its metrics as backend scalars (averaged per log interval)."""
         raise NotImplementedError
 
+    def episodes_ended(self, ended: np.ndarray) -> None:
+        """Bookkeeping where the episodes of the envs flagged in ``ended`` (bool [num_envs])
+        ended with this step (TD3: its OU exploration noise starts afresh)."""
+
     def after_env_steps(self, prev_step: int, step: int) -> dict[str, float]:
         """Bookkeeping once the env steps ``prev_step`` -> ``step`` are stored and learned
         from (e.g. a periodic target-network sync); returns schedule values to log."""
@@ -415,6 +420,7 @@ class ReplayLearner:
         ended = np.asarray(result.terminated) | np.asarray(result.truncated)
         if ended.any():  # most steps end none: nothing to hand over
             episodes.episodes(ended, result.episode_return, result.episode_length)
+            self.episodes_ended(ended)
         # Learn: the updates due, each on a fresh batch from the buffer.
         end = step + engine.num_envs
         due = int(multiples_between(step, end, algo.train_frequency, algo.learning_starts))

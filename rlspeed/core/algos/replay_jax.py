@@ -178,6 +178,8 @@ class ReplayState(NamedTuple):
     key: jax.Array
     step: jax.Array
     updates: jax.Array
+    # The actor's exploration noise carried between steps (TD3's OU noise); () for none.
+    noise: PyTree = ()
 
 
 def init_replay_state(agent: PyTree, keys: JaxKeys, env: VmapEnv, buffer_size: int) -> ReplayState:

@@ -26,6 +26,7 @@ from rlspeed.core.algos.sac import SACConfig, greedy_actions, sample
 from rlspeed.core.algos.td3 import action_bounds, uniform_actions
 from rlspeed.core.algos.td3.flax import (
     ActorCriticLearner,
+    Noise,
     QNetwork,
     actor_critic_program,
     box_spaces,
@@ -115,15 +116,19 @@ class SACFunctions:
         critic = partial(apply_output, self.critic_net)
         return jax.vmap(critic, in_axes=(0, None, None))(params, obs, actions)
 
+    def init_noise(self, num_envs: int) -> Noise:
+        """None: the policy's samples are drawn afresh at every step."""
+        return ()
+
     def act(
-        self, params: VariableDict, obs: jax.Array, key: jax.Array, step: jax.Array
-    ) -> jax.Array:
+        self, params: VariableDict, obs: jax.Array, key: jax.Array, step: jax.Array, noise: Noise
+    ) -> tuple[jax.Array, Noise]:
         """Uniformly random actions before ``learning_starts``, then the policy's samples."""
         normal_key, random_key = jax.random.split(key)
         shape = (obs.shape[0], *self.bounds.low.shape)
         sampled, _ = self.policy(params, obs, jax.random.normal(normal_key, shape))
         random = uniform_actions(jax.random.uniform(random_key, shape), self.bounds)
-        return jnp.where(step < self.algo.learning_starts, random, sampled)
+        return jnp.where(step < self.algo.learning_starts, random, sampled), noise
 
     def noise(self, key: jax.Array, actions_shape: tuple[int, ...]) -> jax.Array:
         """The policy's draws of one update: the next actions', then each policy step's."""

@@ -1,5 +1,6 @@
 """TD3 (Fujimoto et al. 2018) as CleanRL users know it: a deterministic tanh actor, twin
-critics, target policy smoothing, delayed actor and target updates, Gaussian exploration.
+critics, target policy smoothing, delayed actor and target updates, Gaussian exploration
+(or, with ``exploration=ou``, the Ornstein-Uhlenbeck noise of DDPG and RL Zoo).
 
 The action math below is written once for every backend: ``xp`` is ``numpy``,
 ``jax.numpy`` or ``torch`` (each has ``tanh`` and ``clip`` with array bounds), and the
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol, TypeVar, cast
 
 from rlspeed.core.algos import (
     AlgoSpec,
@@ -19,6 +20,7 @@ from rlspeed.core.algos import (
     check_network_memory,
     check_ranges,
 )
+from rlspeed.errors import ConfigError
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -33,6 +35,8 @@ if TYPE_CHECKING:
     # One backend's arrays, the same for every array argument of a call: the action math
     # runs on NumPy, JAX and torch alike.
     BackendArray = TypeVar("BackendArray", np.ndarray, jax.Array, torch.Tensor)
+    # The exploration noise a learner carries between steps (an array, or () for none).
+    Carried = TypeVar("Carried")
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,8 @@ class TD3Config:
         "policy_noise",
         "noise_clip",
         "exploration_noise",
+        "ou_theta",
+        "ou_dt",
     )
     learning_rate: float = 3e-4
     buffer_size: int = 1_000_000
@@ -57,8 +63,17 @@ class TD3Config:
     # Target policy smoothing noise and its clip, in units of half the action range.
     policy_noise: float = 0.2
     noise_clip: float = 0.5
-    # Exploration noise std, in units of half the action range.
+    # Exploration noise: "gaussian" draws it afresh at every step; "ou" makes it an
+    # Ornstein-Uhlenbeck process per env that starts at 0 with each episode. Its steps are
+    # correlated, so it pushes one way for many steps: what finds a sparse reward behind a
+    # cost on actions (MountainCarContinuous-v0's goal).
+    exploration: str = "gaussian"
+    # Exploration noise std (the OU process's sigma), in units of half the action range.
     exploration_noise: float = 0.1
+    # The OU process: its pull back towards 0 and its time step, SB3's defaults. Each step
+    # keeps 1 - ou_theta * ou_dt of the last noise and adds sigma * sqrt(ou_dt) of new draws.
+    ou_theta: float = 0.15
+    ou_dt: float = 0.01
     # Critic updates per actor (and target) update.
     policy_frequency: int = 2
     # Env steps per gradient update (1 -> one update per env step).
@@ -99,16 +114,46 @@ def uniform_actions(uniform: BackendArray, bounds: ActionBounds) -> Any:
     return bounds.low + uniform * (bounds.high - bounds.low)
 
 
+EXPLORATIONS = ("gaussian", "ou")
+
+
+class Exploring(Protocol):
+    """What ``draw_noise`` reads of an algorithm's config (TD3's)."""
+
+    @property
+    def exploration(self) -> str: ...
+    @property
+    def exploration_noise(self) -> float: ...
+    @property
+    def ou_theta(self) -> float: ...
+    @property
+    def ou_dt(self) -> float: ...
+
+
+def draw_noise(noise: Carried, normal: BackendArray, algo: Exploring) -> tuple[Any, Carried]:
+    """This step's exploration noise per env (in units of half the action range) from
+    fresh standard-normal draws ``normal``, and the noise carried to the next step: OU
+    noise moves on from the last step's ``noise``; Gaussian noise carries ``noise`` as is."""
+    if algo.exploration == "ou":
+        kept = 1.0 - algo.ou_theta * algo.ou_dt
+        # An OU learner carries an array of its backend (the TypeVar cannot say which).
+        moved: Any = cast("Any", noise) * kept + normal * (algo.exploration_noise * algo.ou_dt**0.5)
+        return moved, moved
+    return normal * algo.exploration_noise, noise
+
+
+def restart_noise(noise: BackendArray, ended: BackendArray) -> Any:
+    """``noise`` with the rows of the envs whose episode ``ended`` (bool [num_envs]) back at
+    0: each episode's OU process starts afresh, as in SB3."""
+    return noise * ~ended.reshape(ended.shape + (1,) * (noise.ndim - 1))
+
+
 def explore(
-    actions: BackendArray,
-    normal: BackendArray,
-    bounds: ActionBounds,
-    algo: TD3Config,
-    xp: ModuleType,
+    actions: BackendArray, noise: BackendArray, bounds: ActionBounds, xp: ModuleType
 ) -> Any:
-    """Gaussian exploration around the actor's actions, kept inside the bounds."""
-    noisy = actions + normal * (algo.exploration_noise * bounds.scale)
-    return xp.clip(noisy, bounds.low, bounds.high)
+    """The actor's actions plus exploration ``noise`` (``draw_noise``), kept inside the
+    bounds."""
+    return xp.clip(actions + noise * bounds.scale, bounds.low, bounds.high)
 
 
 def smoothed_target_actions(
@@ -145,6 +190,13 @@ def validate(algo: TD3Config, cfg: RunConfig) -> None:
         non_negative=("policy_noise", "noise_clip", "exploration_noise"),
         positive=("learning_rate",),
     )
+    if algo.exploration not in EXPLORATIONS:
+        raise ConfigError("algo.exploration", algo.exploration, f"one of {', '.join(EXPLORATIONS)}")
+    # The OU process decays by 1 - theta * dt per step: in [0, 1) it stays bounded.
+    check_ranges(algo, positive=("ou_theta", "ou_dt"))
+    if not algo.ou_theta * algo.ou_dt <= 1.0:
+        allowed = f"ou_theta * ou_dt <= 1 (algo.ou_dt={algo.ou_dt})"
+        raise ConfigError("algo.ou_theta", algo.ou_theta, allowed)
     check_hidden_sizes(algo)
     # Until policy_frequency critic updates, the actor (the trained policy) never moves.
     # Imported here: the replay module loads NumPy, which a config error is printed without.

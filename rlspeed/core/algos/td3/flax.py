@@ -44,13 +44,16 @@ from rlspeed.core.algos.td3 import (
     DelayedActor,
     TD3Config,
     action_bounds,
+    draw_noise,
     explore,
     is_actor_step,
+    restart_noise,
     smoothed_target_actions,
     squash,
     uniform_actions,
 )
 from rlspeed.core.envs.vmap import VmapEnv
+from rlspeed.core.state import tree_from_host, tree_to_host
 from rlspeed.core.tasks import Policy
 from rlspeed.seeding import JaxKeys
 
@@ -60,6 +63,11 @@ if TYPE_CHECKING:
 
     from rlspeed.config import RunConfig
     from rlspeed.core import AgentCheckpoint, PyTree, XpArray
+
+
+# The exploration noise an actor carries from step to step, per env: TD3's OU process
+# [num_envs, *action_shape], or () where each step's noise is drawn afresh (Gaussian, SAC's).
+Noise = jax.Array | tuple[()]
 
 
 def _flat(obs: jax.Array) -> jax.Array:
@@ -141,14 +149,18 @@ class ActorCriticFunctions(Protocol):
         ...
 
     def init(self, key: jax.Array) -> Any: ...
+    def init_noise(self, num_envs: int) -> Noise:
+        """The exploration noise of ``num_envs`` envs at the start."""
+        ...
+
     def actor(self, params: VariableDict, obs: jax.Array) -> jax.Array:
         """The greedy actions."""
         ...
 
     def act(
-        self, params: VariableDict, obs: jax.Array, key: jax.Array, step: jax.Array
-    ) -> jax.Array:
-        """Exploratory actions at env step ``step``."""
+        self, params: VariableDict, obs: jax.Array, key: jax.Array, step: jax.Array, noise: Noise
+    ) -> tuple[jax.Array, Noise]:
+        """Exploratory actions at env step ``step``, and the noise carried to the next."""
         ...
 
     def noise(self, key: jax.Array, actions_shape: tuple[int, ...]) -> jax.Array:
@@ -188,6 +200,12 @@ class TD3Functions:
         opt = self.optimizer
         return Agent(actor, critics, actor, critics, opt.init(actor), opt.init(critics))
 
+    def init_noise(self, num_envs: int) -> Noise:
+        """OU noise starts at 0; Gaussian noise carries nothing between steps."""
+        if self.algo.exploration == "ou":
+            return jnp.zeros((num_envs, *self.action_shape), jnp.float32)
+        return ()
+
     def actor(self, params: VariableDict, obs: jax.Array) -> jax.Array:
         """The deterministic (greedy) actions."""
         actions: jax.Array = squash(apply_output(self.actor_net, params, obs), self.bounds, jnp)
@@ -199,16 +217,19 @@ class TD3Functions:
         return jax.vmap(critic, in_axes=(0, None, None))(params, obs, actions)
 
     def act(
-        self, params: VariableDict, obs: jax.Array, key: jax.Array, step: jax.Array
-    ) -> jax.Array:
-        """Uniformly random actions before ``learning_starts``, then the actor's plus noise."""
+        self, params: VariableDict, obs: jax.Array, key: jax.Array, step: jax.Array, noise: Noise
+    ) -> tuple[jax.Array, Noise]:
+        """Uniformly random actions before ``learning_starts``, then the actor's plus noise;
+        OU noise moves from ``learning_starts`` on (it stays at 0 until then)."""
         noise_key, random_key = jax.random.split(key)
         actions = self.actor(params, obs)
-        noisy = explore(
-            actions, jax.random.normal(noise_key, actions.shape), self.bounds, self.algo, jnp
-        )
+        normal = jax.random.normal(noise_key, actions.shape)
+        drawn, moved = draw_noise(noise, normal, self.algo)
+        noisy = explore(actions, drawn, self.bounds, jnp)
         random = uniform_actions(jax.random.uniform(random_key, actions.shape), self.bounds)
-        return jnp.where(step < self.algo.learning_starts, random, noisy)
+        learning = step >= self.algo.learning_starts
+        noise = jax.tree.map(lambda new, old: jnp.where(learning, new, old), moved, noise)
+        return jnp.where(learning, noisy, random), noise
 
     def noise(self, key: jax.Array, actions_shape: tuple[int, ...]) -> jax.Array:
         """Target policy smoothing's draws: one per action entry."""
@@ -280,6 +301,7 @@ class ActorCriticLearner(JaxLearner, ReplayLearner):
         self.fns = type(self).functions(obs_space, action_space, cfg.algo)
         super().__init__(self.fns.init, seed)
         self.updates = 0
+        self.noise = self.fns.init_noise(cfg.num_envs)
         self._act = jax.jit(self.fns.act)
         self._greedy = jax.jit(self.fns.actor)
         self._update = jax.jit(self.fns.update)
@@ -287,8 +309,15 @@ class ActorCriticLearner(JaxLearner, ReplayLearner):
         self.buffer = replay_buffer(obs_space, action_space, cfg, seed)
 
     def act(self, obs: XpArray, step: int) -> jax.Array:
-        actions: jax.Array = self._act(self.agent.actor_params, obs, self.next_key(), step)
+        actions: jax.Array
+        actions, self.noise = self._act(
+            self.agent.actor_params, obs, self.next_key(), step, self.noise
+        )
         return actions
+
+    def episodes_ended(self, ended: np.ndarray) -> None:
+        flags = jnp.asarray(ended)
+        self.noise = jax.tree.map(lambda noise: restart_noise(noise, flags), self.noise)
 
     def greedy(self, obs: np.ndarray) -> np.ndarray:
         return np.asarray(self._greedy(self.agent.actor_params, obs))
@@ -310,13 +339,16 @@ class ActorCriticLearner(JaxLearner, ReplayLearner):
         return metrics
 
     def state_dict(self) -> dict[str, Any]:
-        """The resume state: the agent, its key and the update count (which says when the
-        actor learns)."""
-        return {**self.agent_state(), "updates": self.updates}
+        """The resume state: the agent, its key, the update count (which says when the
+        actor learns) and the exploration noise."""
+        noise = tree_to_host(self.noise)
+        return {**self.agent_state(), "updates": self.updates, "noise": noise}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.load_agent_state(state)
         self.updates = state["updates"]
+        # Resume files from before OU exploration hold no noise: Gaussian noise carries none.
+        self.noise = tree_from_host(self.noise, state.get("noise", []))
 
 
 class FlaxLearner(ActorCriticLearner):
@@ -356,12 +388,17 @@ def actor_critic_program(cfg: RunConfig, env: VmapEnv, fns: ActorCriticFunctions
     total_iterations = math.ceil(cfg.total_steps / n)
 
     def init(keys: JaxKeys) -> ReplayState:
-        return init_replay_state(fns.init(keys.init), keys, env, algo.buffer_size)
+        state = init_replay_state(fns.init(keys.init), keys, env, algo.buffer_size)
+        return state._replace(noise=fns.init_noise(n))
 
     def iteration(state: ReplayState, _: None) -> tuple[ReplayState, ChunkStats]:
         key, act_key, update_key = jax.random.split(state.key, 3)
-        actions = fns.act(state.agent.actor_params, state.env.obs, act_key, state.step)
+        actions, noise = fns.act(
+            state.agent.actor_params, state.env.obs, act_key, state.step, state.noise
+        )
         env_state, result, replay, step, n_updates = replay_step(env, state, actions, algo)
+        ended = result.terminated | result.truncated
+        noise = jax.tree.map(lambda carried: restart_noise(carried, ended), noise)
 
         def one_update(
             i: jax.Array, carry: tuple[Agent, dict[str, jax.Array]]
@@ -378,14 +415,14 @@ def actor_critic_program(cfg: RunConfig, env: VmapEnv, fns: ActorCriticFunctions
         agent, sums = jax.lax.fori_loop(0, n_updates, one_update, (state.agent, zeros))
         updates = state.updates + n_updates
         stats = ChunkStats(
-            result.terminated | result.truncated,
+            ended,
             result.episode_return,
             result.episode_length,
             sums,
             n_updates,
             updates // algo.policy_frequency - state.updates // algo.policy_frequency,
         )
-        return ReplayState(agent, replay, env_state, key, step, updates), stats
+        return ReplayState(agent, replay, env_state, key, step, updates, noise), stats
 
     def summarize(stats: ChunkStats) -> dict[str, np.ndarray]:
         # Every seed follows the same update schedule: the counts are equal across seeds.

@@ -22,8 +22,10 @@ from rlspeed.core.algos.networks.torch import from_numpy, lecun_normal_, optimiz
 from rlspeed.core.algos.replay import Batch, ReplayLearner, replay_buffer
 from rlspeed.core.algos.td3 import (
     action_bounds,
+    draw_noise,
     explore,
     is_actor_step,
+    restart_noise,
     smoothed_target_actions,
     squash,
     uniform_actions,
@@ -153,6 +155,8 @@ class TorchLearner(ActorCriticLearner):
         # The weights come from torch's global generator (seeded with the INIT stream).
         self.generator = torch.Generator().manual_seed(int_seed(seed, Stream.ACT))
         self.updates = 0
+        # Each env's exploration noise, carried between steps (``draw_noise``), on the CPU.
+        self.noise = torch.zeros((cfg.num_envs, *self.cpu_bounds.low.shape))
         self.buffer = replay_buffer(obs_space, action_space, cfg, seed)
 
     @torch.no_grad()
@@ -167,8 +171,12 @@ class TorchLearner(ActorCriticLearner):
             actions = uniform_actions(torch.rand(shape, generator=self.generator), self.cpu_bounds)
         else:
             normal = torch.randn(shape, generator=self.generator)
-            actions = explore(self.actor(obs).cpu(), normal, self.cpu_bounds, self.algo, torch)
+            noise, self.noise = draw_noise(self.noise, normal, self.algo)
+            actions = explore(self.actor(obs).cpu(), noise, self.cpu_bounds, torch)
         return actions
+
+    def episodes_ended(self, ended: np.ndarray) -> None:
+        self.noise = restart_noise(self.noise, torch.from_numpy(ended))
 
     @torch.no_grad()
     def greedy(self, obs: np.ndarray) -> np.ndarray:
@@ -217,6 +225,14 @@ class TorchLearner(ActorCriticLearner):
             (self.qf2_target, self.qf2),
         ):
             soft_update(target, online, self.algo.tau)
+
+    def state_dict(self) -> dict[str, Any]:
+        return super().state_dict() | {"noise": self.noise}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        # Resume files from before OU exploration hold no noise: Gaussian noise carries none.
+        self.noise = torch.as_tensor(state.get("noise", self.noise))
 
     def _networks_and_optimizers(self) -> dict[str, nn.Module | torch.optim.Optimizer]:
         return {

@@ -61,6 +61,24 @@ def test_acrobot_takes_rl_zoos_ppo_settings(tmp_path):
     assert general["algo"]["normalize_obs"] is False and general["algo"]["gae_lambda"] == 0.95
 
 
+def test_continuous_ids_take_rl_zoos_settings(tmp_path):
+    """TD3 on MountainCarContinuous-v0 explores with OU noise (Gaussian noise never finds
+    the flag); PPO, SAC and TD3 on LunarLanderContinuous-v3 take RL Zoo's settings."""
+    mountain = ["task=gym", "task.id=MountainCarContinuous-v0", "algo=td3"]
+    td3 = _job(mountain, tmp_path)
+    assert (td3["algo"]["exploration"], td3["algo"]["exploration_noise"]) == ("ou", 0.5)
+    assert td3["algo"]["ou_dt"] == 0.1 and td3["num_envs"] == 1
+    assert _job([*mountain, "tuned=false"], tmp_path)["algo"]["exploration"] == "gaussian"
+    lander = ["task=gym", "task.id=LunarLanderContinuous-v3"]
+    td3 = _job([*lander, "algo=td3"], tmp_path)
+    assert (td3["algo"]["gamma"], td3["algo"]["buffer_size"]) == (0.98, 200_000)
+    sac = _job([*lander, "algo=sac"], tmp_path)
+    assert (sac["algo"]["q_lr"], sac["algo"]["tau"]) == (0.00073, 0.01)
+    ppo = _job([*lander, "algo=ppo"], tmp_path)
+    discrete = _job(["task=gym", "task.id=LunarLander-v3", "algo=ppo"], tmp_path)
+    assert ppo["algo"] == discrete["algo"] and ppo["total_steps"] == discrete["total_steps"]
+
+
 def test_lunar_lander_takes_rl_zoos_dqn_and_ppo_settings(tmp_path):
     """DQN and PPO on LunarLander-v3 (Box2D, installed with rlspeed): RL Zoo's settings for
     the id (conf/algo_task/{dqn,ppo}_lunarlander.yaml); what the command line gives wins."""

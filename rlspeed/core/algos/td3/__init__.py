@@ -192,7 +192,7 @@ def validate(algo: TD3Config, cfg: RunConfig) -> None:
     )
     if algo.exploration not in EXPLORATIONS:
         raise ConfigError("algo.exploration", algo.exploration, f"one of {', '.join(EXPLORATIONS)}")
-    # The OU process decays by 1 - theta * dt per step: in [0, 1) it stays bounded.
+    # OU noise keeps 1 - theta * dt of itself per step: in [0, 1), the process stays bounded.
     check_ranges(algo, positive=("ou_theta", "ou_dt"))
     if not algo.ou_theta * algo.ou_dt <= 1.0:
         allowed = f"ou_theta * ou_dt <= 1 (algo.ou_dt={algo.ou_dt})"

@@ -33,7 +33,7 @@ from rlspeed.validation import check
 SMALL = ["num_envs=2", "total_steps=2000", "tracking=none", "progress=none"]
 # Per algorithm: its run (small networks, updates from the first iterations on) and the
 # iterations before and after the cut. Continuous actions on VPG (the action bounds), both
-# normalisations on PPO, PQN's exploration clock.
+# normalisations on PPO, PQN's exploration clock, TD3's OU noise.
 RUNS = {
     "dqn": (
         ["algo=dqn", "task=gridworld", "algo.hidden_sizes=[8]", "algo.learning_starts=20"]
@@ -42,7 +42,7 @@ RUNS = {
     ),
     "td3": (
         ["algo=td3", "task=pendulum", "algo.hidden_sizes=[8]", "algo.learning_starts=20"]
-        + ["algo.buffer_size=40", "algo.batch_size=8"],
+        + ["algo.buffer_size=40", "algo.batch_size=8", "algo.exploration=ou"],
         (30, 10),
     ),
     "sac": (

@@ -319,6 +319,23 @@ def test_dqn_learns_acrobot(tmp_path):
     assert finished(run_dir)["score"] > -200, time.monotonic() - start
 
 
+@pytest.mark.slow
+def test_td3_reaches_the_mountain_cars_flag_with_its_preset(tmp_path):
+    """TD3 on MountainCarContinuous-v0 as shipped (conf/algo_task/td3_mountaincar.yaml: OU
+    exploration noise), cut to 30k steps: the greedy policy climbs to the flag (a return
+    above 90 is Gymnasium's solved mark; standing still returns about 0). Seed 1 scored
+    92.4 at 30k steps in the benchmark run (about 100 s of training on 2 cores)."""
+    run_dir = tmp_path / "run"
+    args = [
+        "task=gym", "task.id=MountainCarContinuous-v0", "algo=td3", "backend=torch",
+        "total_steps=30000", "eval_every=30000", "tracking=none", "progress=plain",
+        f"hydra.run.dir={run_dir}",
+    ]  # fmt: skip
+    result = run_cli(args, cwd=tmp_path, timeout=900)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert finished(run_dir)["score"] > 80
+
+
 def test_task_gymnax_without_its_extra_is_one_line(tmp_path):
     """Without the gymnax extra, task=gymnax says how to install it (tests/test_gymnax.py
     runs the task where it is installed)."""

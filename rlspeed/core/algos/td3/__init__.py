@@ -117,20 +117,7 @@ def uniform_actions(uniform: BackendArray, bounds: ActionBounds) -> Any:
 EXPLORATIONS = ("gaussian", "ou")
 
 
-class Exploring(Protocol):
-    """What ``draw_noise`` reads of an algorithm's config (TD3's)."""
-
-    @property
-    def exploration(self) -> str: ...
-    @property
-    def exploration_noise(self) -> float: ...
-    @property
-    def ou_theta(self) -> float: ...
-    @property
-    def ou_dt(self) -> float: ...
-
-
-def draw_noise(noise: Carried, normal: BackendArray, algo: Exploring) -> tuple[Any, Carried]:
+def draw_noise(noise: Carried, normal: BackendArray, algo: TD3Config) -> tuple[Any, Carried]:
     """This step's exploration noise per env (in units of half the action range) from
     fresh standard-normal draws ``normal``, and the noise carried to the next step: OU
     noise moves on from the last step's ``noise``; Gaussian noise carries ``noise`` as is."""

@@ -225,10 +225,10 @@ SMALL_CARTPOLE = [
 LEARNED_RETURN = 100
 
 
-@pytest.mark.parametrize(
-    ("backend", "engine"),
-    slow_but(("torch", "gym-sync"), [("torch", "gym-sync"), ("flax", "gym-async")]),
-)
+# Slow on every stack: the default selection's PPO learning test is its probe's
+# (tests/test_probes.py), which costs a quarter of this one.
+@pytest.mark.slow
+@pytest.mark.parametrize(("backend", "engine"), [("torch", "gym-sync"), ("flax", "gym-async")])
 def test_host_driven_stack_learns_cartpole(backend, engine, make_cfg, tmp_path, monkeypatch):
     cfg = make_cfg([f"backend={backend}", f"env={engine}", *SMALL_CARTPOLE])
     metrics = run_in(tmp_path / "run", monkeypatch, cfg)

@@ -21,7 +21,7 @@ from rlspeed.core.algos.pqn.torch import TorchLearner
 from rlspeed.core.algos.rollout import RolloutBatch, gae
 from rlspeed.errors import ConfigError
 from rlspeed.validation import check
-from tests.conftest import learner_cfg, run_in, slow_but
+from tests.conftest import learner_cfg, run_in
 
 METRICS = {"losses/td_loss", "losses/q_values", "charts/epsilon"}
 OBS_SPACE = spaces.Box(-np.inf, np.inf, (4,), np.float32)
@@ -220,7 +220,10 @@ LEARNED_RETURN = 100
 STACKS = [("torch", "gym-sync"), ("flax", "gym-sync"), ("flax", "jax-vmap")]
 
 
-@pytest.mark.parametrize(("backend", "engine"), slow_but(("torch", "gym-sync"), STACKS))
+# Slow on every stack: the default selection's PQN learning test is its probe's
+# (tests/test_probes.py).
+@pytest.mark.slow
+@pytest.mark.parametrize(("backend", "engine"), STACKS)
 def test_every_stack_learns_cartpole(backend, engine, make_cfg, tmp_path, monkeypatch):
     """Seeds 1-3 on average (one seed on the default selection's stack): at this budget one
     seed's return depends on the CPU's rounding (seed 1 on flax + gym-sync: 88 on an AVX2

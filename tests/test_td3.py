@@ -270,6 +270,7 @@ def test_ou_noise_moves_the_actions_and_restarts_with_each_episode(backend):
     np.testing.assert_array_equal(np.asarray(restored.noise), after)
 
 
+@pytest.mark.slow  # compiling the fused program is most of its 10 s
 def test_fused_ou_noise_restarts_where_episodes_end(make_cfg):
     """env=jax-vmap: the program carries the OU noise per env and zeroes it when the
     env's episode ends (here every 3 steps)."""

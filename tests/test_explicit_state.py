@@ -33,7 +33,7 @@ from rlspeed.validation import check
 SMALL = ["num_envs=2", "total_steps=2000", "tracking=none", "progress=none"]
 # Per algorithm: its run (small networks, updates from the first iterations on) and the
 # iterations before and after the cut. Continuous actions on VPG (the action bounds), both
-# normalisations on PPO, PQN's exploration clock, TD3's OU noise.
+# normalisations on PPO, PQN's exploration clock, TD3's OU noise and SAC's OU draws.
 RUNS = {
     "dqn": (
         ["algo=dqn", "task=gridworld", "algo.hidden_sizes=[8]", "algo.learning_starts=20"]
@@ -47,7 +47,7 @@ RUNS = {
     ),
     "sac": (
         ["algo=sac", "task=pendulum", "algo.hidden_sizes=[8]", "algo.learning_starts=20"]
-        + ["algo.buffer_size=40", "algo.batch_size=8"],
+        + ["algo.buffer_size=40", "algo.batch_size=8", "algo.exploration=ou"],
         (30, 10),
     ),
     "vpg": (["algo=vpg", "task=pendulum", "algo.hidden_sizes=[8]", "algo.num_steps=8"], (2, 2)),

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from rlspeed.core.algos.replay import Batch
-from rlspeed.core.algos.sac import SACConfig, sample
+from rlspeed.core.algos.sac import SACConfig, draw_normal, sample
 from rlspeed.core.algos.sac.flax import FlaxLearner
 from rlspeed.core.algos.sac.torch import TorchLearner
 from rlspeed.core.algos.td3 import action_bounds
@@ -223,6 +223,8 @@ PENDULUM = ["task=pendulum"]
         ([*PENDULUM, "algo.tau=1.5"], ["algo.tau=1.5", "(0, 1]"]),
         ([*PENDULUM, "algo.q_lr=-1"], ["algo.q_lr=-1", "> 0"]),
         ([*PENDULUM, "algo.batch_size=5000"], ["algo.batch_size=5000", "<= algo.buffer_size"]),
+        ([*PENDULUM, "algo.exploration=pink"], ["algo.exploration=pink", "one of gaussian, ou"]),
+        ([*PENDULUM, "algo.ou_theta=200"], ["algo.ou_theta=200", "ou_theta * ou_dt <= 1"]),
     ],
 )
 def test_bad_choices_are_one_line(overrides, fragments, make_cfg):
@@ -233,3 +235,59 @@ def test_bad_choices_are_one_line(overrides, fragments, make_cfg):
     assert "\n" not in message
     for fragment in fragments:
         assert fragment in message, message
+
+
+def test_ou_draws_keep_unit_variance_and_correlate_from_step_to_step():
+    """algo.exploration=ou: from 0, after k steps each draw has variance 1 - a^(2k),
+    a = 1 - theta dt (so the policy's own spread once the process has run), and neighbouring
+    steps correlate by a times their std ratio; Gaussian draws are the fresh ones as they
+    come, the carried ones untouched."""
+    rng = np.random.default_rng(0)
+    ou = SACConfig(exploration="ou", ou_theta=1.0, ou_dt=0.1)
+    kept = 0.9
+    carried = np.zeros((20_000, 1))
+    history = []
+    for _ in range(8):
+        drawn, carried = draw_normal(carried, rng.standard_normal(carried.shape), ou)
+        np.testing.assert_array_equal(drawn, carried)  # it acts with what it carries
+        history.append(carried[:, 0])
+    variance = 1 - kept**16
+    assert np.var(history[-1]) == pytest.approx(variance, rel=0.05)
+    correlation = np.corrcoef(history[-2], history[-1])[0, 1]
+    assert correlation == pytest.approx(kept * np.sqrt(np.var(history[-2]) / variance), abs=0.01)
+    fresh = rng.standard_normal(carried.shape)
+    drawn, untouched = draw_normal(carried, fresh, SACConfig())
+    assert drawn is fresh and untouched is carried
+
+
+@pytest.mark.parametrize("backend", ["torch", "flax"])
+def test_ou_draws_make_the_actions_and_restart_with_each_episode(backend):
+    """A host learner samples its policy with the draws it carries, keeps them from step to
+    step and zeroes an env's row where its episode ended; before learning_starts they stay 0;
+    the resume state carries them."""
+    algo = SACConfig(hidden_sizes=[16], learning_starts=2, exploration="ou", ou_dt=0.5)
+    cfg = learner_cfg(algo, num_envs=3)
+    make = FlaxLearner if backend == "flax" else TorchLearner
+    learner = make(BOX_OBS, BOX_ACTIONS, cfg, seed=0)
+    obs = np.zeros((3, 3), np.float32)
+    learner.act(obs, 0)
+    assert not np.asarray(learner.noise).any()
+    draws = []
+    for step in (2, 3, 4):
+        actions = np.asarray(learner.act(obs, step))
+        carried = np.asarray(learner.noise).copy()
+        if backend == "flax":
+            expected = learner.fns.policy(learner.agent.actor_params, obs, carried)[0]
+        else:
+            with torch.no_grad():
+                expected = learner.actor(torch.from_numpy(obs), torch.from_numpy(carried))[0]
+        np.testing.assert_allclose(actions, np.asarray(expected), atol=1e-6)
+        draws.append(carried)
+    assert np.abs(draws[-1]).min() > 0 and not np.allclose(draws[-1], draws[-2])
+    learner.episodes_ended(np.array([False, True, False]))
+    after = np.asarray(learner.noise)
+    np.testing.assert_array_equal(after[1], 0.0)
+    np.testing.assert_array_equal(after[[0, 2]], draws[-1][[0, 2]])
+    restored = make(BOX_OBS, BOX_ACTIONS, cfg, seed=1)
+    restored.load_state_dict(learner.state_dict())
+    np.testing.assert_array_equal(np.asarray(restored.noise), after)

@@ -10,13 +10,14 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from rlspeed.core.algos import import_named
 from rlspeed.core.algos.replay import Batch
 from rlspeed.core.algos.td3 import TD3Config, draw_noise
-from rlspeed.core.algos.td3.flax import FlaxLearner, make_train
+from rlspeed.core.algos.td3.flax import FlaxLearner
 from rlspeed.core.algos.td3.torch import TorchLearner
 from rlspeed.core.envs.vmap import make_vmap_env
 from rlspeed.errors import ConfigError
-from rlspeed.registry import TASKS
+from rlspeed.registry import ALGOS, TASKS
 from rlspeed.seeding import jax_keys
 from rlspeed.validation import check
 from tests.conftest import learner_cfg, run_in
@@ -271,20 +272,22 @@ def test_ou_noise_moves_the_actions_and_restarts_with_each_episode(backend):
 
 
 @pytest.mark.slow  # compiling the fused program is most of its 10 s
-def test_fused_ou_noise_restarts_where_episodes_end(make_cfg):
-    """env=jax-vmap: the program carries the OU noise per env and zeroes it when the
-    env's episode ends (here every 3 steps)."""
+@pytest.mark.parametrize("algo", ["td3", "sac"])
+def test_fused_ou_noise_restarts_where_episodes_end(algo, make_cfg):
+    """env=jax-vmap: the program carries the OU noise (SAC: its OU draws) per env and zeroes
+    it when the env's episode ends (here every 3 steps)."""
     cfg = OmegaConf.to_object(
         make_cfg(
             [
-                "algo=td3", "task=pendulum", "task.max_steps=3", "num_envs=2",
+                f"algo={algo}", "task=pendulum", "task.max_steps=3", "num_envs=2",
                 "total_steps=8", "algo.learning_starts=0", "algo.exploration=ou",
                 "algo.ou_dt=0.5", "algo.hidden_sizes=[8]", "algo.batch_size=2",
                 "algo.buffer_size=16",
             ]
         )
     )  # fmt: skip
-    trainer = make_train(cfg, make_vmap_env(TASKS.get("pendulum"), cfg.task, cfg.num_envs))
+    env = make_vmap_env(TASKS.get("pendulum"), cfg.task, cfg.num_envs)
+    trainer = import_named(ALGOS.get(algo).fused)(cfg, env)
     state = jax.jit(trainer.init)(jax_keys(0))
     assert state.noise.shape == (2, 1) and not state.noise.any()
     run = jax.jit(trainer.run, static_argnums=1)

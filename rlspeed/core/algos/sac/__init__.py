@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from rlspeed.core.algos import (
     AlgoSpec,
@@ -21,13 +21,13 @@ from rlspeed.core.algos import (
     check_network_memory,
     check_ranges,
 )
-from rlspeed.core.algos.td3 import ActionBounds, squash
+from rlspeed.core.algos.td3 import ActionBounds, check_exploration, squash
 
 if TYPE_CHECKING:
     from types import ModuleType
 
     from rlspeed.config import RunConfig
-    from rlspeed.core.algos.td3 import BackendArray
+    from rlspeed.core.algos.td3 import BackendArray, Carried
 
 # The policy's log std lives in [LOG_STD_MIN, LOG_STD_MAX] (a tanh rescaled onto it, as
 # CleanRL's): never so narrow that log-probabilities blow up, never wider than useful.
@@ -42,7 +42,15 @@ class SACConfig:
     name: str = "sac"
     # Inputs of the fused program, not constants in it (``rlspeed.core.algos.loops.fused_training.
     # traced_values``): runs differing only in these share one compiled program.
-    TRACED: ClassVar[tuple[str, ...]] = ("q_lr", "policy_lr", "gamma", "tau", "alpha")
+    TRACED: ClassVar[tuple[str, ...]] = (
+        "q_lr",
+        "policy_lr",
+        "gamma",
+        "tau",
+        "alpha",
+        "ou_theta",
+        "ou_dt",
+    )
     # Step sizes of the critics (and of the entropy coefficient) and of the policy.
     q_lr: float = 1e-3
     policy_lr: float = 3e-4
@@ -63,6 +71,16 @@ class SACConfig:
     # Uniformly random actions before this env step; updates start here too.
     learning_starts: int = 5_000
     hidden_sizes: list[int] = field(default_factory=lambda: [256, 256])
+    # The standard-normal draws the policy's exploratory actions are made of: "gaussian"
+    # draws them afresh at every step; "ou" makes them an Ornstein-Uhlenbeck process of unit
+    # variance per env that starts at 0 with each episode, so that every action is still
+    # drawn from the policy's Gaussian but pushes the same way for about
+    # 1 / (ou_theta * ou_dt) steps (what finds MountainCarContinuous-v0's goal, where
+    # fresh draws cancel out). Training's own draws stay independent.
+    exploration: str = "gaussian"
+    # Each step keeps 1 - ou_theta * ou_dt of the last draw (TD3's process, rescaled).
+    ou_theta: float = 0.15
+    ou_dt: float = 0.01
 
 
 def gaussian(out: BackendArray, xp: ModuleType) -> tuple[Any, Any]:
@@ -85,6 +103,20 @@ def sample(
     return squashed * bounds.scale + bounds.center, xp.sum(log_prob, axis=-1)
 
 
+def draw_normal(carried: Carried, normal: BackendArray, algo: SACConfig) -> tuple[Any, Carried]:
+    """This step's standard-normal draws per env for the policy's exploratory actions,
+    from fresh draws ``normal``, and what is carried to the next step: with OU
+    exploration, ``carried`` moved on (each entry keeps ``kept`` of itself and adds
+    sqrt(1 - kept**2) of ``normal``: unit variance once the process has run a while);
+    with Gaussian exploration ``normal`` itself, ``carried`` as is."""
+    if algo.exploration == "ou":
+        kept = 1.0 - algo.ou_theta * algo.ou_dt
+        # An OU learner carries an array of its backend (the TypeVar cannot say which).
+        moved: Any = cast("Any", carried) * kept + normal * (1.0 - kept**2) ** 0.5
+        return moved, moved
+    return normal, carried
+
+
 def greedy_actions(out: BackendArray, bounds: ActionBounds, xp: ModuleType) -> Any:
     """The deterministic policy: the squashed mean."""
     return squash(gaussian(out, xp)[0], bounds, xp)
@@ -98,6 +130,7 @@ def validate(algo: SACConfig, cfg: RunConfig) -> None:
         step=("tau",),
         positive=("q_lr", "policy_lr", "alpha"),
     )
+    check_exploration(algo)
     check_hidden_sizes(algo)
     # Until policy_frequency critic updates, the policy (the trained agent) never moves.
     # Imported here: the replay module loads NumPy, which a config error is printed without.

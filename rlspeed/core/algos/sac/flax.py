@@ -22,7 +22,7 @@ import optax
 from rlspeed.core.algos.loops.fused import FusedTrainer, saved_agent_policies
 from rlspeed.core.algos.networks.flax import MLP, apply_output
 from rlspeed.core.algos.replay import Batch
-from rlspeed.core.algos.sac import SACConfig, greedy_actions, sample
+from rlspeed.core.algos.sac import SACConfig, draw_normal, greedy_actions, sample
 from rlspeed.core.algos.td3 import action_bounds, uniform_actions
 from rlspeed.core.algos.td3.flax import (
     ActorCriticLearner,
@@ -117,18 +117,24 @@ class SACFunctions:
         return jax.vmap(critic, in_axes=(0, None, None))(params, obs, actions)
 
     def init_noise(self, num_envs: int) -> Noise:
-        """None: the policy's samples are drawn afresh at every step."""
+        """OU exploration's carried draws start at 0; Gaussian exploration carries none."""
+        if self.algo.exploration == "ou":
+            return jnp.zeros((num_envs, *self.bounds.low.shape), jnp.float32)
         return ()
 
     def act(
         self, params: VariableDict, obs: jax.Array, key: jax.Array, step: jax.Array, noise: Noise
     ) -> tuple[jax.Array, Noise]:
-        """Uniformly random actions before ``learning_starts``, then the policy's samples."""
+        """Uniformly random actions before ``learning_starts``, then the policy's samples;
+        OU exploration's draws move from ``learning_starts`` on (0 until then)."""
         normal_key, random_key = jax.random.split(key)
         shape = (obs.shape[0], *self.bounds.low.shape)
-        sampled, _ = self.policy(params, obs, jax.random.normal(normal_key, shape))
+        normal, moved = draw_normal(noise, jax.random.normal(normal_key, shape), self.algo)
+        sampled, _ = self.policy(params, obs, normal)
         random = uniform_actions(jax.random.uniform(random_key, shape), self.bounds)
-        return jnp.where(step < self.algo.learning_starts, random, sampled), noise
+        learning = step >= self.algo.learning_starts
+        noise = jax.tree.map(lambda new, old: jnp.where(learning, new, old), moved, noise)
+        return jnp.where(learning, sampled, random), noise
 
     def noise(self, key: jax.Array, actions_shape: tuple[int, ...]) -> jax.Array:
         """The policy's draws of one update: the next actions', then each policy step's."""

@@ -19,7 +19,7 @@ from torch.utils.dlpack import from_dlpack
 
 from rlspeed.core.algos.networks.torch import MLP, from_numpy, optimizer
 from rlspeed.core.algos.replay import Batch, replay_buffer
-from rlspeed.core.algos.sac import greedy_actions, sample
+from rlspeed.core.algos.sac import draw_normal, greedy_actions, sample
 from rlspeed.core.algos.td3 import action_bounds, is_actor_step, uniform_actions
 from rlspeed.core.algos.td3.torch import ActorCriticLearner, QNetwork, soft_update
 from rlspeed.core.backends.torch import device_of
@@ -90,6 +90,8 @@ class TorchLearner(ActorCriticLearner):
         # The weights come from torch's global generator (seeded with the INIT stream).
         self.generator = torch.Generator().manual_seed(int_seed(seed, Stream.ACT))
         self.updates = 0
+        # Each env's carried draws (``draw_normal``), on the CPU.
+        self.noise = torch.zeros((cfg.num_envs, *self.cpu_bounds.low.shape))
         self.buffer = replay_buffer(obs_space, action_space, cfg, seed)
 
     @torch.no_grad()
@@ -102,8 +104,9 @@ class TorchLearner(ActorCriticLearner):
         if step < self.algo.learning_starts:
             actions = uniform_actions(torch.rand(shape, generator=self.generator), self.cpu_bounds)
         else:
-            normal = torch.randn(shape, generator=self.generator).to(self.device)
-            actions = self.actor(obs, normal)[0].cpu()
+            normal = torch.randn(shape, generator=self.generator)
+            normal, self.noise = draw_normal(self.noise, normal, self.algo)
+            actions = self.actor(obs, normal.to(self.device))[0].cpu()
         return actions
 
     @torch.no_grad()

@@ -117,6 +117,28 @@ def uniform_actions(uniform: BackendArray, bounds: ActionBounds) -> Any:
 EXPLORATIONS = ("gaussian", "ou")
 
 
+class OUExploring(Protocol):
+    """What ``check_exploration`` reads of an algorithm's config (TD3's, SAC's)."""
+
+    @property
+    def exploration(self) -> str: ...
+    @property
+    def ou_theta(self) -> float: ...
+    @property
+    def ou_dt(self) -> float: ...
+
+
+def check_exploration(algo: OUExploring) -> None:
+    """``algo.exploration`` is one of ``EXPLORATIONS``, and its OU process keeps
+    1 - ou_theta * ou_dt of itself per step, in [0, 1): the process stays bounded."""
+    if algo.exploration not in EXPLORATIONS:
+        raise ConfigError("algo.exploration", algo.exploration, f"one of {', '.join(EXPLORATIONS)}")
+    check_ranges(algo, positive=("ou_theta", "ou_dt"))
+    if not algo.ou_theta * algo.ou_dt <= 1.0:
+        allowed = f"ou_theta * ou_dt <= 1 (algo.ou_dt={algo.ou_dt})"
+        raise ConfigError("algo.ou_theta", algo.ou_theta, allowed)
+
+
 def draw_noise(noise: Carried, normal: BackendArray, algo: TD3Config) -> tuple[Any, Carried]:
     """This step's exploration noise per env (in units of half the action range) from
     fresh standard-normal draws ``normal``, and the noise carried to the next step: OU
@@ -177,13 +199,7 @@ def validate(algo: TD3Config, cfg: RunConfig) -> None:
         non_negative=("policy_noise", "noise_clip", "exploration_noise"),
         positive=("learning_rate",),
     )
-    if algo.exploration not in EXPLORATIONS:
-        raise ConfigError("algo.exploration", algo.exploration, f"one of {', '.join(EXPLORATIONS)}")
-    # OU noise keeps 1 - theta * dt of itself per step: in [0, 1), the process stays bounded.
-    check_ranges(algo, positive=("ou_theta", "ou_dt"))
-    if not algo.ou_theta * algo.ou_dt <= 1.0:
-        allowed = f"ou_theta * ou_dt <= 1 (algo.ou_dt={algo.ou_dt})"
-        raise ConfigError("algo.ou_theta", algo.ou_theta, allowed)
+    check_exploration(algo)
     check_hidden_sizes(algo)
     # Until policy_frequency critic updates, the actor (the trained policy) never moves.
     # Imported here: the replay module loads NumPy, which a config error is printed without.

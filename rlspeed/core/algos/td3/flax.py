@@ -65,8 +65,9 @@ if TYPE_CHECKING:
     from rlspeed.core import AgentCheckpoint, PyTree, XpArray
 
 
-# The exploration noise an actor carries from step to step, per env: TD3's OU process
-# [num_envs, *action_shape], or () where each step's noise is drawn afresh (Gaussian, SAC's).
+# The exploration noise an actor carries from step to step, per env: with OU exploration
+# TD3's noise or SAC's draws [num_envs, *action_shape], or () where each step's are drawn
+# afresh (Gaussian exploration).
 Noise = jax.Array | tuple[()]
 
 

@@ -90,11 +90,13 @@ def soft_update(target: nn.Module, online: nn.Module, tau: float) -> None:
 class ActorCriticLearner(ReplayLearner):
     """What TD3's and SAC's torch learners share besides the replay iteration: a CPU
     generator for their random draws, a count of critic updates (which says when the actor
-    learns), and networks and optimizers by name (``_networks_and_optimizers``) that make
-    the agent file and, with the generator and the count, the resume state."""
+    learns), each env's exploration noise carried between steps (OU exploration's; zeros
+    otherwise), and networks and optimizers by name (``_networks_and_optimizers``) that make
+    the agent file and, with the generator, the count and the noise, the resume state."""
 
     generator: torch.Generator
     updates: int
+    noise: torch.Tensor  # [num_envs, *action_shape], on the CPU
     qf1: QNetwork
     qf2: QNetwork
     q_optimizer: torch.optim.Optimizer
@@ -119,13 +121,19 @@ class ActorCriticLearner(ReplayLearner):
         """The resume state: networks, optimizers, generator, update count."""
         parts = self._networks_and_optimizers().items()
         state: dict[str, Any] = {name: part.state_dict() for name, part in parts}
-        return state | {"generator": self.generator.get_state(), "updates": self.updates}
+        carried = {"generator": self.generator.get_state(), "updates": self.updates}
+        return state | carried | {"noise": self.noise}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for name, part in self._networks_and_optimizers().items():
             part.load_state_dict(state[name])
         self.generator.set_state(state["generator"])
         self.updates = state["updates"]
+        # Resume files from before OU exploration hold no noise: Gaussian noise carries none.
+        self.noise = torch.as_tensor(state.get("noise", self.noise))
+
+    def episodes_ended(self, ended: np.ndarray) -> None:
+        self.noise = restart_noise(self.noise, torch.from_numpy(ended))
 
     def agent_checkpoint(self) -> AgentCheckpoint:
         parts = self._networks_and_optimizers().items()
@@ -175,9 +183,6 @@ class TorchLearner(ActorCriticLearner):
             actions = explore(self.actor(obs).cpu(), noise, self.cpu_bounds, torch)
         return actions
 
-    def episodes_ended(self, ended: np.ndarray) -> None:
-        self.noise = restart_noise(self.noise, torch.from_numpy(ended))
-
     @torch.no_grad()
     def greedy(self, obs: np.ndarray) -> np.ndarray:
         actions: torch.Tensor = self.actor(from_numpy(obs, self.device))
@@ -225,14 +230,6 @@ class TorchLearner(ActorCriticLearner):
             (self.qf2_target, self.qf2),
         ):
             soft_update(target, online, self.algo.tau)
-
-    def state_dict(self) -> dict[str, Any]:
-        return super().state_dict() | {"noise": self.noise}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        # Resume files from before OU exploration hold no noise: Gaussian noise carries none.
-        self.noise = torch.as_tensor(state.get("noise", self.noise))
 
     def _networks_and_optimizers(self) -> dict[str, nn.Module | torch.optim.Optimizer]:
         return {

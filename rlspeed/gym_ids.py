@@ -5,8 +5,9 @@ defaults for any id).
 The per-pair defaults live in ``conf/algo_task/``. An id that is one of rlspeed's own tasks'
 envs takes that task's settings (CartPole-v1 those of ``task=cartpole``, Pendulum-v1 those of
 ``task=pendulum``); the MuJoCo locomotion ids take those measured on HalfCheetah; DQN and
-PPO on MountainCar-v0 and LunarLander-v3, PPO on Acrobot-v1, TD3 on MountainCarContinuous-v0
-and PPO, SAC and TD3 on LunarLanderContinuous-v3 take RL Zoo's settings for those ids.
+PPO on MountainCar-v0 and LunarLander-v3, PPO on Acrobot-v1, SAC and TD3 on
+MountainCarContinuous-v0 (with correlated exploration) and PPO, SAC and TD3 on
+LunarLanderContinuous-v3 take RL Zoo's settings for those ids.
 What the command line gives still wins over them, as over any default; ``tuned=false`` runs
 the id on the algorithm's general defaults, and a command line that chooses ``algo_task``
 itself takes that.
@@ -45,7 +46,7 @@ TUNED: dict[tuple[str, str], str] = {
     **{(algo, "MountainCar-v0"): f"{algo}_mountaincar" for algo in ("dqn", "ppo")},
     **{(algo, "LunarLander-v3"): f"{algo}_lunarlander" for algo in ("dqn", "ppo")},
     ("ppo", "Acrobot-v1"): "ppo_acrobot",
-    ("td3", "MountainCarContinuous-v0"): "td3_mountaincar",
+    **{(algo, "MountainCarContinuous-v0"): f"{algo}_mountaincar" for algo in ("sac", "td3")},
     **{
         (algo, "LunarLanderContinuous-v3"): f"{algo}_lunarlandercontinuous"
         for algo in ("ppo", "sac", "td3")

@@ -62,13 +62,19 @@ def test_acrobot_takes_rl_zoos_ppo_settings(tmp_path):
 
 
 def test_continuous_ids_take_rl_zoos_settings(tmp_path):
-    """TD3 on MountainCarContinuous-v0 explores with OU noise (Gaussian noise never finds
-    the flag); PPO, SAC and TD3 on LunarLanderContinuous-v3 take RL Zoo's settings."""
+    """TD3 and SAC on MountainCarContinuous-v0 explore with OU noise (Gaussian noise never
+    finds the flag); PPO, SAC and TD3 on LunarLanderContinuous-v3 take RL Zoo's settings."""
     mountain = ["task=gym", "task.id=MountainCarContinuous-v0", "algo=td3"]
     td3 = _job(mountain, tmp_path)
     assert (td3["algo"]["exploration"], td3["algo"]["exploration_noise"]) == ("ou", 0.5)
     assert td3["algo"]["ou_dt"] == 0.1 and td3["num_envs"] == 1
     assert _job([*mountain, "tuned=false"], tmp_path)["algo"]["exploration"] == "gaussian"
+    sac = _job([*mountain[:2], "algo=sac"], tmp_path)
+    assert (sac["algo"]["exploration"], sac["algo"]["ou_theta"] * sac["algo"]["ou_dt"]) == (
+        "ou",
+        0.1,
+    )
+    assert (sac["algo"]["autotune"], sac["algo"]["alpha"], sac["num_envs"]) == (False, 0.1, 1)
     lander = ["task=gym", "task.id=LunarLanderContinuous-v3"]
     td3 = _job([*lander, "algo=td3"], tmp_path)
     assert (td3["algo"]["gamma"], td3["algo"]["buffer_size"]) == (0.98, 200_000)

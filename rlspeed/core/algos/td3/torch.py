@@ -118,11 +118,11 @@ class ActorCriticLearner(ReplayLearner):
         raise NotImplementedError
 
     def state_dict(self) -> dict[str, Any]:
-        """The resume state: networks, optimizers, generator, update count."""
+        """The resume state: networks, optimizers, generator, update count, carried noise."""
         parts = self._networks_and_optimizers().items()
         state: dict[str, Any] = {name: part.state_dict() for name, part in parts}
-        carried = {"generator": self.generator.get_state(), "updates": self.updates}
-        return state | carried | {"noise": self.noise}
+        state |= {"generator": self.generator.get_state(), "updates": self.updates}
+        return state | {"noise": self.noise}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for name, part in self._networks_and_optimizers().items():

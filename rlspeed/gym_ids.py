@@ -7,7 +7,8 @@ envs takes that task's settings (CartPole-v1 those of ``task=cartpole``, Pendulu
 ``task=pendulum``); the MuJoCo locomotion ids take those measured on HalfCheetah; DQN and
 PPO on MountainCar-v0 and LunarLander-v3, PPO on Acrobot-v1, SAC and TD3 on
 MountainCarContinuous-v0 (with correlated exploration) and PPO, SAC and TD3 on
-LunarLanderContinuous-v3 take RL Zoo's settings for those ids.
+LunarLanderContinuous-v3 take RL Zoo's settings for those ids; PPO on
+MountainCarContinuous-v0 takes rlspeed's own (RL Zoo's need gSDE).
 What the command line gives still wins over them, as over any default; ``tuned=false`` runs
 the id on the algorithm's general defaults, and a command line that chooses ``algo_task``
 itself takes that.
@@ -47,6 +48,7 @@ TUNED: dict[tuple[str, str], str] = {
     **{(algo, "LunarLander-v3"): f"{algo}_lunarlander" for algo in ("dqn", "ppo")},
     ("ppo", "Acrobot-v1"): "ppo_acrobot",
     **{(algo, "MountainCarContinuous-v0"): f"{algo}_mountaincar" for algo in ("sac", "td3")},
+    ("ppo", "MountainCarContinuous-v0"): "ppo_mountaincarcontinuous",
     **{
         (algo, "LunarLanderContinuous-v3"): f"{algo}_lunarlandercontinuous"
         for algo in ("ppo", "sac", "td3")

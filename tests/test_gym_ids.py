@@ -63,7 +63,8 @@ def test_acrobot_takes_rl_zoos_ppo_settings(tmp_path):
 
 def test_continuous_ids_take_rl_zoos_settings(tmp_path):
     """TD3 and SAC on MountainCarContinuous-v0 explore with OU noise (Gaussian noise never
-    finds the flag); PPO, SAC and TD3 on LunarLanderContinuous-v3 take RL Zoo's settings."""
+    finds the flag), PPO takes rlspeed's measured settings; PPO, SAC and TD3 on
+    LunarLanderContinuous-v3 take RL Zoo's settings."""
     mountain = ["task=gym", "task.id=MountainCarContinuous-v0", "algo=td3"]
     td3 = _job(mountain, tmp_path)
     assert (td3["algo"]["exploration"], td3["algo"]["exploration_noise"]) == ("ou", 0.5)
@@ -75,6 +76,12 @@ def test_continuous_ids_take_rl_zoos_settings(tmp_path):
         0.1,
     )
     assert (sac["algo"]["autotune"], sac["algo"]["alpha"], sac["num_envs"]) == (False, 0.1, 1)
+    ppo = _job([*mountain[:2], "algo=ppo"], tmp_path)
+    assert (ppo["algo"]["gamma"], ppo["algo"]["initial_log_std"], ppo["num_envs"]) == (
+        0.9999,
+        0.5,
+        16,
+    )
     lander = ["task=gym", "task.id=LunarLanderContinuous-v3"]
     td3 = _job([*lander, "algo=td3"], tmp_path)
     assert (td3["algo"]["gamma"], td3["algo"]["buffer_size"]) == (0.98, 200_000)

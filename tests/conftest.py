@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
@@ -268,3 +269,40 @@ def learner_cfg(algo: Any, **run: Any) -> DictConfig:
     task = OmegaConf.structured(GridWorldTaskConfig())
     defaults = {"backend": backend, "num_envs": 1, "task": task}
     return OmegaConf.create({"algo": OmegaConf.structured(algo), **defaults, **run})
+
+
+def assert_carried_noise_restarts_and_resumes(learner: Any, fresh: Any) -> None:
+    """A replay learner of three envs that has acted a few steps with OU exploration (TD3's
+    noise, SAC's draws): where an env's episode ended (the second) its carried noise is
+    back at 0, the others' kept; ``fresh`` (another learner) loads it from the resume state."""
+    before = np.asarray(learner.noise).copy()
+    assert np.abs(before).min() > 0
+    learner.episodes_ended(np.array([False, True, False]))
+    after = np.asarray(learner.noise)
+    np.testing.assert_array_equal(after[1], 0.0)
+    np.testing.assert_array_equal(after[[0, 2]], before[[0, 2]])
+    fresh.load_state_dict(learner.state_dict())
+    np.testing.assert_array_equal(np.asarray(fresh.noise), after)
+
+
+def assert_ou_moments(
+    draw: Callable[[np.ndarray, np.ndarray, Any], tuple[np.ndarray, np.ndarray]],
+    algo: Any,
+    steps: int,
+    variance: float,
+) -> None:
+    """``draw`` (TD3's ``draw_noise``, SAC's ``draw_normal``) with OU exploration, run
+    ``steps`` steps from 0 for 20,000 envs: it acts with what it carries, the last step's
+    variance is ``variance``, and neighbouring steps correlate by a = 1 - theta dt times
+    their std ratio."""
+    rng = np.random.default_rng(0)
+    carried = np.zeros((20_000, 1))
+    history = []
+    for _ in range(steps):
+        drawn, carried = draw(carried, rng.standard_normal(carried.shape), algo)
+        np.testing.assert_array_equal(drawn, carried)
+        history.append(carried[:, 0])
+    assert np.var(history[-1]) == pytest.approx(variance, rel=0.05)
+    correlation = np.corrcoef(history[-2], history[-1])[0, 1]
+    kept = 1 - algo.ou_theta * algo.ou_dt
+    assert correlation == pytest.approx(kept * np.sqrt(np.var(history[-2]) / variance), abs=0.01)

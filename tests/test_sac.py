@@ -16,7 +16,12 @@ from rlspeed.core.algos.sac.torch import TorchLearner
 from rlspeed.core.algos.td3 import action_bounds
 from rlspeed.errors import ConfigError
 from rlspeed.validation import check
-from tests.conftest import learner_cfg, run_in
+from tests.conftest import (
+    assert_carried_noise_restarts_and_resumes,
+    assert_ou_moments,
+    learner_cfg,
+    run_in,
+)
 
 # A deliberately lopsided action box: the tanh scaling must map onto [low, high] exactly.
 BOX_OBS = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
@@ -242,19 +247,10 @@ def test_ou_draws_keep_unit_variance_and_correlate_from_step_to_step():
     a = 1 - theta dt (so the policy's own spread once the process has run), and neighbouring
     steps correlate by a times their std ratio; Gaussian draws are the fresh ones as they
     come, the carried ones untouched."""
-    rng = np.random.default_rng(0)
     ou = SACConfig(exploration="ou", ou_theta=1.0, ou_dt=0.1)
-    kept = 0.9
+    assert_ou_moments(draw_normal, ou, steps=8, variance=1 - 0.9**16)
+    rng = np.random.default_rng(1)
     carried = np.zeros((20_000, 1))
-    history = []
-    for _ in range(8):
-        drawn, carried = draw_normal(carried, rng.standard_normal(carried.shape), ou)
-        np.testing.assert_array_equal(drawn, carried)  # it acts with what it carries
-        history.append(carried[:, 0])
-    variance = 1 - kept**16
-    assert np.var(history[-1]) == pytest.approx(variance, rel=0.05)
-    correlation = np.corrcoef(history[-2], history[-1])[0, 1]
-    assert correlation == pytest.approx(kept * np.sqrt(np.var(history[-2]) / variance), abs=0.01)
     fresh = rng.standard_normal(carried.shape)
     drawn, untouched = draw_normal(carried, fresh, SACConfig())
     assert drawn is fresh and untouched is carried
@@ -283,11 +279,5 @@ def test_ou_draws_make_the_actions_and_restart_with_each_episode(backend):
                 expected = learner.actor(torch.from_numpy(obs), torch.from_numpy(carried))[0]
         np.testing.assert_allclose(actions, np.asarray(expected), atol=1e-6)
         draws.append(carried)
-    assert np.abs(draws[-1]).min() > 0 and not np.allclose(draws[-1], draws[-2])
-    learner.episodes_ended(np.array([False, True, False]))
-    after = np.asarray(learner.noise)
-    np.testing.assert_array_equal(after[1], 0.0)
-    np.testing.assert_array_equal(after[[0, 2]], draws[-1][[0, 2]])
-    restored = make(BOX_OBS, BOX_ACTIONS, cfg, seed=1)
-    restored.load_state_dict(learner.state_dict())
-    np.testing.assert_array_equal(np.asarray(restored.noise), after)
+    assert not np.allclose(draws[-1], draws[-2])
+    assert_carried_noise_restarts_and_resumes(learner, make(BOX_OBS, BOX_ACTIONS, cfg, seed=1))

@@ -20,7 +20,12 @@ from rlspeed.errors import ConfigError
 from rlspeed.registry import ALGOS, TASKS
 from rlspeed.seeding import jax_keys
 from rlspeed.validation import check
-from tests.conftest import learner_cfg, run_in
+from tests.conftest import (
+    assert_carried_noise_restarts_and_resumes,
+    assert_ou_moments,
+    learner_cfg,
+    run_in,
+)
 
 # A deliberately lopsided action box: the tanh scaling must map onto [low, high] exactly.
 BOX_OBS = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
@@ -218,19 +223,11 @@ def test_ou_noise_has_the_processs_closed_form_moments():
     """algo.exploration=ou: from 0, after k steps each entry has variance
     sigma^2 dt (1 - a^(2k)) / (1 - a^2), a = 1 - theta dt, and neighbouring steps correlate
     by a times their std ratio; Gaussian noise has std sigma and no memory."""
-    rng = np.random.default_rng(0)
     ou = TD3Config(exploration="ou", exploration_noise=0.5, ou_theta=0.15, ou_dt=0.01)
     kept = 1 - 0.15 * 0.01
-    noise = np.zeros((20_000, 1))
-    history = []
-    for _ in range(300):
-        drawn, noise = draw_noise(noise, rng.standard_normal(noise.shape), ou)
-        np.testing.assert_array_equal(drawn, noise)  # OU acts with what it carries
-        history.append(noise[:, 0])
     variance = 0.25 * 0.01 * (1 - kept**600) / (1 - kept**2)
-    assert np.var(history[-1]) == pytest.approx(variance, rel=0.05)
-    correlation = np.corrcoef(history[-2], history[-1])[0, 1]
-    assert correlation == pytest.approx(kept * np.sqrt(np.var(history[-2]) / variance), abs=0.01)
+    assert_ou_moments(draw_noise, ou, steps=300, variance=variance)
+    rng = np.random.default_rng(1)
     # Gaussian: each step's draw scaled by sigma, the carried noise untouched.
     gaussian = TD3Config(exploration_noise=0.5)
     carried = np.ones((20_000, 1))
@@ -260,15 +257,8 @@ def test_ou_noise_moves_the_actions_and_restarts_with_each_episode(backend):
         expected = np.clip(learner.greedy(obs) + noise * scale, BOX_ACTIONS.low, BOX_ACTIONS.high)
         np.testing.assert_allclose(actions, expected, atol=1e-6)
         noises.append(noise)
-    assert np.abs(noises[-1]).min() > 0 and not np.allclose(noises[-1], noises[-2])
-    learner.episodes_ended(np.array([False, True, False]))
-    after = np.asarray(learner.noise)
-    np.testing.assert_array_equal(after[1], 0.0)
-    np.testing.assert_array_equal(after[[0, 2]], noises[-1][[0, 2]])
-    # The resume state carries it.
-    restored = make(BOX_OBS, BOX_ACTIONS, cfg, seed=1)
-    restored.load_state_dict(learner.state_dict())
-    np.testing.assert_array_equal(np.asarray(restored.noise), after)
+    assert not np.allclose(noises[-1], noises[-2])
+    assert_carried_noise_restarts_and_resumes(learner, make(BOX_OBS, BOX_ACTIONS, cfg, seed=1))
 
 
 @pytest.mark.slow  # compiling the fused program is most of its 10 s

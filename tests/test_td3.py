@@ -10,6 +10,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+import rlspeed
 from rlspeed.core.algos import import_named
 from rlspeed.core.algos.replay import Batch
 from rlspeed.core.algos.td3 import TD3Config, draw_noise
@@ -25,6 +26,7 @@ from tests.conftest import (
     assert_ou_moments,
     learner_cfg,
     run_in,
+    saved_agent,
 )
 
 # A deliberately lopsided action box: the tanh scaling must map onto [low, high] exactly.
@@ -285,6 +287,28 @@ def test_fused_ou_noise_restarts_where_episodes_end(algo, make_cfg):
     assert np.abs(np.asarray(state.noise)).min() > 0 and not stats.done.any()
     state, stats = run(state, 1, 1)
     assert stats.done.all() and not state.noise.any()
+
+
+@pytest.mark.slow  # three fused programs compiled per algorithm
+@pytest.mark.parametrize("algo", ["td3", "sac"])
+def test_a_fused_run_with_ou_exploration_extended_ends_like_the_longer_one(algo, tmp_path):
+    """env=jax-vmap with OU exploration, cut in mid-episode (150 of Pendulum's 200 steps per
+    env) and extended with ``resume=``: the carried noise comes back with the rest of the
+    program's state, so the agent ends as the uninterrupted run's does, bit for bit."""
+    args = {
+        "algo": algo, "task": "pendulum", "backend": "flax", "env": "jax-vmap",
+        "num_envs": 2, "tracking": "none", "progress": "none", "log_every": 100,
+        "eval_every": 600, "algo.exploration": "ou", "algo.ou_dt": 0.5,
+        "algo.hidden_sizes": [8], "algo.learning_starts": 20, "algo.buffer_size": 600,
+        "algo.batch_size": 8,
+    }  # fmt: skip
+    whole = rlspeed.train(**args, total_steps=600, out_dir=tmp_path / "whole")
+    first = rlspeed.train(**args, total_steps=300, out_dir=tmp_path / "first")
+    extended = rlspeed.train(
+        **args, total_steps=600, resume=str(first.output_dir), out_dir=tmp_path / "more"
+    )
+    assert saved_agent(extended.output_dir) == saved_agent(whole.output_dir)
+    assert extended.metrics["score"] == whole.metrics["score"]
 
 
 def _flag_reached(algo: TD3Config, envs: int = 64) -> float:

@@ -148,17 +148,13 @@ def test_ppo_learns_cartpole_balance_fused(tmp_path):
 
 @pytest.mark.parametrize(
     ("algo", "backend", "engine"),
-    [
-        ("td3", "flax", "jax-vmap"),
-        ("sac", "flax", "jax-vmap"),
-        ("vpg", "flax", "jax-vmap"),
-        ("ppo", "torch", "jax-vmap"),
-        ("td3", "torch", "gym-sync"),
-    ],
+    [("sac", "flax", "jax-vmap"), ("ppo", "torch", "jax-vmap"), ("td3", "torch", "gym-sync")],
 )
 def test_the_other_algorithms_and_stacks_train(tmp_path, algo, backend, engine):
-    """TD3, SAC and VPG fused, torch through DLPack on jax-vmap and on the Gymnasium face:
-    a short run that finishes and scores within CartpoleBalance's bounds."""
+    """The replay algorithms' fused program (SAC's; TD3's is the same loop, ~70 s of MJX
+    compiling each), torch through DLPack on jax-vmap and on the Gymnasium face: a short run
+    that finishes and scores within CartpoleBalance's bounds. The on-policy fused program
+    learns above (PPO's; VPG's is the same loop)."""
     run_dir = tmp_path / "run"
     args = ["task=playground", "task.id=CartpoleBalance", "task.max_steps=200", f"algo={algo}"]
     args += [f"backend={backend}", f"env={engine}", "num_envs=4", "task.eval_episodes=2"]

@@ -1,8 +1,9 @@
 """Probe MDPs with closed-form answers (rlspeed/core/envs/probe.py), checked against what every
-algorithm learns on every engine and backend: its value, Q-values or greedy actions, read
-back from the run's saved agent, must be the exact ones within TOLERANCE. Comparing
-backends with each other passes a mistake they share; these catch it (a missing discount,
-bootstrapping through a termination, not bootstrapping at a truncation, a wrong sign).
+algorithm learns on each backend and each way an engine feeds it: its value, Q-values or
+greedy actions, read back from the run's saved agent, must be the exact ones within
+TOLERANCE. Comparing backends with each other passes a mistake they share; these catch it (a
+missing discount, bootstrapping through a termination, not bootstrapping at a truncation, a
+wrong sign).
 
 The default selection trains one probe per algorithm on torch + gym-sync (the cheapest
 path); every other (probe, path) pair is slow.
@@ -138,10 +139,14 @@ TWIN_CRITICS = ("td3", "sac")
 PATHS = [("torch", "gym-sync"), ("flax", "jax-vmap")]
 # The other engines share those learners' targets; what they change is how final
 # observations and the end flags reach them (torch from the JAX twin by DLPack, the flax host
-# learner from Python's envs, gym-async from worker processes, slow: a process per env). So
-# they run the probes that end episodes in both ways.
-CROSS_PATHS = [("torch", "jax-vmap"), ("flax", "gym-sync"), ("torch", "gym-async")]
+# learner from Python's envs). So they run the probes that end episodes in both ways, in each
+# algorithm's first spaces (the action head does not touch the end flags). gym-async hands
+# the learner what gym-sync hands it, bit for bit (tests/test_matrix.py, test_engines.py).
+CROSS_PATHS = [("torch", "jax-vmap"), ("flax", "gym-sync")]
 ENDING_KINDS = ("discount", "truncation", "alternation")
+# The constant probe asks nothing of a path that the observation probe (a value per state,
+# of either sign) does not: it runs on the default selection's path only.
+ONE_PATH_KINDS = ("constant",)
 # Categorical observations one-hot into a network (the same code on every engine): on
 # ``PATHS``, one per backend, in the probes whose answers differ between states (the
 # first state random, or a final observation read apart from the next episode's first).
@@ -168,13 +173,15 @@ FAST = {
 
 def cases() -> list[Any]:
     """(algo, kind, actions, observations, backend, env) of every probe run: every kind
-    on ``PATHS`` for each algorithm's spaces (``SPACES``), the episode-ending kinds on
-    ``CROSS_PATHS`` too, the one-hot ones' ``ONE_HOT_KINDS`` on ``PATHS``."""
+    on ``PATHS`` for each algorithm's spaces (``SPACES``; ``ONE_PATH_KINDS`` on
+    ``FAST_PATH`` alone), the episode-ending kinds on ``CROSS_PATHS`` too in the first
+    spaces, the one-hot ones' ``ONE_HOT_KINDS`` on ``PATHS``."""
     runs = []
     for algo, pairs in SPACES.items():
-        for actions, observations in pairs:
+        for index, (actions, observations) in enumerate(pairs):
             for kind in KINDS:
-                paths = PATHS + (CROSS_PATHS if kind in ENDING_KINDS else [])
+                paths = [FAST_PATH] if kind in ONE_PATH_KINDS else list(PATHS)
+                paths += CROSS_PATHS if kind in ENDING_KINDS and index == 0 else []
                 runs += [(algo, kind, actions, observations, *path) for path in paths]
     for algo, actions, observations in ONE_HOT:
         runs += [(algo, k, actions, observations, *p) for k in ONE_HOT_KINDS for p in PATHS]

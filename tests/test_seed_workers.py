@@ -190,33 +190,43 @@ def _gone(pids: list[int], within_s: float = 30) -> bool:
     return False
 
 
+# The runs the slow tests below cut: three DQN seeds in two workers, a resume point every
+# 800 steps.
+CUT_DQN = [*DQN, "backend=torch", "total_steps=6000", "checkpoint_every=800", TWO]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """CUT_DQN run to its end without a stop: what each cut run, resumed, must equal."""
+    folder = tmp_path_factory.mktemp("uninterrupted")
+    _ok(run_cli([*CUT_DQN, "hydra.run.dir=whole"], folder))
+    return folder / "whole"
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
-def test_a_run_of_workers_stopped_then_resumed_ends_like_one_uninterrupted(tmp_path, how):
-    args = [*DQN, "backend=torch", "total_steps=6000", "checkpoint_every=800", TWO]
-    _ok(run_cli([*args, "hydra.run.dir=whole"], tmp_path))
-    workers = _cut([*args, "hydra.run.dir=cut"], tmp_path, tmp_path / "cut", how)
+@pytest.mark.parametrize(
+    ("how", "resumed_in"), [(signal.SIGTERM, 2), (signal.SIGKILL, 1)], ids=["SIGTERM", "SIGKILL"]
+)
+def test_a_run_of_workers_stopped_then_resumed_ends_like_one_uninterrupted(
+    tmp_path, uninterrupted, how, resumed_in
+):
+    """Resumed in workers or one seed after another (each stop once: the resume file is
+    the same either way), the same run."""
+    workers = _cut([*CUT_DQN, "hydra.run.dir=cut"], tmp_path, tmp_path / "cut", how)
     # Its workers end with it, even when it is killed outright (their link to it closes).
     assert _gone(workers)
     if how == signal.SIGTERM:
         assert _metrics(tmp_path / "cut")["status"] == "KILLED"
-    # Resumed in workers, and one after another: the same run either way.
-    for workers in ("2", "1"):
-        resume = [
-            *args,
-            "resume=cut",
-            f"backend.seed_workers={workers}",
-            f"hydra.run.dir=r{workers}",
-        ]
-        _ok(run_cli(resume, tmp_path))
-        _same_run(tmp_path / "whole", tmp_path / f"r{workers}")
+    resume = [*CUT_DQN, "resume=cut", f"backend.seed_workers={resumed_in}", "hydra.run.dir=r"]
+    _ok(run_cli(resume, tmp_path))
+    _same_run(uninterrupted, tmp_path / "r")
 
 
 @pytest.mark.slow
-def test_a_worker_that_dies_is_one_line_and_the_run_resumes_from_its_last_write(tmp_path):
-    args = [*DQN, "backend=torch", "total_steps=6000", "checkpoint_every=800", TWO]
-    _ok(run_cli([*args, "hydra.run.dir=whole"], tmp_path))
-    with start_cli([*args, "hydra.run.dir=dead"], tmp_path) as proc:
+def test_a_worker_that_dies_is_one_line_and_the_run_resumes_from_its_last_write(
+    tmp_path, uninterrupted
+):
+    with start_cli([*CUT_DQN, "hydra.run.dir=dead"], tmp_path) as proc:
         while not (tmp_path / "dead" / "resume_seed1.npz").exists():
             time.sleep(0.01)
         workers = _workers(proc.pid)
@@ -232,8 +242,8 @@ def test_a_worker_that_dies_is_one_line_and_the_run_resumes_from_its_last_write(
     ), line
     assert _metrics(tmp_path / "dead")["status"] == "FAILED"
     assert _gone(workers)  # the other one too
-    _ok(run_cli([*args, "resume=dead", "hydra.run.dir=resumed"], tmp_path))
-    _same_run(tmp_path / "whole", tmp_path / "resumed")
+    _ok(run_cli([*CUT_DQN, "resume=dead", "hydra.run.dir=resumed"], tmp_path))
+    _same_run(uninterrupted, tmp_path / "resumed")
 
 
 FAILING = [

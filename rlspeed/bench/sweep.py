@@ -28,10 +28,10 @@ CASES = {
     "qlearn_search": ["hparams=qlearn_search", "backend=flax", "env=jax-vmap"],
     "ppo_float_search": ["hparams=ppo_float_search", "backend=flax", "env=jax-vmap"],
 }
-# quick: fewer and shorter trials.
+# quick: fewer and shorter trials (a batch of 4 is one program).
 QUICK = {
-    "qlearn_search": ["hydra.sweeper.n_trials=8", "total_steps=64000"],
-    "ppo_float_search": ["hydra.sweeper.n_trials=8", "total_steps=20480"],
+    "qlearn_search": ["hydra.sweeper.n_trials=4", "total_steps=64000"],
+    "ppo_float_search": ["hydra.sweeper.n_trials=4", "total_steps=20480"],
 }
 COLUMNS = [
     "search",

@@ -129,6 +129,7 @@ print(" ".join(sorted(set(sys.modules) - before)))
 """
 
 
+@pytest.mark.slow  # 7 s on 2 cores: a fresh interpreter imports MLflow's store
 def test_the_writers_zygote_preloads_what_a_writer_imports_for_a_sqlite_store(tmp_path):
     """Each run's writer is forked from a zygote that loaded MLflow's database store once: a
     batch of trials starts its writers together, and one that imported SQLAlchemy, Alembic

@@ -2,8 +2,8 @@
 
 The learning run uses a 7x7 Doors grid and a budget of seconds; the full 15x15 targets are
 measured by the training runs and benchmarks, not here. DQN learns on every other stack in
-tests/test_matrix.py (GridWorld and CartPole cells), and tabular Q-learning, VPG and PPO on
-Doors there.
+tests/test_matrix.py (GridWorld and CartPole cells); the other algorithms learn in their own
+test files.
 """
 
 from __future__ import annotations

@@ -238,7 +238,7 @@ def test_every_stack_learns_cartpole(backend, engine, make_cfg, tmp_path, monkey
     assert metrics["score"] > LEARNED_RETURN, metrics
 
 
-@pytest.mark.slow  # 60 s (a host stack's one seed: 60-100 s)
+@pytest.mark.slow  # 60-100 s on 2 cores
 def test_shipped_cartpole_settings_solve_cartpole(make_cfg, tmp_path, monkeypatch):
     """`rlspeed algo=pqn task=cartpole` as shipped (conf/algo_task/pqn_cartpole.yaml, 500k
     steps, fused) leaves a greedy policy scoring at least 475 in at least 6 of seeds 1-8,

@@ -210,8 +210,8 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_a_run_of_workers_stopped_then_resumed_ends_like_one_uninterrupted(
     tmp_path, uninterrupted, how, resumed_in
 ):
-    """Resumed in workers or one seed after another (each stop once: the resume file is
-    the same either way), the same run."""
+    """Each stop is resumed one way (SIGTERM's in two workers, SIGKILL's one seed after
+    another): either way, the uninterrupted run."""
     workers = _cut([*CUT_DQN, "hydra.run.dir=cut"], tmp_path, tmp_path / "cut", how)
     # Its workers end with it, even when it is killed outright (their link to it closes).
     assert _gone(workers)
